@@ -1,0 +1,125 @@
+#include "core/scoring/decision.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/scoring/metrics.h"
+#include "core/scoring/pages.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv {
+namespace {
+
+absl::Status ValidateRequest(const Policy& policy, const PolicyOptions& options,
+                             const LayerRequest& request) {
+  RETURN_IF_ERROR(ValidatePolicyOptions(options));
+  if (request.query_heads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_heads: must be positive, got ", request.query_heads));
+  }
+  if (request.kv_groups <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_groups: must be positive, got ", request.kv_groups));
+  }
+  if (request.query_heads % request.kv_groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_heads: ", request.query_heads, " is not a multiple of kv_groups ",
+                     request.kv_groups));
+  }
+  if (request.tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: must be positive, got ", request.tokens));
+  }
+  if (request.quota_pages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quota_pages: the budget must give at least one page per (layer, group), got ",
+        request.quota_pages));
+  }
+  if (!request.statistic.has_value()) {
+    if (policy.needs_statistic()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("statistic: policy ", policy.name(), " needs one"));
+    }
+  } else {
+    const StatisticView& statistic = *request.statistic;
+    if (statistic.query_heads() != request.query_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "statistic: has ", statistic.query_heads(), " rows, the model has ",
+          request.query_heads, " query heads; the shape must be [H_Q, T]"));
+    }
+    if (statistic.tokens() != request.tokens) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "statistic: covers ", statistic.tokens(), " tokens, the sequence has ",
+          request.tokens));
+    }
+    RETURN_IF_ERROR(statistic.ValidateValues());
+  }
+  if (!request.cached_weights.empty() &&
+      static_cast<int>(request.cached_weights.size()) != request.query_heads) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
+                     request.query_heads, " query heads"));
+  }
+  return absl::OkStatus();
+}
+
+// The head-independent shadow and the retained mass of `decision`.
+void Measure(std::span<const std::span<const float>> rows, const PolicyOptions& options,
+             int64_t quota_pages, GroupDecision* decision) {
+  std::vector<std::vector<int32_t>> per_head;
+  per_head.reserve(rows.size());
+  std::vector<float> mean(rows.front().size(), 0.0f);
+  const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(rows.size()));
+  for (const std::span<const float> row : rows) {
+    per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
+    for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
+  }
+  const int64_t effective_k =
+      std::min<int64_t>(quota_pages, PageCount(static_cast<int64_t>(mean.size()),
+                                               options.page_size));
+  decision->shadow_uor = UnionOverheadRatio(per_head, effective_k);
+  decision->disagreement = PairwiseJaccard(per_head).disagreement();
+  decision->retained_mass = RetainedMass(mean, options.page_size, decision->kept_pages);
+}
+
+}  // namespace
+
+absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOptions& options,
+                                          const LayerRequest& request) {
+  RETURN_IF_ERROR(ValidateRequest(policy, options, request));
+  const int r = request.query_heads / request.kv_groups;
+  LayerDecision decision;
+  decision.page_count = PageCount(request.tokens, options.page_size);
+  decision.quota_pages = request.quota_pages;
+  decision.groups.resize(static_cast<size_t>(request.kv_groups));
+
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(r));
+  std::vector<std::span<const float>> rows(static_cast<size_t>(r));
+  for (int g = 0; g < request.kv_groups; ++g) {
+    GroupInput input;
+    input.tokens = request.tokens;
+    input.quota_pages = request.quota_pages;
+    if (request.statistic.has_value()) {
+      for (int i = 0; i < r; ++i) {
+        rows[static_cast<size_t>(i)] =
+            request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
+      }
+      input.rows = rows;
+    }
+    if (!request.cached_weights.empty()) {
+      input.cached_weights = request.cached_weights.subspan(static_cast<size_t>(g * r),
+                                                            static_cast<size_t>(r));
+    }
+    GroupSelection selection = policy.SelectGroup(input, options);
+    GroupDecision& group = decision.groups[static_cast<size_t>(g)];
+    group.kept_pages = std::move(selection.kept_pages);
+    group.weights = std::move(selection.weights);
+    group.entropies = std::move(selection.entropies);
+    if (request.measure && request.statistic.has_value()) {
+      Measure(rows, options, request.quota_pages, &group);
+    }
+  }
+  return decision;
+}
+
+}  // namespace entrokv

@@ -1,0 +1,51 @@
+// Quality metrics of a decision and the method's closed forms (ARCHITECTURE §3.11, METHOD §2.9,
+// §2.11-2.12).
+#ifndef ENTROKV_CORE_SCORING_METRICS_H_
+#define ENTROKV_CORE_SCORING_METRICS_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace entrokv {
+
+// |union of the sets| / k. Sets hold ascending, distinct indices. REQUIRES: k > 0.
+[[nodiscard]] double UnionOverheadRatio(std::span<const std::vector<int32_t>> sets, int64_t k);
+
+// Pairwise Jaccard similarities of the sets: mean over i < j, and the max.
+struct JaccardSummary {
+  double mean_similarity = 1.0;   // J-bar; 1 for fewer than two sets
+  double max_similarity = 1.0;
+  [[nodiscard]] double disagreement() const { return 1.0 - mean_similarity; }  // D
+};
+[[nodiscard]] JaccardSummary PairwiseJaccard(std::span<const std::vector<int32_t>> sets);
+
+// Bonferroni certificate: UOR >= max(1, r - r(r-1) J-bar).
+[[nodiscard]] double BonferroniLowerBound(int r, double mean_similarity);
+// Sandwich theorem (r >= 2): lower r / (1 + 2(r-1) J/(1+J)), upper min(r, r - max 2J/(1+J)).
+struct UorBounds {
+  double lower;
+  double upper;
+};
+[[nodiscard]] UorBounds SandwichBounds(int r, double mean_similarity, double max_similarity);
+
+// Page-union ratio for the LAYER frame layout: |union over groups| / k.
+[[nodiscard]] inline double PageUnionRatio(std::span<const std::vector<int32_t>> kept_per_group,
+                                           int64_t k) {
+  return UnionOverheadRatio(kept_per_group, k);
+}
+
+// Share of sum(values) that lies inside the kept pages; 1 when the values sum to 0.
+[[nodiscard]] double RetainedMass(std::span<const float> values, int page_size,
+                                  std::span<const int32_t> kept_pages);
+
+// The finite-context needle bound of METHOD §2.11 with c_j = 0 (r - 1 near-uniform siblings):
+// Delta(T) = (1 - eps) D / (C + D), C = exp(-eta / tau), D = (r - 1) (T - s)^(-1/tau).
+[[nodiscard]] double NeedleBoundDelta(int64_t tokens, int r, double tau, double eta_ret,
+                                      double needle_mass, int sink_tokens);
+// Mean pooling at the needle with uniform siblings: ((1 - eps) + (r - 1) / T) / r.
+[[nodiscard]] double MeanPooledNeedle(int64_t tokens, int r, double needle_mass);
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_SCORING_METRICS_H_

@@ -1,0 +1,231 @@
+// Every policy of ARCHITECTURE §3.10 and the name registry. Pooling policies share one path:
+// pool the group's rows into one vector, take page maxima, select exactly K pages.
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <deque>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/policy.h"
+#include "core/scoring/weights.h"
+
+namespace entrokv {
+namespace {
+
+Protections EffectiveProtections(const PolicyOptions& options) {
+  Protections protections = options.protections;
+  protections.page_size = options.page_size;
+  protections.sink_tokens = options.sink_tokens;
+  return protections;
+}
+
+std::vector<int32_t> SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
+                                      const PolicyOptions& options) {
+  return SelectTopPages(PageMaxima(pooled, options.page_size), input.quota_pages,
+                        EffectiveProtections(options));
+}
+
+// Pools with softmax(-entropy / tau) weights; `entropy_sinks` is s for page_entrokv and 0 for
+// raw_entropy.
+class EntropyWeightedPolicy final : public Policy {
+ public:
+  EntropyWeightedPolicy(absl::string_view name, bool isolate_sinks)
+      : name_(name), isolate_sinks_(isolate_sinks) {}
+  absl::string_view name() const override { return name_; }
+
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    GroupSelection selection;
+    if (!input.cached_weights.empty()) {
+      selection.weights.assign(input.cached_weights.begin(), input.cached_weights.end());
+    } else {
+      const int sinks = isolate_sinks_ ? options.sink_tokens : 0;
+      for (const std::span<const float> row : input.rows) {
+        selection.entropies.push_back(SinkIsolatedEntropy(row, sinks, options.alpha));
+      }
+      selection.weights = EntropyWeights(selection.entropies, options.tau);
+    }
+    std::vector<float> pooled(static_cast<size_t>(input.tokens));
+    PoolRows(input.rows, selection.weights, pooled);
+    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    return selection;
+  }
+
+ private:
+  absl::string_view name_;
+  bool isolate_sinks_;
+};
+
+// Arithmetic mean over the group. `h2o` is the same operator on an ACCUMULATED statistic.
+class MeanPolicy final : public Policy {
+ public:
+  explicit MeanPolicy(absl::string_view name) : name_(name) {}
+  absl::string_view name() const override { return name_; }
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    GroupSelection selection;
+    selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
+    std::vector<float> pooled(static_cast<size_t>(input.tokens));
+    PoolRows(input.rows, selection.weights, pooled);
+    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    return selection;
+  }
+
+ private:
+  absl::string_view name_;
+};
+
+class MaxPolicy final : public Policy {
+ public:
+  absl::string_view name() const override { return "max"; }
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
+    for (const std::span<const float> row : input.rows) {
+      for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = std::max(pooled[t], row[t]);
+    }
+    GroupSelection selection;
+    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    return selection;
+  }
+};
+
+// SnapKV: each head's row is max-pooled along tokens (width `snapkv_kernel`, centred, clipped at
+// the ends), then the group mean is taken.
+class SnapKvPolicy final : public Policy {
+ public:
+  absl::string_view name() const override { return "snapkv"; }
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    const auto tokens = static_cast<int64_t>(input.tokens);
+    const int64_t half = options.snapkv_kernel / 2;
+    const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(input.rows.size()));
+    std::vector<float> pooled(static_cast<size_t>(tokens), 0.0f);
+    std::deque<int64_t> window;  // indices of a decreasing run: front is the window max
+    for (const std::span<const float> row : input.rows) {
+      window.clear();
+      int64_t next = 0;  // next index to enter the window
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (; next <= std::min(t + half, tokens - 1); ++next) {
+          while (!window.empty() && row[static_cast<size_t>(window.back())] <=
+                                        row[static_cast<size_t>(next)]) {
+            window.pop_back();
+          }
+          window.push_back(next);
+        }
+        while (window.front() < t - half) window.pop_front();
+        pooled[static_cast<size_t>(t)] += inverse_r * row[static_cast<size_t>(window.front())];
+      }
+    }
+    GroupSelection selection;
+    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    return selection;
+  }
+};
+
+// Each head picks its own top-K pages; the group keeps the union (up to r * K pages). The
+// baseline whose overhead the pooled policies remove.
+class HeadIndependentPolicy final : public Policy {
+ public:
+  absl::string_view name() const override { return "head_independent"; }
+  bool exact_budget() const override { return false; }
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    const Protections protections = EffectiveProtections(options);
+    GroupSelection selection;
+    for (const std::span<const float> row : input.rows) {
+      const std::vector<int32_t> own =
+          SelectTopPages(PageMaxima(row, options.page_size), input.quota_pages, protections);
+      selection.kept_pages.insert(selection.kept_pages.end(), own.begin(), own.end());
+    }
+    std::sort(selection.kept_pages.begin(), selection.kept_pages.end());
+    selection.kept_pages.erase(
+        std::unique(selection.kept_pages.begin(), selection.kept_pages.end()),
+        selection.kept_pages.end());
+    return selection;
+  }
+};
+
+// StreamingLLM: the sink pages and then the most recent pages, K in all; no statistic.
+class StreamingPolicy final : public Policy {
+ public:
+  absl::string_view name() const override { return "streaming"; }
+  bool needs_statistic() const override { return false; }
+  GroupSelection SelectGroup(const GroupInput& input,
+                             const PolicyOptions& options) const override {
+    const std::vector<float> no_scores(static_cast<size_t>(PageCount(input.tokens,
+                                                                     options.page_size)),
+                                       0.0f);
+    Protections protections = EffectiveProtections(options);
+    protections.sink_pages = true;
+    protections.recent_pages = static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
+    GroupSelection selection;
+    selection.kept_pages = SelectTopPages(no_scores, input.quota_pages, protections);
+    return selection;
+  }
+};
+
+struct Registry {
+  std::vector<std::unique_ptr<Policy>> policies;
+  Registry() {
+    policies.push_back(std::make_unique<EntropyWeightedPolicy>("page_entrokv", true));
+    policies.push_back(std::make_unique<EntropyWeightedPolicy>("raw_entropy", false));
+    policies.push_back(std::make_unique<MeanPolicy>("mean"));
+    policies.push_back(std::make_unique<MaxPolicy>());
+    policies.push_back(std::make_unique<HeadIndependentPolicy>());
+    policies.push_back(std::make_unique<SnapKvPolicy>());
+    policies.push_back(std::make_unique<MeanPolicy>("h2o"));
+    policies.push_back(std::make_unique<StreamingPolicy>());
+  }
+};
+
+const Registry& GetRegistry() {
+  static const Registry* const registry = new Registry();
+  return *registry;
+}
+
+}  // namespace
+
+absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
+  if (options.page_size <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size: must be positive, got ", options.page_size));
+  }
+  if (options.sink_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sink_tokens: must be >= 0, got ", options.sink_tokens));
+  }
+  if (!(options.alpha > 0.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("alpha: must be > 0 (inf allowed), got ", options.alpha));
+  }
+  if (!(options.tau > 0.0) || std::isinf(options.tau)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tau: must be finite and > 0, got ", options.tau));
+  }
+  if (options.snapkv_kernel < 1 || options.snapkv_kernel % 2 == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("snapkv_kernel: must be odd and >= 1, got ", options.snapkv_kernel));
+  }
+  return ValidateProtections(options.protections);
+}
+
+absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {
+  for (const auto& policy : GetRegistry().policies) {
+    if (policy->name() == name) return policy.get();
+  }
+  return absl::NotFoundError(absl::StrCat("policy: '", name, "' is not one of ",
+                                          absl::StrJoin(PolicyNames(), ", ")));
+}
+
+std::vector<absl::string_view> PolicyNames() {
+  std::vector<absl::string_view> names;
+  for (const auto& policy : GetRegistry().policies) names.push_back(policy->name());
+  return names;
+}
+
+}  // namespace entrokv

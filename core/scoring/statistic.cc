@@ -1,0 +1,50 @@
+#include "core/scoring/statistic.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace entrokv {
+
+absl::StatusOr<StatisticView> StatisticView::Create(const void* data, DType dtype,
+                                                    int query_heads, int64_t tokens) {
+  if (data == nullptr) return absl::InvalidArgumentError("statistic: no data");
+  if (query_heads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("statistic: query_heads must be positive, got ", query_heads));
+  }
+  if (tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("statistic: tokens must be positive, got ", tokens));
+  }
+  return StatisticView(data, dtype, query_heads, tokens);
+}
+
+std::span<const float> StatisticView::Row(int head, std::vector<float>* scratch) const {
+  const int64_t offset = static_cast<int64_t>(head) * tokens_;
+  if (dtype_ == DType::kFloat32) {
+    return {static_cast<const float*>(data_) + offset, static_cast<size_t>(tokens_)};
+  }
+  scratch->resize(static_cast<size_t>(tokens_));
+  WidenToFloat(static_cast<const uint16_t*>(data_) + offset, dtype_, tokens_, scratch->data());
+  return *scratch;
+}
+
+absl::Status StatisticView::ValidateValues() const {
+  std::vector<float> scratch;
+  for (int h = 0; h < query_heads_; ++h) {
+    const std::span<const float> row = Row(h, &scratch);
+    for (int64_t t = 0; t < tokens_; ++t) {
+      const float value = row[static_cast<size_t>(t)];
+      // One comparison catches NaN, infinities and negatives together.
+      if (!(value >= 0.0f && value < INFINITY)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "statistic: value at head ", h, ", token ", t, " is ", value,
+            "; entries must be finite and non-negative"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace entrokv

@@ -1,0 +1,52 @@
+// A read-only view of one layer's attention statistic S[h][t], shape [query_heads, tokens].
+#ifndef ENTROKV_CORE_SCORING_STATISTIC_H_
+#define ENTROKV_CORE_SCORING_STATISTIC_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/util/dtype.h"
+
+namespace entrokv {
+
+// What the worker measured (ARCHITECTURE §3.1). Scoring treats all kinds alike; the kind is
+// carried so that reports and policies (h2o expects ACCUMULATED) can say what they were given.
+enum class StatisticKind : uint8_t { kLastRow, kWindowMean, kAccumulated };
+
+// Does not own the memory; the caller keeps it alive while the view is used. Row-major, rows
+// contiguous. Copyable and thread-compatible (reads only).
+class StatisticView {
+ public:
+  // REQUIRES: data points at query_heads * tokens elements of dtype. Checks the shape only;
+  // ValidateValues checks the contents.
+  [[nodiscard]] static absl::StatusOr<StatisticView> Create(const void* data, DType dtype,
+                                                            int query_heads, int64_t tokens);
+
+  [[nodiscard]] int query_heads() const { return query_heads_; }
+  [[nodiscard]] int64_t tokens() const { return tokens_; }
+  [[nodiscard]] DType dtype() const { return dtype_; }
+  [[nodiscard]] const void* data() const { return data_; }
+
+  // Row h as float32: a view of the caller's memory for float32 (no copy); otherwise widened
+  // into *scratch, which the returned span then points into.
+  [[nodiscard]] std::span<const float> Row(int head, std::vector<float>* scratch) const;
+
+  // INVALID_ARGUMENT naming the first head and token that is negative or not finite.
+  [[nodiscard]] absl::Status ValidateValues() const;
+
+ private:
+  StatisticView(const void* data, DType dtype, int query_heads, int64_t tokens)
+      : data_(data), dtype_(dtype), query_heads_(query_heads), tokens_(tokens) {}
+
+  const void* data_;
+  DType dtype_;
+  int query_heads_;
+  int64_t tokens_;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_SCORING_STATISTIC_H_
