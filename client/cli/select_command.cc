@@ -1,0 +1,206 @@
+// entrokv select: the eviction core on a .npy statistic, offline (no daemon).
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/args.h"
+#include "client/cli/command.h"
+#include "core/io/npy.h"
+#include "core/scoring/budget.h"
+#include "core/scoring/decision.h"
+#include "core/scoring/policy.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv::cli {
+namespace {
+
+struct LoadedStatistic {
+  NpyArray array;
+  DType dtype;
+  int layers;
+  int query_heads;
+  int64_t tokens;
+};
+
+absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
+                                              const std::string& dtype_flag) {
+  ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
+  LoadedStatistic loaded{};
+  if (array.type == NpyType::kUInt16) {
+    if (dtype_flag != "bf16") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": uint16 data is read as bfloat16 only with --dtype bf16"));
+    }
+    loaded.dtype = DType::kBFloat16;
+  } else {
+    if (dtype_flag == "bf16") {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": --dtype bf16 needs bfloat16 stored as uint16 ('<u2')"));
+    }
+    loaded.dtype = array.type == NpyType::kFloat32 ? DType::kFloat32 : DType::kFloat16;
+  }
+  if (array.shape.size() == 2) {
+    loaded.layers = 1;
+    loaded.query_heads = static_cast<int>(array.shape[0]);
+    loaded.tokens = array.shape[1];
+  } else if (array.shape.size() == 3) {
+    loaded.layers = static_cast<int>(array.shape[0]);
+    loaded.query_heads = static_cast<int>(array.shape[1]);
+    loaded.tokens = array.shape[2];
+  } else {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, ": shape has ", array.shape.size(), " dimensions; expected [H_Q, T] or [L, H_Q, T]"));
+  }
+  if (loaded.layers <= 0 || loaded.query_heads <= 0 || loaded.tokens <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": every dimension must be positive"));
+  }
+  loaded.array = std::move(array);
+  return loaded;
+}
+
+std::string JsonNumbers(const std::vector<double>& values) {
+  return absl::StrCat("[", absl::StrJoin(values, ",", [](std::string* out, double value) {
+                        absl::StrAppend(out, absl::StrFormat("%.9g", value));
+                      }), "]");
+}
+
+void PrintJson(const std::vector<LayerDecision>& layers) {
+  std::string out = "{\"layers\":[";
+  for (size_t l = 0; l < layers.size(); ++l) {
+    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"groups\":[");
+    for (size_t g = 0; g < layers[l].groups.size(); ++g) {
+      const GroupDecision& group = layers[l].groups[g];
+      absl::StrAppend(&out, g ? "," : "", "{\"group\":", g, ",\"kept_pages\":[",
+                      absl::StrJoin(group.kept_pages, ","), "],\"weights\":",
+                      JsonNumbers(group.weights), ",\"entropies\":", JsonNumbers(group.entropies),
+                      ",\"uor\":", absl::StrFormat("%.9g", group.shadow_uor.value_or(1.0)), "}");
+    }
+    absl::StrAppend(&out, "]}");
+  }
+  absl::StrAppend(&out, "]}\n");
+  std::fputs(out.c_str(), stdout);
+}
+
+void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view policy) {
+  std::printf("policy %s, %lld pages per group in all\n", std::string(policy).c_str(),
+              static_cast<long long>(layers.front().page_count));
+  std::printf("%5s %5s %5s %8s %9s  %s\n", "layer", "group", "kept", "uor", "retained",
+              "weights");
+  for (size_t l = 0; l < layers.size(); ++l) {
+    for (size_t g = 0; g < layers[l].groups.size(); ++g) {
+      const GroupDecision& group = layers[l].groups[g];
+      std::vector<std::string> weights;
+      for (const double w : group.weights) weights.push_back(absl::StrFormat("%.3f", w));
+      std::printf("%5zu %5zu %5zu %8.3f %9.3f  %s\n", l, g, group.kept_pages.size(),
+                  group.shadow_uor.value_or(1.0), group.retained_mass.value_or(1.0),
+                  absl::StrJoin(weights, " ").c_str());
+    }
+  }
+}
+
+absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
+  if (!args.Given("stats")) return absl::InvalidArgumentError("--stats is required");
+  if (!args.Given("kv-heads")) return absl::InvalidArgumentError("--kv-heads is required");
+  if (args.Given("pages") == args.Given("budget")) {
+    return absl::InvalidArgumentError("give exactly one of --pages and --budget");
+  }
+  const std::string format = args.Get("format");
+  if (format != "json" && format != "table") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--format: '", format, "' is not one of json, table"));
+  }
+  ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(args.Get("policy")));
+  ASSIGN_OR_RETURN(const int64_t kv_groups, args.GetInt("kv-heads"));
+  ASSIGN_OR_RETURN(const int64_t page_size, args.GetInt("page-size"));
+  ASSIGN_OR_RETURN(const int64_t sink_tokens, args.GetInt("sink-tokens"));
+  PolicyOptions options;
+  options.page_size = static_cast<int>(page_size);
+  options.sink_tokens = static_cast<int>(sink_tokens);
+  ASSIGN_OR_RETURN(options.tau, args.GetDouble("tau"));
+  ASSIGN_OR_RETURN(options.alpha, args.GetDouble("alpha"));
+  options.protections.tail_page = args.GetFlag("protect-tail");
+  RETURN_IF_ERROR(ValidatePolicyOptions(options));
+  ASSIGN_OR_RETURN(LoadedStatistic loaded, LoadStatistic(args.Get("stats"), args.Get("dtype")));
+  if (kv_groups <= 0 || loaded.query_heads % kv_groups != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv-heads: ", kv_groups,
+                                                   " does not divide the ", loaded.query_heads,
+                                                   " query heads of the statistic"));
+  }
+
+  std::vector<int64_t> quotas;
+  if (args.Given("pages")) {
+    ASSIGN_OR_RETURN(const int64_t pages, args.GetInt("pages"));
+    if (pages < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pages: must be at least 1 per (layer, group), got ", pages));
+    }
+    quotas.assign(static_cast<size_t>(loaded.layers), pages);
+  } else {
+    BudgetRequest request;
+    request.layers = loaded.layers;
+    request.kv_groups = static_cast<int>(kv_groups);
+    request.page_size = options.page_size;
+    request.tokens = loaded.tokens;
+    ASSIGN_OR_RETURN(request.fraction, args.GetDouble("budget"));
+    ASSIGN_OR_RETURN(BudgetPlan plan, PlanBudget(request));
+    quotas = plan.pages_per_layer;
+  }
+
+  const int64_t layer_elements = loaded.query_heads * loaded.tokens;
+  const int element_bytes = DTypeBytes(loaded.dtype);
+  std::vector<LayerDecision> decisions;
+  for (int layer = 0; layer < loaded.layers; ++layer) {
+    ASSIGN_OR_RETURN(StatisticView view,
+                     StatisticView::Create(loaded.array.bytes.data() +
+                                               layer * layer_elements * element_bytes,
+                                           loaded.dtype, loaded.query_heads, loaded.tokens));
+    LayerRequest request;
+    request.statistic = view;
+    request.query_heads = loaded.query_heads;
+    request.kv_groups = static_cast<int>(kv_groups);
+    request.tokens = loaded.tokens;
+    request.quota_pages = quotas[static_cast<size_t>(layer)];
+    auto decision = DecideLayer(*policy, options, request);
+    if (!decision.ok()) {
+      return absl::Status(decision.status().code(),
+                          absl::StrCat("layer ", layer, ": ", decision.status().message()));
+    }
+    decisions.push_back(*std::move(decision));
+  }
+  return decisions;
+}
+
+}  // namespace
+
+int RunSelect(const std::vector<std::string>& argv) {
+  ArgParser args("select",
+                 "--stats FILE.npy --kv-heads G --page-size B (--pages K | --budget F) [options]");
+  args.Option("stats", "", "statistic [H_Q, T] or [L, H_Q, T]: float32, float16, bf16 as uint16");
+  args.Option("dtype", "", "set to bf16 to read uint16 data as bfloat16");
+  args.Option("kv-heads", "", "KV heads (groups) G; must divide H_Q");
+  args.Option("page-size", "16", "tokens per page B");
+  args.Option("pages", "", "pages kept per (layer, group)");
+  args.Option("budget", "", "fraction of the sequence to keep, planned per layer (Hamilton)");
+  args.Option("policy", "page_entrokv", "one of " + absl::StrJoin(PolicyNames(), ", "));
+  args.Option("tau", "0.5", "head-weight temperature, > 0");
+  args.Option("alpha", "2", "Renyi order, > 0 (inf allowed)");
+  args.Option("sink-tokens", "4", "leading tokens left out of the entropy");
+  args.Flag("protect-tail", false, "always keep the last (partial) page");
+  args.Option("format", "json", "json or table");
+  auto parsed = args.Parse(argv);
+  if (!parsed.ok()) return UsageError("select", parsed.status());
+  if (!*parsed) return kExitOk;
+  auto decisions = Run(args);
+  if (!decisions.ok()) return UsageError("select", decisions.status());
+  if (args.Get("format") == "json") {
+    PrintJson(*decisions);
+  } else {
+    PrintTable(*decisions, args.Get("policy"));
+  }
+  return kExitOk;
+}
+
+}  // namespace entrokv::cli

@@ -1,0 +1,69 @@
+#include "core/scoring/metrics.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace entrokv {
+namespace {
+
+TEST(MetricsTest, UnionOverheadOfIdenticalAndDisjointSets) {
+  const std::vector<std::vector<int32_t>> same = {{1, 2, 3}, {1, 2, 3}};
+  const std::vector<std::vector<int32_t>> apart = {{1, 2, 3}, {4, 5, 6}, {7, 8, 9}};
+  EXPECT_DOUBLE_EQ(UnionOverheadRatio(same, 3), 1.0);
+  EXPECT_DOUBLE_EQ(UnionOverheadRatio(apart, 3), 3.0);
+  EXPECT_DOUBLE_EQ(PairwiseJaccard(same).disagreement(), 0.0);
+  EXPECT_DOUBLE_EQ(PairwiseJaccard(apart).disagreement(), 1.0);
+}
+
+TEST(MetricsTest, TwoHeadIdentityAtTheMethodsReferencePoints) {
+  // phi(D) = 2 / (2 - D): D = 0.5 -> 4/3, D = 2/3 -> 1.5, D = 1 -> 2.
+  const std::vector<std::vector<int32_t>> half = {{0, 1, 2}, {1, 2, 3}};       // J = 2/4
+  const std::vector<std::vector<int32_t>> third = {{0, 1}, {1, 2}};            // J = 1/3
+  for (const auto* sets : {&half, &third}) {
+    const double d = PairwiseJaccard(*sets).disagreement();
+    EXPECT_NEAR(UnionOverheadRatio(*sets, static_cast<int64_t>((*sets)[0].size())),
+                2.0 / (2.0 - d), 1e-12);
+  }
+  EXPECT_NEAR(2.0 / (2.0 - PairwiseJaccard(half).disagreement()), 4.0 / 3.0, 1e-12);
+  EXPECT_NEAR(2.0 / (2.0 - PairwiseJaccard(third).disagreement()), 1.5, 1e-12);
+}
+
+TEST(MetricsTest, CertificateThresholdsForTwofoldInflation) {
+  // Bonferroni certifies UOR >= 2 iff J <= (r-2)/(r(r-1)); sandwich iff J <= (r-2)/(3r-2).
+  for (const int r : {4, 6, 8}) {
+    const double bonferroni = (r - 2.0) / (r * (r - 1.0));
+    EXPECT_NEAR(BonferroniLowerBound(r, bonferroni), 2.0, 1e-12);
+    const double sandwich = (r - 2.0) / (3.0 * r - 2.0);
+    EXPECT_NEAR(SandwichBounds(r, sandwich, sandwich).lower, 2.0, 1e-12);
+  }
+  EXPECT_DOUBLE_EQ(SandwichBounds(8, 0.0, 0.0).lower, 8.0);
+  EXPECT_DOUBLE_EQ(SandwichBounds(8, 1.0, 1.0).lower, 1.0);
+  EXPECT_DOUBLE_EQ(SandwichBounds(8, 1.0, 1.0).upper, 7.0);
+}
+
+TEST(MetricsTest, RetainedMassCountsThePartialLastPage) {
+  const std::vector<float> values = {1, 1, 1, 1, 2, 2, 2, 2, 4};  // pages of 4: 4, 8, 4
+  EXPECT_DOUBLE_EQ(RetainedMass(values, 4, std::vector<int32_t>{2}), 0.25);
+  EXPECT_DOUBLE_EQ(RetainedMass(values, 4, std::vector<int32_t>{0, 1, 2}), 1.0);
+  EXPECT_DOUBLE_EQ(RetainedMass(std::vector<float>(5, 0.0f), 4, std::vector<int32_t>{}), 1.0);
+}
+
+TEST(MetricsTest, NeedleBoundClosedForm) {
+  // r = 8, tau = 0.5, eta = ln 2, 1 - eps = 0.95, four sinks (METHOD §2.11).
+  EXPECT_NEAR(NeedleBoundDelta(131072, 8, 0.5, std::log(2.0), 0.95, 4), 1.548e-9, 0.0005e-9);
+  EXPECT_NEAR(NeedleBoundDelta(4096, 8, 0.5, std::log(2.0), 0.95, 4), 1.59e-6, 0.005e-6);
+  // Delta decreases with T.
+  double previous = 1.0;
+  for (int64_t t = 4096; t <= 131072; t *= 2) {
+    const double delta = NeedleBoundDelta(t, 8, 0.5, std::log(2.0), 0.95, 4);
+    EXPECT_LT(delta, previous);
+    previous = delta;
+  }
+  EXPECT_NEAR(MeanPooledNeedle(131072, 8, 0.95), 0.11875, 1e-5);
+}
+
+}  // namespace
+}  // namespace entrokv

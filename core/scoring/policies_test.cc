@@ -1,0 +1,157 @@
+#include "core/scoring/policy.h"
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/scoring/pages.h"
+#include "core/scoring/weights.h"
+#include "core/testing/random_rows.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace entrokv {
+namespace {
+
+using ::entrokv::testing::StatusIs;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::vector<std::span<const float>> Rows(const std::vector<float>& data, int heads,
+                                         int64_t tokens) {
+  std::vector<std::span<const float>> rows;
+  for (int h = 0; h < heads; ++h) rows.emplace_back(data.data() + h * tokens, tokens);
+  return rows;
+}
+
+GroupSelection Select(absl::string_view name, const std::vector<float>& data, int heads,
+                      int64_t tokens, int64_t k, const PolicyOptions& options = {}) {
+  const std::vector<std::span<const float>> rows = Rows(data, heads, tokens);
+  GroupInput input;
+  input.rows = rows;
+  input.tokens = tokens;
+  input.quota_pages = k;
+  return (*FindPolicy(name))->SelectGroup(input, options);
+}
+
+TEST(PolicyRegistryTest, KnowsEveryPolicyOfTheDesign) {
+  EXPECT_THAT(PolicyNames(), ElementsAre("page_entrokv", "raw_entropy", "mean", "max",
+                                         "head_independent", "snapkv", "h2o", "streaming"));
+  EXPECT_THAT(FindPolicy("lru"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("page_entrokv")));
+}
+
+TEST(PolicyOptionsTest, RejectsEachBadOptionByName) {
+  PolicyOptions options;
+  options.page_size = 0;
+  EXPECT_THAT(ValidatePolicyOptions(options), StatusIs(absl::StatusCode::kInvalidArgument,
+                                                       HasSubstr("page_size")));
+  options = {};
+  options.tau = 0;
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tau")));
+  options = {};
+  options.alpha = -1;
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("alpha")));
+  options = {};
+  options.alpha = NAN;
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("alpha")));
+  options = {};
+  options.sink_tokens = -1;
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sink_tokens")));
+  options = {};
+  options.snapkv_kernel = 4;
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("snapkv_kernel")));
+}
+
+TEST(WeightsTest, TemperatureLimits) {
+  const std::vector<double> entropies = {1.0, 2.0, 3.0, 1.5};
+  for (const double w : EntropyWeights(entropies, 1e6)) EXPECT_NEAR(w, 0.25, 1e-5);
+  const std::vector<double> sharp = EntropyWeights(entropies, 1e-3);
+  EXPECT_NEAR(sharp[0], 1.0, 1e-12);
+  EXPECT_NEAR(sharp[3], 0.0, 1e-12);
+  // Two minimisers share the weight as tau -> 0.
+  const std::vector<double> tied = EntropyWeights(std::vector<double>{1.0, 1.0, 5.0}, 1e-3);
+  EXPECT_NEAR(tied[0], 0.5, 1e-12);
+  EXPECT_NEAR(tied[1], 0.5, 1e-12);
+  // Monotone: lower entropy, more weight; max weight falls as tau grows.
+  double previous_max = 1.0;
+  for (const double tau : {0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 25.0, 50.0}) {
+    const std::vector<double> w = EntropyWeights(entropies, tau);
+    EXPECT_GT(w[0], w[3]);
+    EXPECT_GT(w[3], w[1]);
+    EXPECT_GT(w[1], w[2]);
+    EXPECT_LE(w[0], previous_max);
+    previous_max = w[0];
+  }
+}
+
+TEST(PolicyTest, BlockMaxKeepsTheNeedlePageThatBlockMeanWouldLose) {
+  // One page holds a single 0.95 token, another holds sixteen 0.06 tokens (METHOD C13).
+  std::vector<float> row(48, 0.0f);
+  row[16 + 5] = 0.95f;
+  for (int t = 32; t < 48; ++t) row[t] = 0.06f;
+  EXPECT_THAT(Select("mean", row, 1, 48, 1).kept_pages, ElementsAre(1));
+}
+
+TEST(PolicyTest, StreamingKeepsSinkPagesThenTheNewest) {
+  PolicyOptions options;
+  options.page_size = 4;
+  options.sink_tokens = 4;
+  EXPECT_THAT(Select("streaming", std::vector<float>(40, 1.0f), 1, 40, 3, options).kept_pages,
+              ElementsAre(0, 8, 9));
+}
+
+TEST(PolicyTest, SnapKvMaxPoolSpreadsAPeakToItsNeighbours) {
+  // A peak at token 8 with width-7 pooling reaches tokens 5..11, so page 2 (tokens 8..11) and
+  // page 1 (4..7) score the same and beat the zero pages.
+  std::vector<float> row(16, 0.0f);
+  row[8] = 1.0f;
+  PolicyOptions options;
+  options.page_size = 4;
+  EXPECT_THAT(Select("snapkv", row, 1, 16, 2, options).kept_pages, ElementsAre(1, 2));
+  options.snapkv_kernel = 1;
+  EXPECT_THAT(Select("snapkv", row, 1, 16, 2, options).kept_pages, ElementsAre(0, 2));
+}
+
+TEST(PolicyTest, MaxPoolingTakesTheLargestHeadPerToken) {
+  std::vector<float> rows(2 * 8, 0.0f);
+  rows[0 * 8 + 1] = 0.2f;
+  rows[1 * 8 + 6] = 0.9f;
+  PolicyOptions options;
+  options.page_size = 2;
+  EXPECT_THAT(Select("max", rows, 2, 8, 2, options).kept_pages, ElementsAre(0, 3));
+}
+
+TEST(PolicyTest, HeadIndependentKeepsTheUnion) {
+  std::vector<float> rows(2 * 8, 0.0f);
+  rows[0 * 8 + 0] = 1.0f;
+  rows[1 * 8 + 7] = 1.0f;
+  PolicyOptions options;
+  options.page_size = 2;
+  EXPECT_THAT(Select("head_independent", rows, 2, 8, 1, options).kept_pages, ElementsAre(0, 3));
+}
+
+TEST(PolicyTest, CachedWeightsReplaceTheEntropies) {
+  std::mt19937_64 rng(3);
+  const std::vector<float> rows = testing::MixedRows(4, 64, rng);
+  const std::vector<double> weights = {0.0, 1.0, 0.0, 0.0};
+  const std::vector<std::span<const float>> spans = Rows(rows, 4, 64);
+  GroupInput input;
+  input.rows = spans;
+  input.tokens = 64;
+  input.quota_pages = 1;
+  input.cached_weights = weights;
+  const GroupSelection selection = (*FindPolicy("page_entrokv"))->SelectGroup(input, {});
+  EXPECT_EQ(selection.weights, weights);
+  EXPECT_TRUE(selection.entropies.empty());
+  const std::vector<float> head1(rows.begin() + 64, rows.begin() + 128);
+  EXPECT_EQ(selection.kept_pages, Select("mean", head1, 1, 64, 1).kept_pages);
+}
+
+}  // namespace
+}  // namespace entrokv
