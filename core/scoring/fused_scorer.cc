@@ -1,0 +1,432 @@
+// Why the fused path gives the reference's bits:
+//  - Entropy sums: every head's total and power are accumulated in double in token order with
+//    the same operations as AccumulateEntropySums; several heads run side by side only so that
+//    their independent dependency chains overlap. EntropyFromSums and EntropyWeights are shared.
+//  - Pooling: each token's pooled value starts at 0.0f and adds float(w_h) * x_h head by head in
+//    head order, as PoolRows does; only the loop order over tokens changes (chunk by chunk,
+//    the pooled chunk stays in L1), never the operations on one token.
+//  - Page maxima: the pooled values hold no NaN and no -0 (validated inputs, sums from +0), so
+//    the maximum is the same value whatever the order in which it is taken.
+//  - Selection: a page's key is (score bits << 32 | ~index), with bit 63 set for protected
+//    pages; the K largest keys are the protected pages and then exactly the pages the reference
+//    order (score desc, index asc) ranks first. nth_element finds the K-th key; one scan in page
+//    order emits the kept pages already ascending.
+#include "core/scoring/fused_scorer.h"
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/metrics.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/selection.h"
+#include "core/scoring/weights.h"
+#include "core/util/status_macros.h"
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+namespace entrokv {
+namespace {
+
+enum class Pooling : uint8_t { kNone, kEntropy, kRawEntropy, kMean, kMax };
+
+Pooling PoolingOf(const Policy& policy) {
+  const absl::string_view name = policy.name();
+  if (name == "page_entrokv") return Pooling::kEntropy;
+  if (name == "raw_entropy") return Pooling::kRawEntropy;
+  if (name == "mean" || name == "h2o") return Pooling::kMean;
+  if (name == "max") return Pooling::kMax;
+  return Pooling::kNone;
+}
+
+// Tokens per chunk of the pooled row: whole pages, about 8 KiB of floats.
+int64_t ChunkTokens(int page_size) {
+  return static_cast<int64_t>(page_size) * std::max<int64_t>(1, 2048 / page_size);
+}
+
+// The checks of DecideLayer's validation except the values (checked during the pooling pass),
+// in the same order, so both paths return the same status.
+absl::Status ValidateExceptValues(const Policy& policy, const PolicyOptions& options,
+                                  const LayerRequest& request) {
+  RETURN_IF_ERROR(ValidatePolicyOptions(options));
+  if (request.query_heads <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_heads: must be positive, got ", request.query_heads));
+  }
+  if (request.kv_groups <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_groups: must be positive, got ", request.kv_groups));
+  }
+  if (request.query_heads % request.kv_groups != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("query_heads: ", request.query_heads, " is not a multiple of kv_groups ",
+                     request.kv_groups));
+  }
+  if (request.tokens <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: must be positive, got ", request.tokens));
+  }
+  if (request.quota_pages < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quota_pages: the budget must give at least one page per (layer, group), got ",
+        request.quota_pages));
+  }
+  if (!request.statistic.has_value()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("statistic: policy ", policy.name(), " needs one"));
+  }
+  const StatisticView& statistic = *request.statistic;
+  if (statistic.query_heads() != request.query_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "statistic: has ", statistic.query_heads(), " rows, the model has ",
+        request.query_heads, " query heads; the shape must be [H_Q, T]"));
+  }
+  if (statistic.tokens() != request.tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "statistic: covers ", statistic.tokens(), " tokens, the sequence has ",
+        request.tokens));
+  }
+  if (!request.cached_weights.empty() &&
+      static_cast<int>(request.cached_weights.size()) != request.query_heads) {
+    RETURN_IF_ERROR(statistic.ValidateValues());  // the reference reports bad values first
+    return absl::FailedPreconditionError(
+        absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
+                     request.query_heads, " query heads"));
+  }
+  return absl::OkStatus();
+}
+
+// AccumulateEntropySums for kRows rows side by side: per row the same operations in the same
+// token order, so the same bits; the rows' chains are independent and overlap in the core.
+template <int kRows>
+void AccumulateRows(const float* const* rows, int64_t count, double alpha, EntropySums* sums) {
+  double total[kRows];
+  double power[kRows];
+  for (int i = 0; i < kRows; ++i) {
+    total[i] = sums[i].total;
+    power[i] = sums[i].power;
+  }
+  if (alpha == 2.0) {
+    for (int64_t t = 0; t < count; ++t) {
+      for (int i = 0; i < kRows; ++i) {
+        const double x = rows[i][t];
+        total[i] += x;
+        power[i] += x * x;
+      }
+    }
+  } else if (alpha == 1.0) {
+    for (int64_t t = 0; t < count; ++t) {
+      for (int i = 0; i < kRows; ++i) {
+        const double x = rows[i][t];
+        total[i] += x;
+        if (x > 0.0) power[i] += x * std::log(x);
+      }
+    }
+  } else {
+    for (int64_t t = 0; t < count; ++t) {
+      for (int i = 0; i < kRows; ++i) {
+        const float value = rows[i][t];
+        total[i] += value;
+        power[i] = std::max(power[i], static_cast<double>(value));
+      }
+    }
+  }
+  for (int i = 0; i < kRows; ++i) {
+    sums[i].total = total[i];
+    sums[i].power = power[i];
+  }
+}
+
+void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count, double alpha,
+                        EntropySums* sums) {
+  while (count_rows > 0) {
+    const int block = std::min(count_rows, 4);
+    switch (block) {
+      case 4: AccumulateRows<4>(rows, count, alpha, sums); break;
+      case 3: AccumulateRows<3>(rows, count, alpha, sums); break;
+      case 2: AccumulateRows<2>(rows, count, alpha, sums); break;
+      default: AccumulateRows<1>(rows, count, alpha, sums); break;
+    }
+    rows += block;
+    sums += block;
+    count_rows -= block;
+  }
+}
+
+// The bits of a finite, non-negative float as an unsigned integer below 0x7f800000; -0 maps to
+// 0. Anything else (negative, inf, NaN) maps to at least 0x7f800000.
+inline uint32_t CheckBits(float value) {
+  const uint32_t bits = std::bit_cast<uint32_t>(value);
+  return bits == 0x80000000u ? 0u : bits;
+}
+constexpr uint32_t kFirstBadBits = 0x7f800000u;
+
+// pooled[t] += weight * x[t]; returns the largest CheckBits of x.
+uint32_t AddWeighted(const float* x, float weight, int64_t count, float* pooled) {
+  uint32_t worst = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    pooled[t] += weight * x[t];
+    worst = std::max(worst, CheckBits(x[t]));
+  }
+  return worst;
+}
+
+// pooled[t] = std::max(pooled[t], x[t]), as MaxPolicy does; returns the largest CheckBits of x.
+uint32_t MaxInto(const float* x, int64_t count, float* pooled) {
+  uint32_t worst = 0;
+  for (int64_t t = 0; t < count; ++t) {
+    pooled[t] = std::max(pooled[t], x[t]);
+    worst = std::max(worst, CheckBits(x[t]));
+  }
+  return worst;
+}
+
+// Max of values[0, count); REQUIRES count >= 1, no NaN.
+inline float MaxOf(const float* values, int64_t count) {
+  int64_t t = 0;
+  float best = values[0];
+#if defined(__SSE2__)
+  if (count >= 4) {
+    __m128 lanes = _mm_loadu_ps(values);
+    for (t = 4; t + 4 <= count; t += 4) lanes = _mm_max_ps(lanes, _mm_loadu_ps(values + t));
+    lanes = _mm_max_ps(lanes, _mm_movehl_ps(lanes, lanes));
+    lanes = _mm_max_ss(lanes, _mm_shuffle_ps(lanes, lanes, 1));
+    best = _mm_cvtss_f32(lanes);
+  }
+#endif
+  for (; t < count; ++t) best = std::max(best, values[t]);
+  return best;
+}
+
+Protections EffectiveProtections(const PolicyOptions& options) {
+  Protections protections = options.protections;
+  protections.page_size = options.page_size;
+  protections.sink_tokens = options.sink_tokens;
+  return protections;
+}
+
+// DecideLayer's measurement of one group, on the same rows.
+void Measure(std::span<const std::span<const float>> rows, const PolicyOptions& options,
+             int64_t quota_pages, GroupDecision* decision) {
+  std::vector<std::vector<int32_t>> per_head;
+  per_head.reserve(rows.size());
+  std::vector<float> mean(rows.front().size(), 0.0f);
+  const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(rows.size()));
+  for (const std::span<const float> row : rows) {
+    per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
+    for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
+  }
+  const int64_t effective_k = std::min<int64_t>(
+      quota_pages, PageCount(static_cast<int64_t>(mean.size()), options.page_size));
+  decision->shadow_uor = UnionOverheadRatio(per_head, effective_k);
+  decision->disagreement = PairwiseJaccard(per_head).disagreement();
+  decision->retained_mass = RetainedMass(mean, options.page_size, decision->kept_pages);
+}
+
+}  // namespace
+
+bool IsFusedPolicy(const Policy& policy) { return PoolingOf(policy) != Pooling::kNone; }
+
+const float* FusedScorer::Tokens(const LayerRequest& request, int head, int64_t first,
+                                 int64_t count, float* buffer) const {
+  const StatisticView& statistic = *request.statistic;
+  const int64_t offset = static_cast<int64_t>(head) * statistic.tokens() + first;
+  if (statistic.dtype() == DType::kFloat32) {
+    return static_cast<const float*>(statistic.data()) + offset;
+  }
+  WidenToFloat(static_cast<const uint16_t*>(statistic.data()) + offset, statistic.dtype(), count,
+               buffer);
+  return buffer;
+}
+
+bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request, int group,
+                              GroupDecision* decision) {
+  const Pooling pooling = PoolingOf(policy);
+  const int r = request.query_heads / request.kv_groups;
+  const int first_head = group * r;
+  const int64_t tokens = request.tokens;
+  const int page_size = options_.page_size;
+  const int64_t chunk = ChunkTokens(page_size);
+  const bool widen = request.statistic->dtype() != DType::kFloat32;
+  if (widen) widened_.resize(static_cast<size_t>(chunk) * static_cast<size_t>(r));
+  auto buffer = [&](int i) {
+    return widen ? widened_.data() + static_cast<size_t>(i) * static_cast<size_t>(chunk)
+                 : nullptr;
+  };
+
+  // Weights (pass 1 for the entropy policies).
+  std::vector<double>& weights = decision->weights;
+  if (pooling == Pooling::kMean) {
+    weights.assign(static_cast<size_t>(r), 1.0 / static_cast<double>(r));
+  } else if (pooling == Pooling::kEntropy || pooling == Pooling::kRawEntropy) {
+    if (!request.cached_weights.empty()) {
+      const auto cached = request.cached_weights.subspan(static_cast<size_t>(first_head),
+                                                         static_cast<size_t>(r));
+      weights.assign(cached.begin(), cached.end());
+    } else {
+      const int64_t sinks = std::min<int64_t>(
+          pooling == Pooling::kEntropy ? options_.sink_tokens : 0, tokens);
+      decision->entropies.resize(static_cast<size_t>(r));
+      if (IsOnePassOrder(options_.alpha)) {
+        std::vector<EntropySums> sums(static_cast<size_t>(r));
+        std::vector<const float*> rows(static_cast<size_t>(r));
+        for (int64_t first = sinks; first < tokens; first += chunk) {
+          const int64_t count = std::min(chunk, tokens - first);
+          for (int i = 0; i < r; ++i) {
+            rows[static_cast<size_t>(i)] =
+                Tokens(request, first_head + i, first, count, buffer(i));
+          }
+          AccumulateRowBlock(rows.data(), r, count, options_.alpha, sums.data());
+        }
+        for (int i = 0; i < r; ++i) {
+          decision->entropies[static_cast<size_t>(i)] =
+              EntropyFromSums(sums[static_cast<size_t>(i)], options_.alpha, tokens - sinks);
+        }
+      } else {
+        // The general order reads each row twice (normalise, then powers): the shared function.
+        std::vector<float> row_buffer;
+        for (int i = 0; i < r; ++i) {
+          const std::span<const float> row =
+              request.statistic->Row(first_head + i, &row_buffer);
+          decision->entropies[static_cast<size_t>(i)] =
+              SinkIsolatedEntropy(row, static_cast<int>(sinks), options_.alpha);
+        }
+      }
+      weights = EntropyWeights(decision->entropies, options_.tau);
+    }
+  }
+
+  // Pass 2: pooled page maxima, chunk by chunk, validating every value on the way.
+  const int64_t pages = PageCount(tokens, page_size);
+  page_max_.resize(static_cast<size_t>(pages));
+  pooled_.resize(static_cast<size_t>(chunk));
+  uint32_t worst = 0;
+  for (int64_t first = 0; first < tokens; first += chunk) {
+    const int64_t count = std::min(chunk, tokens - first);
+    float* pooled = pooled_.data();
+    std::fill(pooled, pooled + count, 0.0f);
+    for (int i = 0; i < r; ++i) {
+      const float* x = Tokens(request, first_head + i, first, count, buffer(0));
+      worst = std::max(worst, pooling == Pooling::kMax
+                                  ? MaxInto(x, count, pooled)
+                                  : AddWeighted(x, static_cast<float>(weights[static_cast<size_t>(i)]),
+                                                count, pooled));
+    }
+    const int64_t first_page = first / page_size;
+    for (int64_t t = 0, page = first_page; t < count; t += page_size, ++page) {
+      page_max_[static_cast<size_t>(page)] = MaxOf(pooled + t, std::min<int64_t>(page_size, count - t));
+    }
+  }
+  if (worst >= kFirstBadBits) return false;
+
+  // Selection.
+  const int64_t quota = std::min(request.quota_pages, pages);
+  std::vector<int32_t>& kept = decision->kept_pages;
+  kept.clear();
+  if (quota == pages) {
+    kept.resize(static_cast<size_t>(pages));
+    for (int64_t page = 0; page < pages; ++page) kept[static_cast<size_t>(page)] = static_cast<int32_t>(page);
+    return true;
+  }
+  keys_.resize(static_cast<size_t>(pages) * 2);
+  uint64_t* keys = keys_.data();
+  for (int64_t page = 0; page < pages; ++page) {
+    const uint32_t bits = CheckBits(page_max_[static_cast<size_t>(page)]);
+    keys[page] = (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(page));
+  }
+  // Protections in the reference's order, each counted inside the quota.
+  const Protections protections = EffectiveProtections(options_);
+  int64_t protected_count = 0;
+  auto protect = [&](int64_t page) {
+    if (page < 0 || page >= pages || (keys[page] >> 63) != 0 || protected_count >= quota) return;
+    keys[page] |= uint64_t{1} << 63;
+    ++protected_count;
+  };
+  if (protections.tail_page) protect(pages - 1);
+  if (protections.sink_pages) {
+    const int64_t sink_pages =
+        (protections.sink_tokens + protections.page_size - 1) / protections.page_size;
+    for (int64_t page = 0; page < sink_pages; ++page) protect(page);
+  }
+  for (int64_t i = 0; i < protections.recent_pages; ++i) protect(pages - 1 - i);
+
+  uint64_t* work = keys + pages;
+  std::copy(keys, keys + pages, work);
+  std::nth_element(work, work + quota - 1, work + pages, std::greater<uint64_t>());
+  const uint64_t threshold = work[quota - 1];
+  kept.reserve(static_cast<size_t>(quota));
+  for (int64_t page = 0; page < pages; ++page) {
+    if (keys[page] >= threshold) kept.push_back(static_cast<int32_t>(page));
+  }
+  return true;
+}
+
+absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
+                                                       const LayerRequest& request) {
+  if (!IsFusedPolicy(policy)) return entrokv::DecideLayer(policy, options_, request);
+  RETURN_IF_ERROR(ValidateExceptValues(policy, options_, request));
+  LayerDecision decision;
+  decision.page_count = PageCount(request.tokens, options_.page_size);
+  decision.quota_pages = request.quota_pages;
+  decision.groups.resize(static_cast<size_t>(request.kv_groups));
+  for (int g = 0; g < request.kv_groups; ++g) {
+    if (!DecideGroup(policy, request, g, &decision.groups[static_cast<size_t>(g)])) {
+      RETURN_IF_ERROR(request.statistic->ValidateValues());
+      return absl::InternalError("statistic: fused validation disagrees with ValidateValues");
+    }
+  }
+  if (request.measure) {
+    const int r = request.query_heads / request.kv_groups;
+    std::vector<std::vector<float>> scratch(static_cast<size_t>(r));
+    std::vector<std::span<const float>> rows(static_cast<size_t>(r));
+    for (int g = 0; g < request.kv_groups; ++g) {
+      for (int i = 0; i < r; ++i) {
+        rows[static_cast<size_t>(i)] =
+            request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
+      }
+      Measure(rows, options_, request.quota_pages, &decision.groups[static_cast<size_t>(g)]);
+    }
+  }
+  return decision;
+}
+
+absl::StatusOr<std::vector<LayerDecision>> DecideModel(const Policy& policy,
+                                                       const PolicyOptions& options,
+                                                       std::span<const LayerRequest> requests,
+                                                       int threads) {
+  std::vector<std::optional<absl::StatusOr<LayerDecision>>> results(requests.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    FusedScorer scorer(options);
+    for (size_t l = next.fetch_add(1); l < requests.size(); l = next.fetch_add(1)) {
+      results[l] = scorer.DecideLayer(policy, requests[l]);
+    }
+  };
+  const int workers =
+      static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), requests.size()));
+  if (workers <= 1) {
+    work();
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(static_cast<size_t>(workers));
+    for (int i = 0; i < workers; ++i) pool.emplace_back(work);
+    for (std::thread& thread : pool) thread.join();
+  }
+  std::vector<LayerDecision> decisions;
+  decisions.reserve(requests.size());
+  for (auto& result : results) {
+    if (!result->ok()) return result->status();
+    decisions.push_back(*std::move(*result));
+  }
+  return decisions;
+}
+
+}  // namespace entrokv

@@ -1,0 +1,62 @@
+// The fused CPU path of one layer's decision (ARCHITECTURE §3, §7): the same decisions as
+// DecideLayer (decision.h), bit for bit, from two reads of the statistic per group (one for the
+// entropy sums, one for the pooled page maxima, which also validates the values) and a linear
+// selection, with scratch memory reused across calls.
+#ifndef ENTROKV_CORE_SCORING_FUSED_SCORER_H_
+#define ENTROKV_CORE_SCORING_FUSED_SCORER_H_
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/scoring/decision.h"
+#include "core/scoring/policy.h"
+
+namespace entrokv {
+
+// True for the policies the fused path computes itself (page_entrokv, raw_entropy, mean, h2o,
+// max); the others go through DecideLayer unchanged.
+[[nodiscard]] bool IsFusedPolicy(const Policy& policy);
+
+// Owns its scratch buffers (they grow to the largest layer seen and are then reused, so a
+// steady stream of layers allocates only the returned decisions). Not thread-safe: use one per
+// thread. Keeps no reference to the options, the policy or the statistic after a call.
+class FusedScorer {
+ public:
+  explicit FusedScorer(const PolicyOptions& options) : options_(options) {}
+
+  // Same contract, errors and result as DecideLayer(policy, options, request); the decisions,
+  // weights and entropies are identical. `measure` is computed as DecideLayer does (shadow,
+  // disagreement, retained mass), after the fused selection.
+  [[nodiscard]] absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy,
+                                                          const LayerRequest& request);
+
+ private:
+  // One (layer, group); REQUIRES: request validated except for the values. Returns false when
+  // a value of the group's rows is negative or not finite (the caller reports it).
+  bool DecideGroup(const Policy& policy, const LayerRequest& request, int group,
+                   GroupDecision* decision);
+  // Loads `count` tokens of `head` from `first` as float32: a view for float32, widened into
+  // `buffer` otherwise.
+  const float* Tokens(const LayerRequest& request, int head, int64_t first, int64_t count,
+                      float* buffer) const;
+
+  PolicyOptions options_;
+  std::vector<float> widened_;     // chunk buffers for half-precision rows
+  std::vector<float> pooled_;      // one chunk of the pooled row
+  std::vector<float> page_max_;    // I_g[b] for the current group
+  std::vector<uint64_t> keys_;     // selection keys, one per page
+  std::vector<int32_t> protected_;
+};
+
+// Every layer of a model: requests[l] decided with its own quota. `threads` workers take whole
+// layers from a shared counter (threads <= 1 runs on the caller's thread); the result is the
+// same for every thread count. The first error in layer order is returned.
+[[nodiscard]] absl::StatusOr<std::vector<LayerDecision>> DecideModel(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
+    int threads);
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_SCORING_FUSED_SCORER_H_

@@ -1,0 +1,338 @@
+#include "core/scoring/fused_scorer.h"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/scoring/decision.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/pages.h"
+#include "core/testing/status_matchers.h"
+#include "core/util/dtype.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace entrokv {
+namespace {
+
+using ::entrokv::testing::StatusIs;
+using ::testing::HasSubstr;
+
+// A statistic in any dtype, kept alive beside its view.
+struct Statistic {
+  DType dtype = DType::kFloat32;
+  int heads = 0;
+  int64_t tokens = 0;
+  std::vector<float> f32;
+  std::vector<uint16_t> half;
+
+  Statistic(DType type, int query_heads, int64_t length, const std::vector<float>& values)
+      : dtype(type), heads(query_heads), tokens(length), f32(values) {
+    if (dtype == DType::kFloat32) return;
+    for (const float value : values) {
+      half.push_back(dtype == DType::kBFloat16 ? FloatToBFloat16(value) : FloatToFloat16(value));
+    }
+  }
+  StatisticView View() const {
+    const void* data = dtype == DType::kFloat32 ? static_cast<const void*>(f32.data())
+                                                : static_cast<const void*>(half.data());
+    return *StatisticView::Create(data, dtype, heads, tokens);
+  }
+};
+
+// Rows with the shapes that break naive code: plain random, coarse values (many ties), all-zero,
+// all mass on the sinks, one spike, uniform.
+std::vector<float> RandomValues(std::mt19937_64& rng, int heads, int64_t tokens, int sinks) {
+  std::vector<float> values(static_cast<size_t>(heads * tokens), 0.0f);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::uniform_int_distribution<int> shape(0, 6);
+  for (int h = 0; h < heads; ++h) {
+    float* row = values.data() + h * tokens;
+    const int kind = shape(rng);
+    for (int64_t t = 0; t < tokens; ++t) {
+      switch (kind) {
+        case 0: row[t] = unit(rng); break;
+        case 1: row[t] = std::floor(unit(rng) * 3.0f) * 0.25f; break;  // ties
+        case 2: row[t] = 0.0f; break;
+        case 3: row[t] = t < sinks ? unit(rng) + 1.0f : 0.0f; break;  // all-sink head
+        case 4: row[t] = t == tokens / 2 ? 1.0f : 1e-6f * unit(rng); break;
+        case 5: row[t] = 1.0f / static_cast<float>(tokens); break;  // uniform: all ties
+        default: row[t] = unit(rng) * unit(rng) * 1e3f; break;
+      }
+    }
+  }
+  return values;
+}
+
+void ExpectSameDecision(const LayerDecision& expected, const LayerDecision& actual) {
+  EXPECT_EQ(expected.page_count, actual.page_count);
+  EXPECT_EQ(expected.quota_pages, actual.quota_pages);
+  ASSERT_EQ(expected.groups.size(), actual.groups.size());
+  for (size_t g = 0; g < expected.groups.size(); ++g) {
+    const GroupDecision& want = expected.groups[g];
+    const GroupDecision& got = actual.groups[g];
+    EXPECT_EQ(want.kept_pages, got.kept_pages) << "group " << g;
+    EXPECT_EQ(want.weights, got.weights) << "group " << g;
+    EXPECT_EQ(want.entropies, got.entropies) << "group " << g;
+    EXPECT_EQ(want.shadow_uor, got.shadow_uor) << "group " << g;
+    EXPECT_EQ(want.disagreement, got.disagreement) << "group " << g;
+    EXPECT_EQ(want.retained_mass, got.retained_mass) << "group " << g;
+  }
+}
+
+TEST(FusedScorerTest, KnowsWhichPoliciesItFuses) {
+  for (const char* name : {"page_entrokv", "raw_entropy", "mean", "h2o", "max"}) {
+    EXPECT_TRUE(IsFusedPolicy(**FindPolicy(name))) << name;
+  }
+  for (const char* name : {"head_independent", "snapkv", "streaming"}) {
+    EXPECT_FALSE(IsFusedPolicy(**FindPolicy(name))) << name;
+  }
+}
+
+TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  const std::vector<double> alphas = {2.0, 1.0, kAlphaInfinity, 0.5, 3.0};
+  const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
+  const std::vector<absl::string_view> names = PolicyNames();
+  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
+  // One scorer per options, reused across layers of every size, so scratch reuse is tested too.
+  for (int trial = 0; trial < 400; ++trial) {
+    PolicyOptions options;
+    options.page_size = std::vector<int>{1, 3, 4, 16, 17}[static_cast<size_t>(pick(0, 4))];
+    options.sink_tokens = pick(0, 6);
+    options.alpha = alphas[static_cast<size_t>(pick(0, 4))];
+    options.tau = std::vector<double>{0.5, 0.05, 4.0}[static_cast<size_t>(pick(0, 2))];
+    options.protections.tail_page = pick(0, 1) == 1;
+    options.protections.sink_pages = pick(0, 1) == 1;
+    options.protections.recent_pages = pick(0, 2) == 0 ? pick(1, 5) : 0;
+    const int groups = pick(1, 3);
+    const int r = pick(1, 6);
+    const int heads = groups * r;
+    const int64_t tokens = pick(0, 3) == 0 ? pick(1, 20) : pick(1, 5000);
+    const int64_t pages = PageCount(tokens, options.page_size);
+    const int64_t quota = pick(0, 4) == 0 ? pages + pick(0, 3) : pick(1, static_cast<int>(pages));
+    const Statistic statistic(dtypes[static_cast<size_t>(pick(0, 2))], heads, tokens,
+                              RandomValues(rng, heads, tokens, options.sink_tokens));
+    std::vector<double> cached;
+    if (pick(0, 4) == 0) {
+      for (int h = 0; h < heads; ++h) cached.push_back(pick(0, 3) * 0.25);
+    }
+    LayerRequest request;
+    request.statistic = statistic.View();
+    request.query_heads = heads;
+    request.kv_groups = groups;
+    request.tokens = tokens;
+    request.quota_pages = quota;
+    request.cached_weights = cached;
+    request.measure = pick(0, 1) == 1;
+    const Policy& policy = **FindPolicy(names[static_cast<size_t>(trial) % names.size()]);
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " policy " << policy.name() << " B "
+                 << options.page_size << " s " << options.sink_tokens << " alpha "
+                 << options.alpha << " G " << groups << " r " << r << " T " << tokens << " K "
+                 << quota << " dtype " << DTypeName(statistic.dtype));
+    const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, options, request);
+    ASSERT_TRUE(expected.ok()) << expected.status();
+    FusedScorer scorer(options);
+    const absl::StatusOr<LayerDecision> actual = scorer.DecideLayer(policy, request);
+    ASSERT_TRUE(actual.ok()) << actual.status();
+    ExpectSameDecision(*expected, *actual);
+    // Scratch left from this call must not change the next one.
+    const absl::StatusOr<LayerDecision> again = scorer.DecideLayer(policy, request);
+    ASSERT_TRUE(again.ok());
+    ExpectSameDecision(*expected, *again);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(FusedScorerTest, ReusedScorerMatchesAcrossShrinkingAndGrowingLayers) {
+  PolicyOptions options;
+  options.protections.tail_page = true;
+  FusedScorer scorer(options);
+  const Policy& policy = **FindPolicy("page_entrokv");
+  std::mt19937_64 rng(7);
+  for (const int64_t tokens : {4096, 3, 100000, 17, 4095}) {
+    const Statistic statistic(DType::kBFloat16, 4, tokens, RandomValues(rng, 4, tokens, 4));
+    LayerRequest request;
+    request.statistic = statistic.View();
+    request.query_heads = 4;
+    request.kv_groups = 2;
+    request.tokens = tokens;
+    request.quota_pages = std::max<int64_t>(1, PageCount(tokens, 16) / 5);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected,
+                                 DecideLayer(policy, options, request));
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision actual, scorer.DecideLayer(policy, request));
+    ExpectSameDecision(expected, actual);
+  }
+}
+
+TEST(FusedScorerTest, TiesGoToTheLowerPageIndex) {
+  PolicyOptions options;
+  options.page_size = 2;
+  const std::vector<float> values(2 * 10, 0.5f);  // every page scores the same
+  const Statistic statistic(DType::kFloat32, 2, 10, values);
+  LayerRequest request;
+  request.statistic = statistic.View();
+  request.query_heads = 2;
+  request.kv_groups = 1;
+  request.tokens = 10;
+  request.quota_pages = 3;
+  request.measure = false;
+  FusedScorer scorer(options);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision decision,
+                               scorer.DecideLayer(**FindPolicy("mean"), request));
+  EXPECT_EQ(decision.groups[0].kept_pages, (std::vector<int32_t>{0, 1, 2}));
+}
+
+TEST(FusedScorerTest, RejectsBadValuesWithTheReferenceError) {
+  const PolicyOptions options;
+  const Policy& policy = **FindPolicy("page_entrokv");
+  for (const float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(),
+                          std::numeric_limits<float>::infinity(), -1e-30f}) {
+    for (const int64_t at : {int64_t{1}, int64_t{2 * 40 + 39}}) {  // a sink token, a later head
+      std::vector<float> values(4 * 40, 0.25f);
+      values[static_cast<size_t>(at)] = bad;
+      values[static_cast<size_t>(3 * 40 + 5)] = -2.0f;  // a later bad value is not the one named
+      const Statistic statistic(DType::kFloat32, 4, 40, values);
+      LayerRequest request;
+      request.statistic = statistic.View();
+      request.query_heads = 4;
+      request.kv_groups = 2;
+      request.tokens = 40;
+      request.quota_pages = 1;
+      const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, options, request);
+      FusedScorer scorer(options);
+      const absl::StatusOr<LayerDecision> actual = scorer.DecideLayer(policy, request);
+      EXPECT_THAT(actual, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("statistic")));
+      EXPECT_EQ(expected.status(), actual.status());
+    }
+  }
+}
+
+TEST(FusedScorerTest, AcceptsNegativeZeroLikeTheReference) {
+  std::vector<float> values(2 * 8, -0.0f);
+  values[5] = 1.0f;
+  const Statistic statistic(DType::kFloat32, 2, 8, values);
+  LayerRequest request;
+  request.statistic = statistic.View();
+  request.query_heads = 2;
+  request.kv_groups = 1;
+  request.tokens = 8;
+  request.quota_pages = 2;
+  PolicyOptions options;
+  options.page_size = 2;
+  for (const char* name : {"page_entrokv", "max"}) {
+    const Policy& policy = **FindPolicy(name);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected,
+                                 DecideLayer(policy, options, request));
+    FusedScorer scorer(options);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision actual, scorer.DecideLayer(policy, request));
+    ExpectSameDecision(expected, actual);
+  }
+}
+
+TEST(FusedScorerTest, ShapeAndOptionErrorsMatchTheReference) {
+  const std::vector<float> values(4 * 40, 0.25f);
+  const Statistic statistic(DType::kFloat32, 4, 40, values);
+  std::vector<float> bad_values = values;
+  bad_values[3] = -1.0f;
+  const Statistic bad_statistic(DType::kFloat32, 4, 40, bad_values);
+  const std::vector<double> three_weights = {0.5, 0.25, 0.25};
+  const Policy& policy = **FindPolicy("page_entrokv");
+  auto base = [&] {
+    LayerRequest request;
+    request.statistic = statistic.View();
+    request.query_heads = 4;
+    request.kv_groups = 2;
+    request.tokens = 40;
+    request.quota_pages = 1;
+    return request;
+  };
+  struct Case {
+    const char* what;
+    absl::StatusCode code;
+    LayerRequest request;
+    PolicyOptions options;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"kv_groups", absl::StatusCode::kInvalidArgument, base(), {}});
+  cases.back().request.kv_groups = 3;
+  cases.push_back({"tokens", absl::StatusCode::kFailedPrecondition, base(), {}});
+  cases.back().request.tokens = 41;
+  cases.push_back({"quota_pages", absl::StatusCode::kInvalidArgument, base(), {}});
+  cases.back().request.quota_pages = 0;
+  cases.push_back({"statistic", absl::StatusCode::kInvalidArgument, base(), {}});
+  cases.back().request.statistic.reset();
+  cases.push_back({"cached_weights", absl::StatusCode::kFailedPrecondition, base(), {}});
+  cases.back().request.cached_weights = three_weights;
+  cases.push_back({"statistic", absl::StatusCode::kInvalidArgument, base(), {}});
+  cases.back().request.cached_weights = three_weights;  // bad values are reported first
+  cases.back().request.statistic = bad_statistic.View();
+  cases.push_back({"tau", absl::StatusCode::kInvalidArgument, base(), {}});
+  cases.back().options.tau = 0.0;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, c.options, c.request);
+    FusedScorer scorer(c.options);
+    const absl::StatusOr<LayerDecision> actual = scorer.DecideLayer(policy, c.request);
+    EXPECT_THAT(actual, StatusIs(c.code, HasSubstr(c.what)));
+    EXPECT_EQ(expected.status(), actual.status());
+  }
+}
+
+TEST(FusedScorerTest, DecideModelIsTheSameForEveryThreadCount) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  PolicyOptions options;
+  options.protections.tail_page = true;
+  const Policy& policy = **FindPolicy("page_entrokv");
+  std::vector<Statistic> statistics;
+  for (int l = 0; l < 7; ++l) {
+    statistics.emplace_back(DType::kFloat32, 6, 3000, RandomValues(rng, 6, 3000, 4));
+  }
+  std::vector<LayerRequest> requests(7);
+  for (int l = 0; l < 7; ++l) {
+    requests[l].statistic = statistics[l].View();
+    requests[l].query_heads = 6;
+    requests[l].kv_groups = 2;
+    requests[l].tokens = 3000;
+    requests[l].quota_pages = 10 + l;
+    requests[l].measure = false;
+  }
+  for (const int threads : {0, 1, 2, 3, 16}) {
+    SCOPED_TRACE(threads);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> decisions,
+                                 DecideModel(policy, options, requests, threads));
+    ASSERT_EQ(decisions.size(), requests.size());
+    for (size_t l = 0; l < requests.size(); ++l) {
+      ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected,
+                                   DecideLayer(policy, options, requests[l]));
+      ExpectSameDecision(expected, decisions[l]);
+    }
+  }
+}
+
+TEST(FusedScorerTest, DecideModelReturnsTheFirstLayerError) {
+  std::vector<float> values(2 * 32, 0.5f);
+  const Statistic good(DType::kFloat32, 2, 32, values);
+  values[7] = -1.0f;
+  const Statistic bad(DType::kFloat32, 2, 32, values);
+  std::vector<LayerRequest> requests(4);
+  for (size_t l = 0; l < requests.size(); ++l) {
+    requests[l].statistic = (l == 2 ? bad : good).View();
+    requests[l].query_heads = 2;
+    requests[l].kv_groups = 1;
+    requests[l].tokens = 32;
+    requests[l].quota_pages = l == 3 ? 0 : 1;  // layer 3 is bad too, but later
+  }
+  EXPECT_THAT(DecideModel(**FindPolicy("mean"), PolicyOptions(), requests, 2),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token 7")));
+}
+
+}  // namespace
+}  // namespace entrokv
