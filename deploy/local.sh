@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Sets up entrokv on a Debian 12 machine and runs it: `demo` (the main job) or `test` (every
+# test). Installs what is missing with apt-get, configures and builds in ./build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+mode="${1:-}"
+case "$mode" in
+  demo|test|build) ;;
+  *) echo "usage: bash deploy/local.sh demo|test|build" >&2; exit 2 ;;
+esac
+
+packages=(
+  g++ cmake ninja-build git curl pkg-config ca-certificates
+  libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
+  prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-numpy python3-grpcio python3-protobuf python3-matplotlib
+  prometheus openssl
+)
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
+done
+if ((${#missing[@]})); then
+  echo "== installing ${missing[*]}"
+  sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+jobs="$(nproc)"
+echo "== configuring and building (${jobs} jobs)"
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+ninja -C build -j "$jobs"
+
+case "$mode" in
+  demo) exec bash deploy/demo.sh build ;;
+  test) exec ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600 ;;
+  build) ;;
+esac
