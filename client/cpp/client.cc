@@ -1,0 +1,110 @@
+#include "client/cpp/client.h"
+
+#include <thread>
+
+
+namespace entrokv {
+
+absl::Status FromGrpcStatus(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+Client::Client(const ClientOptions& options) : options_(options) {
+  grpc::ChannelArguments arguments;
+  arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
+  arguments.SetMaxSendMessageSize(options.max_message_bytes);
+  channel_ = grpc::CreateCustomChannel(
+      options.target,
+      options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), arguments);
+  stub_ = v1::CacheManager::NewStub(channel_);
+}
+
+void Client::Prepare(grpc::ClientContext* context, std::chrono::milliseconds timeout) const {
+  context->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!options_.bearer_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options_.bearer_token);
+  }
+}
+
+template <typename Request, typename Response, typename Method>
+absl::StatusOr<Response> Client::Call(Method method, const Request& request) {
+  std::chrono::milliseconds backoff = options_.initial_backoff;
+  grpc::Status status;
+  for (int attempt = 1;; ++attempt) {
+    grpc::ClientContext context;
+    Prepare(&context, options_.timeout);
+    Response response;
+    status = ((*stub_).*method)(&context, request, &response);
+    if (status.ok()) return response;
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options_.max_attempts) {
+      break;
+    }
+    std::this_thread::sleep_for(backoff);
+    backoff *= 2;
+  }
+  return FromGrpcStatus(status);
+}
+
+absl::StatusOr<v1::RegisterModelResponse> Client::RegisterModel(
+    const v1::RegisterModelRequest& request) {
+  return Call<v1::RegisterModelRequest, v1::RegisterModelResponse>(
+      &v1::CacheManager::Stub::RegisterModel, request);
+}
+absl::StatusOr<v1::GetModelResponse> Client::GetModel(const v1::GetModelRequest& request) {
+  return Call<v1::GetModelRequest, v1::GetModelResponse>(&v1::CacheManager::Stub::GetModel,
+                                                         request);
+}
+absl::StatusOr<v1::OpenSequenceResponse> Client::OpenSequence(
+    const v1::OpenSequenceRequest& request) {
+  return Call<v1::OpenSequenceRequest, v1::OpenSequenceResponse>(
+      &v1::CacheManager::Stub::OpenSequence, request);
+}
+absl::StatusOr<v1::AppendTokensResponse> Client::AppendTokens(
+    const v1::AppendTokensRequest& request) {
+  return Call<v1::AppendTokensRequest, v1::AppendTokensResponse>(
+      &v1::CacheManager::Stub::AppendTokens, request);
+}
+absl::StatusOr<v1::DecideResponse> Client::Decide(const v1::DecideRequest& request) {
+  return Call<v1::DecideRequest, v1::DecideResponse>(&v1::CacheManager::Stub::Decide, request);
+}
+absl::StatusOr<v1::CloseSequenceResponse> Client::CloseSequence(
+    const v1::CloseSequenceRequest& request) {
+  return Call<v1::CloseSequenceRequest, v1::CloseSequenceResponse>(
+      &v1::CacheManager::Stub::CloseSequence, request);
+}
+absl::StatusOr<v1::PoolStats> Client::GetPoolStats(const v1::GetPoolStatsRequest& request) {
+  return Call<v1::GetPoolStatsRequest, v1::PoolStats>(&v1::CacheManager::Stub::GetPoolStats,
+                                                      request);
+}
+absl::StatusOr<v1::ListSequencesResponse> Client::ListSequences(
+    const v1::ListSequencesRequest& request) {
+  return Call<v1::ListSequencesRequest, v1::ListSequencesResponse>(
+      &v1::CacheManager::Stub::ListSequences, request);
+}
+
+std::unique_ptr<Client::LayerStream> Client::OpenDecideStream(
+    std::chrono::milliseconds stream_timeout) {
+  std::unique_ptr<LayerStream> stream(new LayerStream());
+  Prepare(&stream->context_, stream_timeout);
+  stream->stream_ = stub_->DecideStream(&stream->context_);
+  return stream;
+}
+
+bool Client::LayerStream::Write(const v1::DecideLayerRequest& request) {
+  return stream_->Write(request);
+}
+
+bool Client::LayerStream::Read(v1::LayerDecision* decision) { return stream_->Read(decision); }
+
+absl::Status Client::LayerStream::Finish() {
+  if (!writes_done_) {
+    stream_->WritesDone();
+    writes_done_ = true;
+  }
+  v1::LayerDecision unread;
+  while (stream_->Read(&unread)) {
+  }
+  return FromGrpcStatus(stream_->Finish());
+}
+
+}  // namespace entrokv

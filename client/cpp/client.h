@@ -1,0 +1,86 @@
+// entrokv::Client: the C++ client of entrokvd's CacheManager service.
+//
+// Every call carries a deadline; a call that fails with UNAVAILABLE (daemon restarting, draining
+// or not yet listening) is retried with exponential backoff, nothing else is, so a request that
+// changed state is never repeated behind the caller's back (UNAVAILABLE means it was not
+// processed). Thread-safe: one Client may serve many threads; a LayerStream serves one.
+#ifndef ENTROKV_CLIENT_CPP_CLIENT_H_
+#define ENTROKV_CLIENT_CPP_CLIENT_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "entrokv/v1/cache_manager.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace entrokv {
+
+struct ClientOptions {
+  std::string target = "127.0.0.1:50051";     // host:port of entrokvd
+  std::chrono::milliseconds timeout{10000};   // deadline of each attempt
+  int max_attempts = 4;                       // first try included; UNAVAILABLE only
+  std::chrono::milliseconds initial_backoff{50};  // doubles per retry
+  std::string bearer_token;                   // sent as "authorization: Bearer ..." when set
+  int max_message_bytes = 256 << 20;          // receive and send limit of the channel
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure (loopback)
+};
+
+// The gRPC status as an absl::Status with the same code and message.
+[[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
+
+class Client {
+ public:
+  explicit Client(const ClientOptions& options);
+
+  [[nodiscard]] absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
+      const v1::RegisterModelRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(
+      const v1::OpenSequenceRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::AppendTokensResponse> AppendTokens(
+      const v1::AppendTokensRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::DecideResponse> Decide(const v1::DecideRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
+      const v1::CloseSequenceRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::PoolStats> GetPoolStats(const v1::GetPoolStatsRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ListSequencesResponse> ListSequences(
+      const v1::ListSequencesRequest& request);
+
+  // Feeds layer statistics as prefill runs and receives the decisions in order. Not retried:
+  // a broken stream reports its status from Read/Finish.
+  class LayerStream {
+   public:
+    // Sends one layer; false when the stream is broken (call Finish for the status).
+    [[nodiscard]] bool Write(const v1::DecideLayerRequest& request);
+    // Receives the next decision in order; false when the stream has ended.
+    [[nodiscard]] bool Read(v1::LayerDecision* decision);
+    // Half-closes, drains unread decisions, and returns the final status.
+    [[nodiscard]] absl::Status Finish();
+
+   private:
+    friend class Client;
+    LayerStream() = default;
+    grpc::ClientContext context_;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::DecideLayerRequest, v1::LayerDecision>> stream_;
+    bool writes_done_ = false;
+  };
+  // The stream's deadline is `stream_timeout` from now (a whole prefill).
+  [[nodiscard]] std::unique_ptr<LayerStream> OpenDecideStream(
+      std::chrono::milliseconds stream_timeout = std::chrono::minutes(5));
+
+ private:
+  template <typename Request, typename Response, typename Method>
+  absl::StatusOr<Response> Call(Method method, const Request& request);
+  void Prepare(grpc::ClientContext* context, std::chrono::milliseconds timeout) const;
+
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CacheManager::Stub> stub_;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CLIENT_CPP_CLIENT_H_
