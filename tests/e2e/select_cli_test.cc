@@ -1,0 +1,207 @@
+// `entrokv select` as a user runs it: a real binary on real .npy files.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/io/npy.h"
+#include "core/scoring/decision.h"
+#include "core/testing/random_rows.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace entrokv {
+namespace {
+
+using ::testing::HasSubstr;
+
+struct CliRun {
+  int exit_code;
+  std::string out;
+};
+
+CliRun RunCli(const std::string& arguments) {
+  const std::string command = absl::StrCat(ENTROKV_CLI_PATH, " ", arguments, " 2>&1");
+  FILE* pipe = popen(command.c_str(), "r");
+  CliRun run{-1, ""};
+  char buffer[4096];
+  size_t read;
+  while ((read = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, read);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+class SelectCliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           absl::StrCat("entrokv_select_", ::getpid(), "_",
+                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Write(const std::string& name, NpyType type, std::vector<int64_t> shape,
+                    const void* data, size_t bytes) {
+    NpyArray array;
+    array.type = type;
+    array.shape = std::move(shape);
+    array.bytes.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    const std::string path = (dir_ / name).string();
+    EXPECT_TRUE(WriteNpy(path, array).ok());
+    return path;
+  }
+
+  std::filesystem::path dir_;
+};
+
+// The JSON the CLI must print for `decisions`, built from the library's own results.
+std::string ExpectedKeptPages(const std::vector<LayerDecision>& decisions) {
+  std::vector<std::string> parts;
+  for (const LayerDecision& layer : decisions) {
+    for (const GroupDecision& group : layer.groups) {
+      parts.push_back(absl::StrCat("\"kept_pages\":[", absl::StrJoin(group.kept_pages, ","), "]"));
+    }
+  }
+  return absl::StrJoin(parts, "|");
+}
+
+std::string ActualKeptPages(const std::string& json) {
+  std::vector<std::string> parts;
+  for (size_t at = json.find("\"kept_pages\""); at != std::string::npos;
+       at = json.find("\"kept_pages\"", at + 1)) {
+    parts.push_back(json.substr(at, json.find(']', at) - at + 1));
+  }
+  return absl::StrJoin(parts, "|");
+}
+
+TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
+  const int layers = 3, heads = 8, groups = 2;
+  const int64_t tokens = 1000;
+  std::mt19937_64 rng(11);
+  std::vector<float> data;
+  for (int l = 0; l < layers; ++l) {
+    const std::vector<float> layer = testing::MixedRows(heads, tokens, rng);
+    data.insert(data.end(), layer.begin(), layer.end());
+  }
+  const std::string path = Write("stats.npy", NpyType::kFloat32, {layers, heads, tokens},
+                                 data.data(), data.size() * sizeof(float));
+  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
+                                      " --kv-heads 2 --page-size 16 --pages 5"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("{\"layers\":[{\"layer\":0,\"groups\":[{\"group\":0,"));
+  EXPECT_THAT(run.out, HasSubstr("\"weights\":["));
+  EXPECT_THAT(run.out, HasSubstr("\"entropies\":["));
+  EXPECT_THAT(run.out, HasSubstr("\"uor\":"));
+
+  std::vector<LayerDecision> expected;
+  for (int l = 0; l < layers; ++l) {
+    LayerRequest request;
+    request.statistic =
+        *StatisticView::Create(data.data() + l * heads * tokens, DType::kFloat32, heads, tokens);
+    request.query_heads = heads;
+    request.kv_groups = groups;
+    request.tokens = tokens;
+    request.quota_pages = 5;
+    expected.push_back(*DecideLayer(**FindPolicy("page_entrokv"), {}, request));
+  }
+  EXPECT_EQ(ActualKeptPages(run.out), ExpectedKeptPages(expected));
+}
+
+TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {
+  std::vector<float> data(2 * 4 * 160, 1.0f);
+  const std::string path =
+      Write("flat.npy", NpyType::kFloat32, {2, 4, 160}, data.data(), data.size() * 4);
+  // F = 0.25 of 160 tokens x 2 layers / 16 = 5 layer-pages: 3 for layer 0, 2 for layer 1.
+  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
+                                      " --kv-heads 2 --page-size 16 --budget 0.25"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_EQ(ActualKeptPages(run.out),
+            "\"kept_pages\":[0,1,2]|\"kept_pages\":[0,1,2]|\"kept_pages\":[0,1]|"
+            "\"kept_pages\":[0,1]");
+}
+
+TEST_F(SelectCliTest, HalfPrecisionFilesDecideLikeFloat32) {
+  std::mt19937_64 rng(5);
+  const std::vector<float> data = testing::MixedRows(4, 300, rng);
+  std::vector<uint16_t> brain(data.size()), half(data.size());
+  std::vector<float> widened_bf16(data.size()), widened_f16(data.size());
+  for (size_t i = 0; i < data.size(); ++i) {
+    brain[i] = FloatToBFloat16(data[i]);
+    half[i] = FloatToFloat16(data[i]);
+    widened_bf16[i] = BFloat16ToFloat(brain[i]);
+    widened_f16[i] = Float16ToFloat(half[i]);
+  }
+  const std::string args = " --kv-heads 2 --page-size 8 --pages 4";
+  const CliRun bf16 = RunCli("select --dtype bf16 --stats " +
+                          Write("b.npy", NpyType::kUInt16, {4, 300}, brain.data(), brain.size() * 2) +
+                          args);
+  const CliRun bf16_wide = RunCli("select --stats " +
+                               Write("bw.npy", NpyType::kFloat32, {4, 300}, widened_bf16.data(),
+                                     widened_bf16.size() * 4) +
+                               args);
+  const CliRun f16 = RunCli("select --stats " +
+                         Write("h.npy", NpyType::kFloat16, {4, 300}, half.data(), half.size() * 2) +
+                         args);
+  const CliRun f16_wide = RunCli("select --stats " +
+                              Write("hw.npy", NpyType::kFloat32, {4, 300}, widened_f16.data(),
+                                    widened_f16.size() * 4) +
+                              args);
+  ASSERT_EQ(bf16.exit_code, 0) << bf16.out;
+  ASSERT_EQ(f16.exit_code, 0) << f16.out;
+  EXPECT_EQ(bf16.out, bf16_wide.out);
+  EXPECT_EQ(f16.out, f16_wide.out);
+}
+
+TEST_F(SelectCliTest, BadInputIsOneLineAndExitCodeTwo) {
+  std::ofstream(dir_ / "junk.npy") << "this is not numpy";
+  std::vector<float> data(12 * 64, 0.5f);
+  const std::string good =
+      Write("good.npy", NpyType::kFloat32, {12, 64}, data.data(), data.size() * 4);
+  std::vector<uint16_t> u16(12 * 64, 0);
+  const std::string raw_u16 =
+      Write("u16.npy", NpyType::kUInt16, {12, 64}, u16.data(), u16.size() * 2);
+  data[70] = -1.0f;
+  const std::string negative =
+      Write("neg.npy", NpyType::kFloat32, {12, 64}, data.data(), data.size() * 4);
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"select --stats " + (dir_ / "junk.npy").string() + " --kv-heads 2 --pages 1", "magic"},
+      {"select --stats " + (dir_ / "missing.npy").string() + " --kv-heads 2 --pages 1",
+       "cannot open"},
+      {"select --stats " + raw_u16 + " --kv-heads 2 --pages 1", "--dtype bf16"},
+      {"select --stats " + good + " --kv-heads 5 --pages 1", "--kv-heads"},
+      {"select --stats " + good + " --kv-heads 2 --pages 0", "--pages"},
+      {"select --stats " + good + " --kv-heads 2 --pages 1 --page-size 0", "page_size"},
+      {"select --stats " + good + " --kv-heads 2 --pages 1 --tau 0", "tau"},
+      {"select --stats " + good + " --kv-heads 2 --pages 1 --alpha -2", "alpha"},
+      {"select --stats " + good + " --kv-heads 2 --pages 1 --policy lru", "policy"},
+      {"select --stats " + good + " --kv-heads 2", "exactly one of --pages and --budget"},
+      {"select --stats " + good + " --kv-heads 2 --budget 0.001", "one page per layer"},
+      {"select --stats " + negative + " --kv-heads 2 --pages 1", "head 1, token 6"},
+      {"select --stats " + good + " --kv-heads 2 --pages 1 --bogus", "unknown option"},
+  };
+  for (const auto& [arguments, message] : cases) {
+    const CliRun run = RunCli(arguments);
+    EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
+    EXPECT_THAT(run.out, HasSubstr(message)) << arguments;
+    EXPECT_EQ(std::count(run.out.begin(), run.out.end(), '\n'), 1) << run.out;
+  }
+}
+
+TEST_F(SelectCliTest, HelpListsTheOptions) {
+  const CliRun run = RunCli("select --help");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_THAT(run.out, HasSubstr("--kv-heads"));
+  EXPECT_THAT(run.out, HasSubstr("--protect-tail"));
+}
+
+}  // namespace
+}  // namespace entrokv
