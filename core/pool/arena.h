@@ -1,0 +1,82 @@
+// The memory behind a page pool: one contiguous region a worker process can reach.
+#ifndef ENTROKV_CORE_POOL_ARENA_H_
+#define ENTROKV_CORE_POOL_ARENA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/pool/geometry.h"
+
+namespace entrokv {
+
+// What a worker needs to reach an arena from another process.
+struct ArenaInfo {
+  Backend backend = Backend::kHost;
+  std::string name;        // host: the POSIX shared-memory name ("/entrokv.<pool>.<pid>.<n>")
+  int fd = -1;             // host: the daemon's descriptor (for SCM_RIGHTS passing); cuda: -1
+  int64_t bytes = 0;       // size of the region
+  std::string ipc_handle;  // cuda: the cudaIpcMemHandle_t bytes (64); host: empty
+  int device = -1;         // cuda: the device ordinal; host: -1
+};
+
+// One region of `bytes()` bytes. Owns the memory: destroying the arena releases it (and unlinks
+// a host arena's name). Not thread-safe; the owner serializes calls. Frames never move.
+class MemoryArena {
+ public:
+  virtual ~MemoryArena() = default;
+  [[nodiscard]] virtual ArenaInfo info() const = 0;
+  // The region's first byte: a host address for host, a device address for cuda.
+  [[nodiscard]] virtual void* base() const = 0;
+  // Copies `bytes` bytes inside the arena (copy-on-write of a shared page).
+  // REQUIRES: both ranges inside the arena and not overlapping.
+  [[nodiscard]] virtual absl::Status Copy(int64_t dst_offset, int64_t src_offset,
+                                          int64_t bytes) = 0;
+};
+
+// A new arena of `bytes` bytes (> 0). `name` is a hint folded into a host arena's name.
+// Host: INTERNAL with errno text when shm_open/ftruncate/mmap fail. Cuda: UNIMPLEMENTED
+// "backend: cuda was not built in" without CUDA; UNAVAILABLE without a device;
+// RESOURCE_EXHAUSTED when the device is out of memory.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(Backend backend,
+                                                                       absl::string_view name,
+                                                                       int64_t bytes);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view name,
+                                                                           int64_t bytes);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
+                                                                           int64_t bytes);
+
+// A worker-side mapping of a host arena, read-write and shared with the daemon. Owns the
+// mapping (and the descriptor it opened); the daemon's arena may be destroyed first, the bytes
+// stay valid until this mapping goes too. Not thread-safe.
+class HostArenaMapping {
+ public:
+  // Maps the arena by its shared-memory name: NOT_FOUND when no such name exists.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostArenaMapping>> OpenByName(
+      absl::string_view name);
+  // Maps the arena through a descriptor (one inherited or received); the descriptor is
+  // duplicated, the caller keeps its own. INVALID_ARGUMENT for a bad descriptor.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostArenaMapping>> OpenByFd(int fd);
+
+  ~HostArenaMapping();
+  HostArenaMapping(const HostArenaMapping&) = delete;
+  HostArenaMapping& operator=(const HostArenaMapping&) = delete;
+
+  [[nodiscard]] void* data() const { return data_; }
+  [[nodiscard]] int64_t bytes() const { return bytes_; }
+
+ private:
+  HostArenaMapping(int fd, void* data, int64_t bytes) : fd_(fd), data_(data), bytes_(bytes) {}
+  static absl::StatusOr<std::unique_ptr<HostArenaMapping>> MapFd(int fd, absl::string_view what);
+
+  int fd_;
+  void* data_;
+  int64_t bytes_;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_POOL_ARENA_H_

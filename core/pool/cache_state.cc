@@ -1,0 +1,228 @@
+#include "core/pool/cache_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv {
+namespace {
+
+absl::Status NotFound(absl::string_view what, absl::string_view id) {
+  return absl::NotFoundError(absl::StrCat(what, " \"", id, "\" is not open"));
+}
+
+absl::Status CheckId(absl::string_view field, absl::string_view id) {
+  if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " must not be empty"));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOptions& options) {
+  RETURN_IF_ERROR(ValidateGeometry(options.geometry));
+  const int64_t frame_bytes = FrameBytes(options.geometry, options.layout);
+  if (options.capacity_bytes < frame_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("capacity_bytes ", options.capacity_bytes,
+                                                   " holds no frame of ", frame_bytes, " bytes"));
+  }
+  PagePoolOptions pool_options;
+  pool_options.geometry = options.geometry;
+  pool_options.layout = options.layout;
+  pool_options.backend = options.backend;
+  pool_options.capacity_frames = options.capacity_bytes / frame_bytes;
+  pool_options.name = options.name;
+  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, PagePool::Create(pool_options));
+  return std::unique_ptr<CacheState>(new CacheState(options, std::move(pool)));
+}
+
+CacheState::CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool)
+    : geometry_(options.geometry),
+      layout_(options.layout),
+      name_(options.name),
+      pool_(std::move(pool)) {}
+
+CacheState::~CacheState() {
+  absl::MutexLock lock(&mu_);
+  // Drop the references before the pool (and its arena) goes.
+  for (auto& [id, sequence] : sequences_) sequence.Release(*pool_).IgnoreError();
+  sequences_.clear();
+}
+
+absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t initial_tokens) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  if (initial_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial_tokens must be >= 0, got ", initial_tokens));
+  }
+  absl::MutexLock lock(&mu_);
+  if (sequences_.contains(sequence_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
+  }
+  Sequence sequence(std::string(sequence_id), geometry_, layout_);
+  ASSIGN_OR_RETURN(const AppendResult appended, sequence.Append(initial_tokens, *pool_));
+  (void)appended;
+  sequences_.emplace(std::string(sequence_id), std::move(sequence));
+  return absl::OkStatus();
+}
+
+absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::string_view parent_id,
+                                      int64_t prefix_pages) {
+  RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(CheckId("parent_id", parent_id));
+  absl::MutexLock lock(&mu_);
+  if (sequences_.contains(sequence_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
+  }
+  const auto parent = sequences_.find(parent_id);
+  if (parent == sequences_.end()) return NotFound("parent sequence", parent_id);
+  ASSIGN_OR_RETURN(Sequence child, Sequence::Fork(std::string(sequence_id), parent->second,
+                                                  prefix_pages, *pool_));
+  sequences_.emplace(std::string(sequence_id), std::move(child));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence_id,
+                                                      int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  ASSIGN_OR_RETURN(AppendResult result, it->second.Append(tokens, *pool_));
+  bytes_copied_total_ += result.frames_copied * pool_->frame_bytes();
+  return result;
+}
+
+absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
+    absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
+    const std::vector<std::vector<int32_t>>& kept_pages_per_group) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  ASSIGN_OR_RETURN(ApplyResult result, it->second.ApplyDecision(layer, decided_tokens,
+                                                                kept_pages_per_group, *pool_));
+  for (const auto& pages : result.evicted_pages_per_group) {
+    pages_evicted_total_ += static_cast<int64_t>(pages.size());
+  }
+  frames_freed_total_ += result.frames_released;
+  ++decisions_total_;
+  return result;
+}
+
+absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  const absl::Status released = it->second.Release(*pool_);
+  sequences_.erase(it);
+  return released;
+}
+
+SequenceInfo CacheState::Describe(const Sequence& sequence, bool with_block_tables) {
+  SequenceInfo info;
+  info.id = sequence.id();
+  info.length = sequence.length();
+  info.live_frames = sequence.live_frames();
+  if (with_block_tables) info.block_tables = sequence.BlockTables();
+  return info;
+}
+
+absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_id) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  return Describe(it->second, /*with_block_tables=*/true);
+}
+
+std::vector<SequenceInfo> CacheState::ListSequences(bool with_block_tables) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<SequenceInfo> infos;
+  infos.reserve(sequences_.size());
+  for (const auto& [id, sequence] : sequences_) {
+    infos.push_back(Describe(sequence, with_block_tables));
+  }
+  std::sort(infos.begin(), infos.end(),
+            [](const SequenceInfo& a, const SequenceInfo& b) { return a.id < b.id; });
+  return infos;
+}
+
+PoolStats CacheState::Stats() const {
+  absl::MutexLock lock(&mu_);
+  PoolStats stats;
+  stats.capacity_frames = pool_->capacity_frames();
+  stats.used_frames = pool_->used_frames();
+  stats.free_frames = pool_->free_frames();
+  stats.frame_bytes = pool_->frame_bytes();
+  stats.capacity_bytes = pool_->capacity_bytes();
+  stats.sequences_active = static_cast<int64_t>(sequences_.size());
+  stats.used_frames_per_layer = pool_->used_frames_per_layer();
+  stats.pages_evicted_total = pages_evicted_total_;
+  stats.frames_freed_total = frames_freed_total_;
+  stats.bytes_moved_total = 0;
+  stats.bytes_copied_total = bytes_copied_total_;
+  stats.decisions_total = decisions_total_;
+  return stats;
+}
+
+absl::Status CacheState::CheckInvariants() const {
+  absl::MutexLock lock(&mu_);
+  RETURN_IF_ERROR(pool_->CheckInvariants());
+  std::vector<int32_t> references(pool_->capacity_frames(), 0);
+  std::vector<int32_t> layer_of(pool_->capacity_frames(), -1);
+  for (const auto& [id, sequence] : sequences_) {
+    for (int layer = 0; layer < geometry_.layers; ++layer) {
+      for (int64_t page = 0; page < sequence.page_count(); ++page) {
+        FrameId layer_frame = kNoFrame;
+        for (int group = 0; group < geometry_.kv_groups; ++group) {
+          const std::vector<FrameId>& table = sequence.block_table(layer, group);
+          if (static_cast<int64_t>(table.size()) != sequence.page_count()) {
+            return absl::InternalError(absl::StrCat("sequence \"", id, "\": table (", layer, ", ",
+                                                    group, ") has ", table.size(), " pages, not ",
+                                                    sequence.page_count()));
+          }
+          const FrameId frame = table[page];
+          if (frame == kNoFrame) continue;
+          if (!pool_->IsValid(frame) || pool_->refcount(frame) == 0) {
+            return absl::InternalError(absl::StrCat("sequence \"", id, "\" (", layer, ", ", group,
+                                                    ", ", page, ") names free frame ", frame));
+          }
+          if (pool_->frame_layer(frame) != layer ||
+              (layer_of[frame] != -1 && layer_of[frame] != layer)) {
+            return absl::InternalError(
+                absl::StrCat("frame ", frame, " is named by layers ", layer_of[frame], " and ", layer));
+          }
+          layer_of[frame] = layer;
+          if (layout_ == FrameLayout::kLayer) {
+            if (layer_frame != kNoFrame && layer_frame != frame) {
+              return absl::InternalError(absl::StrCat("sequence \"", id, "\" layer ", layer,
+                                                      " page ", page, " names two frames"));
+            }
+            layer_frame = frame;
+          }
+          ++references[frame];
+        }
+      }
+    }
+  }
+  for (int64_t frame = 0; frame < pool_->capacity_frames(); ++frame) {
+    const FrameId f = static_cast<FrameId>(frame);
+    if (references[frame] != pool_->refcount(f)) {
+      return absl::InternalError(absl::StrCat("frame ", frame, " has refcount ",
+                                              pool_->refcount(f), " but ", references[frame],
+                                              " block-table references"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+ArenaInfo CacheState::arena() const {
+  absl::MutexLock lock(&mu_);
+  return pool_->arena_info();
+}
+
+void* CacheState::FrameAddress(FrameId frame) const {
+  absl::MutexLock lock(&mu_);
+  return pool_->FrameAddress(frame);
+}
+
+}  // namespace entrokv

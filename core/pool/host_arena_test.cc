@@ -1,0 +1,115 @@
+// The host backend across processes: a forked child maps the arena by name and by fd, reads
+// what the parent wrote, and writes back bytes the parent then sees.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "core/pool/arena.h"
+#include "core/pool/cache_state.h"
+#include "core/testing/status_matchers.h"
+#include "gtest/gtest.h"
+
+namespace entrokv {
+namespace {
+
+using ::entrokv::testing::StatusIs;
+using ::testing::HasSubstr;
+
+constexpr int64_t kBytes = 1 << 20;
+
+uint8_t Pattern(int64_t i) { return static_cast<uint8_t>((i * 131 + 7) & 0xFF); }
+
+// Runs `child` in a forked process; returns its exit code (or 255 when it died otherwise).
+template <typename Fn>
+int RunInChild(Fn child) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(child());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 255;
+}
+
+// In the child: 0 when every byte matches the pattern, then the first byte is set to 0xEE.
+int CheckAndMark(absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping) {
+  if (!mapping.ok()) return 2;
+  if ((*mapping)->bytes() != kBytes) return 3;
+  const auto* data = static_cast<uint8_t*>((*mapping)->data());
+  for (int64_t i = 0; i < kBytes; ++i) {
+    if (data[i] != Pattern(i)) return 4;
+  }
+  static_cast<uint8_t*>((*mapping)->data())[0] = 0xEE;
+  return 0;
+}
+
+TEST(HostArenaTest, AnotherProcessMapsTheArenaByName) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("by name/test", kBytes));
+  const ArenaInfo info = arena->info();
+  EXPECT_EQ(info.backend, Backend::kHost);
+  EXPECT_EQ(info.bytes, kBytes);
+  ASSERT_EQ(info.name.find('/', 1), std::string::npos) << info.name;
+  auto* data = static_cast<uint8_t*>(arena->base());
+  for (int64_t i = 0; i < kBytes; ++i) data[i] = Pattern(i);
+  const std::string name = info.name;
+  EXPECT_EQ(RunInChild([&] { return CheckAndMark(HostArenaMapping::OpenByName(name)); }), 0);
+  EXPECT_EQ(data[0], 0xEE);  // the child's write is visible here: one shared region
+}
+
+TEST(HostArenaTest, AnotherProcessMapsTheArenaByFd) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("by_fd", kBytes));
+  auto* data = static_cast<uint8_t*>(arena->base());
+  for (int64_t i = 0; i < kBytes; ++i) data[i] = Pattern(i);
+  const int fd = arena->info().fd;
+  ASSERT_GE(fd, 0);
+  EXPECT_EQ(RunInChild([&] { return CheckAndMark(HostArenaMapping::OpenByFd(fd)); }), 0);
+  EXPECT_EQ(data[0], 0xEE);
+}
+
+TEST(HostArenaTest, WorkerSeesFramesTheDaemonAssigned) {
+  CacheOptions options;
+  options.geometry = {.layers = 2, .query_heads = 4, .kv_groups = 2, .head_dim = 8,
+                      .page_size = 4, .element_bytes = 2};
+  options.capacity_bytes = 64 * FrameBytes(options.geometry, FrameLayout::kGroup);
+  options.name = "worker";
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  ASSERT_TRUE(state->OpenSequence("s", 0).ok());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(AppendResult appended, state->AppendTokens("s", 6));
+  const int64_t frame_bytes = state->Stats().frame_bytes;
+  // The "worker" (child) writes each assigned frame through its own mapping.
+  const std::string name = state->arena().name;
+  ASSERT_EQ(RunInChild([&] {
+              auto mapping = HostArenaMapping::OpenByName(name);
+              if (!mapping.ok()) return 2;
+              for (const FrameAssignment& a : appended.new_frames) {
+                std::memset(static_cast<char*>((*mapping)->data()) + a.frame * frame_bytes,
+                            1 + a.layer * 2 + a.group, frame_bytes);
+              }
+              return 0;
+            }),
+            0);
+  for (const FrameAssignment& a : appended.new_frames) {
+    const auto* frame = static_cast<uint8_t*>(state->FrameAddress(a.frame));
+    EXPECT_EQ(frame[0], 1 + a.layer * 2 + a.group);
+    EXPECT_EQ(frame[frame_bytes - 1], 1 + a.layer * 2 + a.group);
+  }
+}
+
+TEST(HostArenaTest, NameIsGoneAfterTheArena) {
+  std::string name;
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("gone", 4096));
+    name = arena->info().name;
+    EXPECT_TRUE(HostArenaMapping::OpenByName(name).ok());
+  }
+  EXPECT_THAT(HostArenaMapping::OpenByName(name),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+TEST(HostArenaTest, RejectsBadInput) {
+  EXPECT_THAT(CreateHostArena("x", 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+  EXPECT_THAT(HostArenaMapping::OpenByFd(-1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fd")));
+}
+
+}  // namespace
+}  // namespace entrokv

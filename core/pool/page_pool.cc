@@ -1,0 +1,143 @@
+// The pool's invariant, which every operation keeps and CheckInvariants proves:
+//
+//   Every frame is in exactly one of two states. FREE: reference count 0, layer tag -1, and it
+//   appears exactly once on the free list. USED: reference count >= 1 (the number of
+//   block-table entries, across all sequences, that point at it), a layer tag in [0, L), and it
+//   is not on the free list. Hence used + free == capacity, and the per-layer counts sum to
+//   used.
+//
+// The free list is a stack, so Allocate and Release are O(1) and a just-freed frame (still hot
+// in cache) is reused first. A release of a free frame is refused before anything changes:
+// the refcount, not the caller, decides when memory is returned, so a double close or a
+// double eviction can never put a frame on the list twice.
+#include "core/pool/page_pool.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv {
+
+absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PagePoolOptions& options) {
+  RETURN_IF_ERROR(ValidateGeometry(options.geometry));
+  if (options.capacity_frames <= 0 ||
+      options.capacity_frames > std::numeric_limits<FrameId>::max()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "capacity_frames must be in [1, ", std::numeric_limits<FrameId>::max(), "], got ",
+        options.capacity_frames));
+  }
+  const int64_t frame_bytes = FrameBytes(options.geometry, options.layout);
+  if (options.capacity_frames > std::numeric_limits<int64_t>::max() / frame_bytes) {
+    return absl::InvalidArgumentError("capacity_frames * frame_bytes overflows");
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
+                   CreateArena(options.backend, options.name,
+                               options.capacity_frames * frame_bytes));
+  return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arena)));
+}
+
+PagePool::PagePool(const PagePoolOptions& options, int64_t frame_bytes,
+                   std::unique_ptr<MemoryArena> arena)
+    : geometry_(options.geometry),
+      layout_(options.layout),
+      capacity_frames_(options.capacity_frames),
+      frame_bytes_(frame_bytes),
+      arena_(std::move(arena)),
+      refcount_(options.capacity_frames, 0),
+      frame_layer_(options.capacity_frames, -1),
+      used_per_layer_(options.geometry.layers, 0) {
+  // Highest id at the bottom so frames go out in ascending order: easy to read in tests.
+  free_list_.reserve(capacity_frames_);
+  for (int64_t f = capacity_frames_ - 1; f >= 0; --f) free_list_.push_back(static_cast<FrameId>(f));
+}
+
+absl::StatusOr<FrameId> PagePool::Allocate(int32_t layer, int32_t refs) {
+  if (layer < 0 || layer >= geometry_.layers || refs < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Allocate: layer ", layer, " or refs ", refs, " out of range"));
+  }
+  if (free_list_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool exhausted: all ", capacity_frames_, " frames are in use"));
+  }
+  const FrameId frame = free_list_.back();
+  free_list_.pop_back();
+  refcount_[frame] = refs;
+  frame_layer_[frame] = layer;
+  ++used_per_layer_[layer];
+  return frame;
+}
+
+absl::Status PagePool::AddRef(FrameId frame) {
+  if (!IsValid(frame) || refcount_[frame] == 0) {
+    return absl::FailedPreconditionError(absl::StrCat("AddRef: frame ", frame, " is not in use"));
+  }
+  ++refcount_[frame];
+  return absl::OkStatus();
+}
+
+absl::StatusOr<bool> PagePool::Release(FrameId frame) {
+  if (!IsValid(frame) || refcount_[frame] == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("Release: frame ", frame, " is not in use"));
+  }
+  if (--refcount_[frame] > 0) return false;
+  --used_per_layer_[frame_layer_[frame]];
+  frame_layer_[frame] = -1;
+  free_list_.push_back(frame);
+  return true;
+}
+
+absl::Status PagePool::CopyFrame(FrameId source, FrameId destination) {
+  if (!IsValid(source) || !IsValid(destination) || refcount_[source] == 0 ||
+      refcount_[destination] == 0 || source == destination) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CopyFrame: frames ", source, " -> ", destination, " must be distinct and used"));
+  }
+  return arena_->Copy(destination * frame_bytes_, source * frame_bytes_, frame_bytes_);
+}
+
+void* PagePool::FrameAddress(FrameId frame) const {
+  return static_cast<char*>(arena_->base()) + static_cast<int64_t>(frame) * frame_bytes_;
+}
+
+absl::Status PagePool::CheckInvariants() const {
+  if (used_frames() + free_frames() != capacity_frames_ || free_frames() > capacity_frames_) {
+    return absl::InternalError(absl::StrCat("pool: used ", used_frames(), " + free ",
+                                            free_frames(), " != capacity ", capacity_frames_));
+  }
+  std::vector<bool> on_free_list(capacity_frames_, false);
+  for (const FrameId frame : free_list_) {
+    if (!IsValid(frame)) {
+      return absl::InternalError(absl::StrCat("pool: free list holds invalid frame ", frame));
+    }
+    if (on_free_list[frame]) {
+      return absl::InternalError(absl::StrCat("pool: frame ", frame, " is on the free list twice"));
+    }
+    on_free_list[frame] = true;
+    if (refcount_[frame] != 0 || frame_layer_[frame] != -1) {
+      return absl::InternalError(absl::StrCat("pool: free frame ", frame, " has refcount ",
+                                              refcount_[frame], " and layer ", frame_layer_[frame]));
+    }
+  }
+  std::vector<int64_t> per_layer(geometry_.layers, 0);
+  for (int64_t frame = 0; frame < capacity_frames_; ++frame) {
+    if (on_free_list[frame]) continue;
+    if (refcount_[frame] < 1) {
+      return absl::InternalError(
+          absl::StrCat("pool: frame ", frame, " is neither free nor referenced (leaked)"));
+    }
+    const int32_t layer = frame_layer_[frame];
+    if (layer < 0 || layer >= geometry_.layers) {
+      return absl::InternalError(absl::StrCat("pool: used frame ", frame, " has layer ", layer));
+    }
+    ++per_layer[layer];
+  }
+  if (per_layer != used_per_layer_) {
+    return absl::InternalError("pool: per-layer used counts disagree with the frames");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace entrokv

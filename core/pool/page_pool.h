@@ -1,0 +1,95 @@
+// PagePool: a fixed arena of equal frames, a free list and per-frame reference counts.
+#ifndef ENTROKV_CORE_POOL_PAGE_POOL_H_
+#define ENTROKV_CORE_POOL_PAGE_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/pool/arena.h"
+#include "core/pool/geometry.h"
+
+namespace entrokv {
+
+struct PagePoolOptions {
+  ModelGeometry geometry;
+  FrameLayout layout = FrameLayout::kGroup;
+  Backend backend = Backend::kHost;
+  int64_t capacity_frames = 0;  // in [1, 2^31 - 1]
+  std::string name;             // a hint for the arena's name
+};
+
+// Owns one MemoryArena of capacity_frames() * frame_bytes() bytes. Frame f lives at byte
+// offset f * frame_bytes(); frames never move. A frame is free (reference count 0, on the free
+// list) or used (count >= 1, tagged with the layer it belongs to). Allocate and Release are
+// O(1). Thread-compatible: CacheState serializes every call under its mutex.
+class PagePool {
+ public:
+  // INVALID_ARGUMENT for a bad geometry or capacity; the arena's error when it cannot be made
+  // (UNIMPLEMENTED for cuda without CUDA).
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<PagePool>> Create(
+      const PagePoolOptions& options);
+
+  PagePool(const PagePool&) = delete;
+  PagePool& operator=(const PagePool&) = delete;
+
+  [[nodiscard]] const ModelGeometry& geometry() const { return geometry_; }
+  [[nodiscard]] FrameLayout layout() const { return layout_; }
+  [[nodiscard]] int64_t capacity_frames() const { return capacity_frames_; }
+  [[nodiscard]] int64_t free_frames() const { return static_cast<int64_t>(free_list_.size()); }
+  [[nodiscard]] int64_t used_frames() const { return capacity_frames_ - free_frames(); }
+  [[nodiscard]] int64_t frame_bytes() const { return frame_bytes_; }
+  [[nodiscard]] int64_t capacity_bytes() const { return capacity_frames_ * frame_bytes_; }
+  [[nodiscard]] const std::vector<int64_t>& used_frames_per_layer() const {
+    return used_per_layer_;
+  }
+  [[nodiscard]] ArenaInfo arena_info() const { return arena_->info(); }
+
+  // Takes a free frame for `layer` with reference count `refs` (>= 1). RESOURCE_EXHAUSTED when
+  // none is free; callers that need several frames check free_frames() first (all-or-nothing).
+  [[nodiscard]] absl::StatusOr<FrameId> Allocate(int32_t layer, int32_t refs);
+  // One more reference to a used frame. FAILED_PRECONDITION for a free or unknown frame.
+  [[nodiscard]] absl::Status AddRef(FrameId frame);
+  // Drops one reference; at zero the frame returns to the free list and true comes back.
+  // FAILED_PRECONDITION for a free or unknown frame: a double release is an error, never a
+  // double free.
+  [[nodiscard]] absl::StatusOr<bool> Release(FrameId frame);
+  // Copies a whole frame's bytes (copy-on-write). FAILED_PRECONDITION unless both are used.
+  [[nodiscard]] absl::Status CopyFrame(FrameId source, FrameId destination);
+
+  // REQUIRES: IsValid(frame).
+  [[nodiscard]] int32_t refcount(FrameId frame) const { return refcount_[frame]; }
+  // The layer a used frame belongs to; -1 for a free one. REQUIRES: IsValid(frame).
+  [[nodiscard]] int32_t frame_layer(FrameId frame) const { return frame_layer_[frame]; }
+  [[nodiscard]] bool IsValid(FrameId frame) const {
+    return frame >= 0 && frame < capacity_frames_;
+  }
+  // The frame's first byte in the arena's address space (host or device).
+  [[nodiscard]] void* FrameAddress(FrameId frame) const;
+
+  // used + free == capacity; the free list holds distinct frames, all with count 0; every
+  // other frame has count >= 1 and a valid layer; per-layer counts sum to used.
+  // INTERNAL naming the first violation.
+  [[nodiscard]] absl::Status CheckInvariants() const;
+
+ private:
+  PagePool(const PagePoolOptions& options, int64_t frame_bytes,
+           std::unique_ptr<MemoryArena> arena);
+
+  const ModelGeometry geometry_;
+  const FrameLayout layout_;
+  const int64_t capacity_frames_;
+  const int64_t frame_bytes_;
+  std::unique_ptr<MemoryArena> arena_;
+  std::vector<FrameId> free_list_;      // a stack: the most recently freed frame goes out first
+  std::vector<int32_t> refcount_;       // per frame; 0 means free
+  std::vector<int32_t> frame_layer_;    // per used frame; -1 when free
+  std::vector<int64_t> used_per_layer_;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_POOL_PAGE_POOL_H_

@@ -1,0 +1,308 @@
+// Block tables and their reference discipline. Every live entry (!= kNoFrame) holds exactly
+// one reference on its frame, so the pool's refcount of a frame equals the number of entries,
+// across every sequence, that point at it; a frame is free exactly when no entry names it.
+// In the kLayer layout the entries of one (layer, page) name at most one frame: appends set
+// them together, forks copy them, evictions only clear them.
+#include "core/pool/sequence.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv {
+namespace {
+
+constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
+
+}  // namespace
+
+struct Sequence::TailPlan {
+  enum class Action : uint8_t { kFresh, kReference, kCopy };
+  int32_t layer = 0;
+  int32_t first_group = 0;
+  Action action = Action::kFresh;
+  FrameId old_frame = kNoFrame;  // the unit's current frame, if any
+  int32_t own_references = 0;    // entries of this unit that name old_frame
+  FrameId new_frame = kNoFrame;  // filled by Append for kFresh and kCopy
+};
+
+Sequence::Sequence(std::string id, const ModelGeometry& geometry, FrameLayout layout)
+    : id_(std::move(id)),
+      geometry_(geometry),
+      layout_(layout),
+      tables_(static_cast<size_t>(geometry.layers) * geometry.kv_groups) {}
+
+absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
+                                        int64_t prefix_pages, PagePool& pool) {
+  if (prefix_pages < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefix_pages must be >= 0, got ", prefix_pages));
+  }
+  if (prefix_pages > parent.page_count()) {
+    return absl::OutOfRangeError(absl::StrCat("prefix_pages ", prefix_pages, " exceeds the ",
+                                              parent.page_count(), " pages of parent \"",
+                                              parent.id(), "\""));
+  }
+  Sequence child(std::move(id), parent.geometry_, parent.layout_);
+  child.length_ = std::min(parent.length_, prefix_pages * parent.geometry_.page_size);
+  for (size_t t = 0; t < parent.tables_.size(); ++t) {
+    const std::vector<FrameId>& source = parent.tables_[t];
+    child.tables_[t].assign(source.begin(), source.begin() + prefix_pages);
+    for (const FrameId frame : child.tables_[t]) {
+      if (frame != kNoFrame) RETURN_IF_ERROR(pool.AddRef(frame));
+    }
+  }
+  return child;
+}
+
+int64_t Sequence::live_frames() const {
+  int64_t live = 0;
+  const int unit = unit_groups();
+  for (int layer = 0; layer < geometry_.layers; ++layer) {
+    for (int first = 0; first < geometry_.kv_groups; first += unit) {
+      for (int64_t page = 0; page < page_count(); ++page) {
+        for (int g = first; g < first + unit; ++g) {
+          if (block_table(layer, g)[page] != kNoFrame) {
+            ++live;
+            break;
+          }
+        }
+      }
+    }
+  }
+  return live;
+}
+
+std::vector<std::vector<std::vector<FrameId>>> Sequence::BlockTables() const {
+  std::vector<std::vector<std::vector<FrameId>>> tables(geometry_.layers);
+  for (int layer = 0; layer < geometry_.layers; ++layer) {
+    for (int group = 0; group < geometry_.kv_groups; ++group) {
+      tables[layer].push_back(block_table(layer, group));
+    }
+  }
+  return tables;
+}
+
+absl::StatusOr<std::vector<Sequence::TailPlan>> Sequence::PlanTail(int64_t tokens,
+                                                                   const PagePool& pool) const {
+  std::vector<TailPlan> plans;
+  if (tokens == 0 || length_ % geometry_.page_size == 0) return plans;
+  const int64_t page = page_count() - 1;
+  const int unit = unit_groups();
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    for (int32_t first = 0; first < geometry_.kv_groups; first += unit) {
+      TailPlan plan{.layer = layer, .first_group = first};
+      for (int g = first; g < first + unit; ++g) {
+        const FrameId frame = block_table(layer, g)[page];
+        if (frame == kNoFrame) continue;
+        if (plan.old_frame != kNoFrame && plan.old_frame != frame) {
+          return absl::InternalError(absl::StrCat("sequence \"", id_, "\": layer ", layer,
+                                                  " page ", page, " names two frames"));
+        }
+        plan.old_frame = frame;
+        ++plan.own_references;
+      }
+      if (plan.old_frame == kNoFrame) {
+        plan.action = TailPlan::Action::kFresh;
+      } else if (pool.refcount(plan.old_frame) > plan.own_references) {
+        plan.action = TailPlan::Action::kCopy;
+      } else if (plan.own_references < unit) {
+        plan.action = TailPlan::Action::kReference;
+      } else {
+        continue;  // a private, fully referenced tail: the engine just writes on
+      }
+      plans.push_back(plan);
+    }
+  }
+  return plans;
+}
+
+absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& pool) const {
+  if (tokens < 0) return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 0, got ", tokens));
+  if (tokens > kMaxTokens - length_) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens: length ", length_, " + ", tokens,
+                                                   " exceeds ", kMaxTokens));
+  }
+  ASSIGN_OR_RETURN(const std::vector<TailPlan> plans, PlanTail(tokens, pool));
+  int64_t needed = 0;
+  for (const TailPlan& plan : plans) needed += plan.action != TailPlan::Action::kReference;
+  const int64_t new_pages = PagesFor(length_ + tokens) - page_count();
+  const int64_t units = static_cast<int64_t>(geometry_.layers) * (geometry_.kv_groups / unit_groups());
+  return needed + new_pages * units;
+}
+
+absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
+  if (released_) return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
+  ASSIGN_OR_RETURN(const int64_t needed, FramesNeeded(tokens, pool));
+  if (needed > pool.free_frames()) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ", needed,
+        " frames, ", pool.free_frames(), " free of ", pool.capacity_frames()));
+  }
+  ASSIGN_OR_RETURN(std::vector<TailPlan> plans, PlanTail(tokens, pool));
+  const int unit = unit_groups();
+  int64_t copies = 0;
+
+  // Copies first: the only step that can fail for a reason outside our bookkeeping (a device
+  // copy), so undo is just returning the new frames.
+  for (size_t i = 0; i < plans.size(); ++i) {
+    TailPlan& plan = plans[i];
+    if (plan.action != TailPlan::Action::kCopy) continue;
+    ASSIGN_OR_RETURN(plan.new_frame, pool.Allocate(plan.layer, unit));
+    ++copies;
+    if (absl::Status copied = pool.CopyFrame(plan.old_frame, plan.new_frame); !copied.ok()) {
+      for (size_t j = 0; j <= i; ++j) {
+        if (plans[j].action != TailPlan::Action::kCopy) continue;
+        for (int r = 0; r < unit; ++r) RETURN_IF_ERROR(pool.Release(plans[j].new_frame).status());
+      }
+      return copied;
+    }
+  }
+
+  // Commit. From here on nothing can fail unless the invariant was already broken.
+  const int64_t old_pages = page_count();
+  const int64_t tail = old_pages - 1;
+  std::vector<bool> tail_changed(tables_.size(), false);
+  for (TailPlan& plan : plans) {
+    if (plan.action == TailPlan::Action::kFresh) {
+      ASSIGN_OR_RETURN(plan.new_frame, pool.Allocate(plan.layer, unit));
+    }
+    for (int g = plan.first_group; g < plan.first_group + unit; ++g) {
+      FrameId& entry = table(plan.layer, g)[tail];
+      if (plan.action == TailPlan::Action::kReference) {
+        if (entry != kNoFrame) continue;
+        RETURN_IF_ERROR(pool.AddRef(plan.old_frame));
+        entry = plan.old_frame;
+      } else {
+        if (entry != kNoFrame) RETURN_IF_ERROR(pool.Release(entry).status());
+        entry = plan.new_frame;
+      }
+      tail_changed[static_cast<size_t>(plan.layer) * geometry_.kv_groups + g] = true;
+    }
+  }
+  length_ += tokens;
+  const int64_t new_pages = page_count();
+  for (auto& block_table : tables_) block_table.resize(new_pages, kNoFrame);
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    for (int32_t first = 0; first < geometry_.kv_groups; first += unit) {
+      for (int64_t page = old_pages; page < new_pages; ++page) {
+        ASSIGN_OR_RETURN(const FrameId frame, pool.Allocate(layer, unit));
+        for (int g = first; g < first + unit; ++g) table(layer, g)[page] = frame;
+      }
+    }
+  }
+
+  AppendResult result;
+  result.length = length_;
+  result.frames_copied = copies;
+  result.new_frames.reserve(static_cast<size_t>(needed) * unit);
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    for (int32_t group = 0; group < geometry_.kv_groups; ++group) {
+      const std::vector<FrameId>& entries = block_table(layer, group);
+      if (tail_changed[static_cast<size_t>(layer) * geometry_.kv_groups + group]) {
+        result.new_frames.push_back({layer, group, tail, entries[tail]});
+      }
+      for (int64_t page = old_pages; page < new_pages; ++page) {
+        result.new_frames.push_back({layer, group, page, entries[page]});
+      }
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
+    int32_t layer, int64_t decided_tokens,
+    const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool) {
+  if (released_) return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
+  if (layer < 0 || layer >= geometry_.layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
+  }
+  if (decided_tokens != length_) {
+    return absl::FailedPreconditionError(absl::StrCat("decision is for ", decided_tokens,
+                                                      " tokens but sequence \"", id_, "\" has ",
+                                                      length_));
+  }
+  if (kept_pages_per_group.size() != static_cast<size_t>(geometry_.kv_groups)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("kept_pages_per_group has ", kept_pages_per_group.size(),
+                     " groups, the model has ", geometry_.kv_groups));
+  }
+  const int64_t pages = page_count();
+  for (int g = 0; g < geometry_.kv_groups; ++g) {
+    const std::vector<int32_t>& kept = kept_pages_per_group[g];
+    for (size_t i = 0; i < kept.size(); ++i) {
+      if (kept[i] < 0 || (i > 0 && kept[i] <= kept[i - 1])) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "kept_pages_per_group[", g, "] must be strictly ascending and >= 0 (index ", i, ")"));
+      }
+      if (kept[i] >= pages) {
+        return absl::FailedPreconditionError(absl::StrCat("kept_pages_per_group[", g, "] page ",
+                                                          kept[i], " >= the sequence's ", pages,
+                                                          " pages"));
+      }
+    }
+  }
+
+  ApplyResult result;
+  result.evicted_pages_per_group.resize(geometry_.kv_groups);
+  size_t max_kept = 0;
+  for (int g = 0; g < geometry_.kv_groups; ++g) {
+    const std::vector<int32_t>& kept = kept_pages_per_group[g];
+    max_kept = std::max(max_kept, kept.size());
+    std::vector<FrameId>& entries = table(layer, g);
+    size_t next = 0;  // cursor into the ascending kept list
+    for (int64_t page = 0; page < pages; ++page) {
+      if (next < kept.size() && kept[next] == page) {
+        ++next;
+        continue;
+      }
+      const FrameId frame = entries[page];
+      if (frame == kNoFrame) continue;
+      entries[page] = kNoFrame;
+      result.evicted_pages_per_group[g].push_back(page);
+      ASSIGN_OR_RETURN(const bool freed, pool.Release(frame));
+      if (freed) result.freed_frames.push_back(frame);
+    }
+  }
+  result.frames_released = static_cast<int64_t>(result.freed_frames.size());
+  if (layout_ == FrameLayout::kLayer && max_kept > 0) {
+    std::vector<bool> in_union(pages, false);
+    int64_t union_size = 0;
+    for (const auto& kept : kept_pages_per_group) {
+      for (const int32_t page : kept) {
+        if (!in_union[page]) {
+          in_union[page] = true;
+          ++union_size;
+        }
+      }
+    }
+    result.page_union_ratio = static_cast<double>(union_size) / static_cast<double>(max_kept);
+  }
+  return result;
+}
+
+absl::Status Sequence::Release(PagePool& pool) {
+  if (released_) {
+    return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is already closed"));
+  }
+  absl::Status first_error;
+  for (auto& entries : tables_) {
+    for (const FrameId frame : entries) {
+      if (frame == kNoFrame) continue;
+      if (absl::Status status = pool.Release(frame).status(); !status.ok() && first_error.ok()) {
+        first_error = absl::InternalError(absl::StrCat("sequence \"", id_, "\": ", status.message()));
+      }
+    }
+    entries.clear();
+    entries.shrink_to_fit();
+  }
+  length_ = 0;
+  released_ = true;
+  return first_error;
+}
+
+}  // namespace entrokv

@@ -1,0 +1,132 @@
+// Sequence: the block tables of one sequence, and the operations that change them.
+#ifndef ENTROKV_CORE_POOL_SEQUENCE_H_
+#define ENTROKV_CORE_POOL_SEQUENCE_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "core/pool/geometry.h"
+#include "core/pool/page_pool.h"
+
+namespace entrokv {
+
+// A frame the caller must (re)write: the K/V of `page` of (layer, group) lives in `frame`.
+struct FrameAssignment {
+  int32_t layer = 0;
+  int32_t group = 0;
+  int64_t page = 0;
+  FrameId frame = kNoFrame;
+};
+
+struct AppendResult {
+  int64_t length = 0;  // the sequence length after the append
+  // Every block-table entry this append set, ordered by (layer, group, page). In the kLayer
+  // layout the kv_groups entries of one (layer, page) name the same frame.
+  std::vector<FrameAssignment> new_frames;
+  int64_t frames_copied = 0;  // shared tail frames copied on write (each frame_bytes)
+};
+
+struct ApplyResult {
+  std::vector<std::vector<int64_t>> evicted_pages_per_group;  // pages this call evicted
+  std::vector<FrameId> freed_frames;                          // frames back on the free list
+  int64_t frames_released = 0;                                // freed_frames.size()
+  // kLayer: |union_g kept| / max_g |kept_g| in [1, G] (1 when nothing is kept); kGroup: 1.
+  double page_union_ratio = 1.0;
+};
+
+// One sequence's bookkeeping: length T and, per (layer, group), a block table mapping logical
+// page b (tokens [bB, (b+1)B)) to a frame or kNoFrame (evicted). Every live entry holds one
+// reference on its frame. Frames are referenced, never owned: the PagePool passed to every
+// mutating call must be the one the frames came from, and must outlive the references (call
+// Release before the pool goes). Thread-compatible.
+//
+// Frame units. In kGroup each (layer, group, page) entry has its own frame. In kLayer all
+// groups of a layer share one frame per page: the frame carries one reference per group entry,
+// so it returns to the pool only when every group (of every sequence) has evicted it.
+//
+// Rules every mutating call follows: validate everything, count the frames needed, refuse
+// (RESOURCE_EXHAUSTED) if the pool has fewer free, and only then change anything; a failed
+// call leaves the sequence and the pool exactly as they were.
+class Sequence {
+ public:
+  // An empty sequence (length 0, no pages).
+  Sequence(std::string id, const ModelGeometry& geometry, FrameLayout layout);
+
+  // A sequence sharing `parent`'s first `prefix_pages` pages (each live entry gains a
+  // reference; evicted entries stay evicted); its length is min(parent length, prefix_pages*B).
+  // INVALID_ARGUMENT for prefix_pages < 0, OUT_OF_RANGE above the parent's page count.
+  [[nodiscard]] static absl::StatusOr<Sequence> Fork(std::string id, const Sequence& parent,
+                                                     int64_t prefix_pages, PagePool& pool);
+
+  Sequence(Sequence&&) = default;
+  Sequence& operator=(Sequence&&) = default;
+
+  [[nodiscard]] const std::string& id() const { return id_; }
+  [[nodiscard]] int64_t length() const { return length_; }
+  [[nodiscard]] int64_t page_count() const { return PagesFor(length_); }
+  [[nodiscard]] const std::vector<FrameId>& block_table(int layer, int group) const {
+    return tables_[static_cast<size_t>(layer) * geometry_.kv_groups + group];
+  }
+  // Distinct frames this sequence references (shared ones included).
+  [[nodiscard]] int64_t live_frames() const;
+  // [layer][group][page] copy of the block tables.
+  [[nodiscard]] std::vector<std::vector<std::vector<FrameId>>> BlockTables() const;
+
+  // Frames Append(tokens) would take from the pool. INVALID_ARGUMENT for tokens < 0 or a
+  // length beyond 2^31 - 1 tokens.
+  [[nodiscard]] absl::StatusOr<int64_t> FramesNeeded(int64_t tokens, const PagePool& pool) const;
+
+  // Grows the sequence by `tokens`, allocating exactly the frames the new tokens land in:
+  // one per frame unit for every new page, and for the partial tail page that receives tokens:
+  //  - evicted in every group of its unit: a fresh frame (the evicted tokens' slots in it are
+  //    undefined; the engine rewrites the page);
+  //  - evicted in some groups of a kLayer unit, frame still held: those groups re-reference it;
+  //  - shared with another sequence (after a fork): copy-on-write, a private frame with the
+  //    page's bytes copied in, so the other sequence's page is never written.
+  // RESOURCE_EXHAUSTED with nothing allocated when the pool lacks frames.
+  [[nodiscard]] absl::StatusOr<AppendResult> Append(int64_t tokens, PagePool& pool);
+
+  // Evicts, in `layer`, every live page not listed for its group, releasing one reference per
+  // evicted entry. kept_pages_per_group: kv_groups lists of strictly ascending page indices.
+  // Listing an already-evicted page is allowed: it stays evicted (eviction is final until an
+  // append rewrites the tail). FAILED_PRECONDITION when decided_tokens != length(), the layer
+  // or group count does not match the geometry, or a page index is >= page_count();
+  // INVALID_ARGUMENT for a negative or unsorted/duplicate index.
+  [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
+      int32_t layer, int64_t decided_tokens,
+      const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool);
+
+  // Releases every reference and leaves the sequence empty and closed. FAILED_PRECONDITION
+  // when already released (never a double free).
+  [[nodiscard]] absl::Status Release(PagePool& pool);
+  [[nodiscard]] bool released() const { return released_; }
+
+ private:
+  struct TailPlan;  // what Append does to one unit's tail page
+
+  [[nodiscard]] int64_t PagesFor(int64_t tokens) const {
+    return (tokens + geometry_.page_size - 1) / geometry_.page_size;
+  }
+  [[nodiscard]] int unit_groups() const {
+    return layout_ == FrameLayout::kGroup ? 1 : geometry_.kv_groups;
+  }
+  std::vector<FrameId>& table(int layer, int group) {
+    return tables_[static_cast<size_t>(layer) * geometry_.kv_groups + group];
+  }
+  [[nodiscard]] absl::StatusOr<std::vector<TailPlan>> PlanTail(int64_t tokens,
+                                                               const PagePool& pool) const;
+
+  std::string id_;
+  ModelGeometry geometry_;
+  FrameLayout layout_;
+  int64_t length_ = 0;
+  std::vector<std::vector<FrameId>> tables_;  // [layer * kv_groups + group][page]
+  bool released_ = false;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_POOL_SEQUENCE_H_
