@@ -145,8 +145,83 @@ void AccumulateRows(const float* const* rows, int64_t count, double alpha, Entro
   }
 }
 
+#if defined(__SSE2__)
+// Alpha 2 or inf for kPairs pairs of rows: rows 2p and 2p+1 share one register of two doubles,
+// lane by lane the same operations as AccumulateEntropySums (cvtps2pd is exact, addpd, mulpd
+// and maxpd round per lane as the scalar ones do). Pairs are interleaved so that their chains
+// overlap; within a lane the order stays the token order.
+template <int kPairs, bool kSquares>
+void AccumulatePairs(const float* const* rows, int64_t count, EntropySums* sums) {
+  __m128d total[kPairs];
+  __m128d power[kPairs];
+  for (int p = 0; p < kPairs; ++p) {
+    total[p] = _mm_set_pd(sums[2 * p + 1].total, sums[2 * p].total);
+    power[p] = _mm_set_pd(sums[2 * p + 1].power, sums[2 * p].power);
+  }
+  auto step = [&](int p, __m128d x) {
+    total[p] = _mm_add_pd(total[p], x);
+    // maxpd(x, power) = x > power ? x : power, which is std::max(power, x).
+    power[p] = kSquares ? _mm_add_pd(power[p], _mm_mul_pd(x, x)) : _mm_max_pd(x, power[p]);
+  };
+  int64_t t = 0;
+  for (; t + 4 <= count; t += 4) {
+    for (int p = 0; p < kPairs; ++p) {
+      const __m128 a = _mm_loadu_ps(rows[2 * p] + t);
+      const __m128 b = _mm_loadu_ps(rows[2 * p + 1] + t);
+      const __m128 low = _mm_unpacklo_ps(a, b);   // a0 b0 a1 b1
+      const __m128 high = _mm_unpackhi_ps(a, b);  // a2 b2 a3 b3
+      step(p, _mm_cvtps_pd(low));
+      step(p, _mm_cvtps_pd(_mm_movehl_ps(low, low)));
+      step(p, _mm_cvtps_pd(high));
+      step(p, _mm_cvtps_pd(_mm_movehl_ps(high, high)));
+    }
+  }
+  for (; t < count; ++t) {
+    for (int p = 0; p < kPairs; ++p) {
+      step(p, _mm_set_pd(rows[2 * p + 1][t], rows[2 * p][t]));
+    }
+  }
+  for (int p = 0; p < kPairs; ++p) {
+    _mm_storel_pd(&sums[2 * p].total, total[p]);
+    _mm_storeh_pd(&sums[2 * p + 1].total, total[p]);
+    _mm_storel_pd(&sums[2 * p].power, power[p]);
+    _mm_storeh_pd(&sums[2 * p + 1].power, power[p]);
+  }
+}
+
+template <bool kSquares>
+void AccumulatePairBlocks(const float* const* rows, int pairs, int64_t count, EntropySums* sums) {
+  while (pairs > 0) {
+    const int block = std::min(pairs, 4);
+    switch (block) {
+      case 4: AccumulatePairs<4, kSquares>(rows, count, sums); break;
+      case 3: AccumulatePairs<3, kSquares>(rows, count, sums); break;
+      case 2: AccumulatePairs<2, kSquares>(rows, count, sums); break;
+      default: AccumulatePairs<1, kSquares>(rows, count, sums); break;
+    }
+    rows += 2 * block;
+    sums += 2 * block;
+    pairs -= block;
+  }
+}
+#endif
+
+// The entropy sums of count_rows rows over `count` tokens, continuing `sums`.
 void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count, double alpha,
                         EntropySums* sums) {
+#if defined(__SSE2__)
+  if (alpha == 2.0 || std::isinf(alpha)) {
+    const int pairs = count_rows / 2;
+    if (alpha == 2.0) {
+      AccumulatePairBlocks<true>(rows, pairs, count, sums);
+    } else {
+      AccumulatePairBlocks<false>(rows, pairs, count, sums);
+    }
+    rows += 2 * pairs;
+    sums += 2 * pairs;
+    count_rows -= 2 * pairs;
+  }
+#endif
   while (count_rows > 0) {
     const int block = std::min(count_rows, 4);
     switch (block) {
@@ -161,33 +236,49 @@ void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count,
   }
 }
 
-// The bits of a finite, non-negative float as an unsigned integer below 0x7f800000; -0 maps to
-// 0. Anything else (negative, inf, NaN) maps to at least 0x7f800000.
-inline uint32_t CheckBits(float value) {
-  const uint32_t bits = std::bit_cast<uint32_t>(value);
-  return bits == 0x80000000u ? 0u : bits;
-}
-constexpr uint32_t kFirstBadBits = 0x7f800000u;
+// Whether every x is finite and >= 0, the reference's test !(x >= 0 && x < inf) (so -0 passes).
+// The pooling kernels fold it into their pass and report whether all values passed.
+inline bool ValueOk(float x) { return x >= 0.0f && x < INFINITY; }
 
-// pooled[t] += weight * x[t]; returns the largest CheckBits of x.
-uint32_t AddWeighted(const float* x, float weight, int64_t count, float* pooled) {
-  uint32_t worst = 0;
-  for (int64_t t = 0; t < count; ++t) {
-    pooled[t] += weight * x[t];
-    worst = std::max(worst, CheckBits(x[t]));
+// pooled[t] = ((0 + w_0 x_0[t]) + w_1 x_1[t]) + ..., head by head in head order, one IEEE
+// multiply and add per head as in PoolRows, but with the running value kept in a register and
+// every row read once. With `kMax`, pooled[t] = max(...max(0, x_0[t])..., x_r-1[t]) as
+// MaxPolicy computes it. Returns whether every value passed ValueOk.
+template <bool kMax>
+bool PoolChunk(const float* const* rows, const float* weights, int count_rows, int64_t count,
+               float* pooled) {
+  int64_t t = 0;
+  bool ok = true;
+#if defined(__SSE2__)
+  const __m128 zero = _mm_setzero_ps();
+  const __m128 inf = _mm_set1_ps(INFINITY);
+  __m128 all_ok = _mm_castsi128_ps(_mm_set1_epi32(-1));
+  for (; t + 4 <= count; t += 4) {
+    __m128 acc = _mm_setzero_ps();
+    for (int i = 0; i < count_rows; ++i) {
+      const __m128 v = _mm_loadu_ps(rows[i] + t);
+      // maxps(v, acc) = v > acc ? v : acc, which is std::max(acc, v).
+      acc = kMax ? _mm_max_ps(v, acc) : _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(weights[i]), v));
+      all_ok = _mm_and_ps(all_ok, _mm_and_ps(_mm_cmpge_ps(v, zero), _mm_cmplt_ps(v, inf)));
+    }
+    _mm_storeu_ps(pooled + t, acc);
   }
-  return worst;
+  ok = _mm_movemask_ps(all_ok) == 0xf;
+#endif
+  for (; t < count; ++t) {
+    float acc = 0.0f;
+    for (int i = 0; i < count_rows; ++i) {
+      const float x = rows[i][t];
+      acc = kMax ? std::max(acc, x) : acc + weights[i] * x;
+      ok &= ValueOk(x);
+    }
+    pooled[t] = acc;
+  }
+  return ok;
 }
 
-// pooled[t] = std::max(pooled[t], x[t]), as MaxPolicy does; returns the largest CheckBits of x.
-uint32_t MaxInto(const float* x, int64_t count, float* pooled) {
-  uint32_t worst = 0;
-  for (int64_t t = 0; t < count; ++t) {
-    pooled[t] = std::max(pooled[t], x[t]);
-    worst = std::max(worst, CheckBits(x[t]));
-  }
-  return worst;
-}
+// Page keys want the same bits for +0 and -0 (the reference compares them equal).
+inline uint32_t ScoreBits(float value) { return value == 0.0f ? 0u : std::bit_cast<uint32_t>(value); }
 
 // Max of values[0, count); REQUIRES count >= 1, no NaN.
 inline float MaxOf(const float* values, int64_t count) {
@@ -277,14 +368,14 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
       decision->entropies.resize(static_cast<size_t>(r));
       if (IsOnePassOrder(options_.alpha)) {
         std::vector<EntropySums> sums(static_cast<size_t>(r));
-        std::vector<const float*> rows(static_cast<size_t>(r));
+        row_pointers_.resize(static_cast<size_t>(r));
+        const float** rows = row_pointers_.data();
         for (int64_t first = sinks; first < tokens; first += chunk) {
           const int64_t count = std::min(chunk, tokens - first);
           for (int i = 0; i < r; ++i) {
-            rows[static_cast<size_t>(i)] =
-                Tokens(request, first_head + i, first, count, buffer(i));
+            rows[i] = Tokens(request, first_head + i, first, count, buffer(i));
           }
-          AccumulateRowBlock(rows.data(), r, count, options_.alpha, sums.data());
+          AccumulateRowBlock(rows, r, count, options_.alpha, sums.data());
         }
         for (int i = 0; i < r; ++i) {
           decision->entropies[static_cast<size_t>(i)] =
@@ -308,24 +399,27 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const int64_t pages = PageCount(tokens, page_size);
   page_max_.resize(static_cast<size_t>(pages));
   pooled_.resize(static_cast<size_t>(chunk));
-  uint32_t worst = 0;
+  float_weights_.resize(static_cast<size_t>(r));
+  for (int i = 0; i < r && !weights.empty(); ++i) {
+    float_weights_[static_cast<size_t>(i)] = static_cast<float>(weights[static_cast<size_t>(i)]);
+  }
+  row_pointers_.resize(static_cast<size_t>(r));
+  bool ok = true;
   for (int64_t first = 0; first < tokens; first += chunk) {
     const int64_t count = std::min(chunk, tokens - first);
     float* pooled = pooled_.data();
-    std::fill(pooled, pooled + count, 0.0f);
     for (int i = 0; i < r; ++i) {
-      const float* x = Tokens(request, first_head + i, first, count, buffer(0));
-      worst = std::max(worst, pooling == Pooling::kMax
-                                  ? MaxInto(x, count, pooled)
-                                  : AddWeighted(x, static_cast<float>(weights[static_cast<size_t>(i)]),
-                                                count, pooled));
+      row_pointers_[static_cast<size_t>(i)] = Tokens(request, first_head + i, first, count, buffer(i));
     }
+    ok &= pooling == Pooling::kMax
+              ? PoolChunk<true>(row_pointers_.data(), float_weights_.data(), r, count, pooled)
+              : PoolChunk<false>(row_pointers_.data(), float_weights_.data(), r, count, pooled);
     const int64_t first_page = first / page_size;
     for (int64_t t = 0, page = first_page; t < count; t += page_size, ++page) {
       page_max_[static_cast<size_t>(page)] = MaxOf(pooled + t, std::min<int64_t>(page_size, count - t));
     }
   }
-  if (worst >= kFirstBadBits) return false;
+  if (!ok) return false;
 
   // Selection.
   const int64_t quota = std::min(request.quota_pages, pages);
@@ -339,7 +433,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   keys_.resize(static_cast<size_t>(pages) * 2);
   uint64_t* keys = keys_.data();
   for (int64_t page = 0; page < pages; ++page) {
-    const uint32_t bits = CheckBits(page_max_[static_cast<size_t>(page)]);
+    const uint32_t bits = ScoreBits(page_max_[static_cast<size_t>(page)]);
     keys[page] = (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(page));
   }
   // Protections in the reference's order, each counted inside the quota.
