@@ -1,0 +1,395 @@
+#include "service/cache_manager_service.h"
+
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+#include "service/status.h"
+#include "service/validation.h"
+
+namespace entrokv::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
+  const CacheState& state = model.state();
+  const PoolStats stats = state.Stats();
+  const ArenaInfo arena = state.arena();
+  pool->set_model_id(model.id());
+  *pool->mutable_geometry() = ToProto(state.geometry());
+  pool->set_frame_layout(ToProto(state.layout()));
+  pool->set_backend(ToProto(model.backend()));
+  pool->set_capacity_bytes(static_cast<uint64_t>(stats.capacity_bytes));
+  pool->set_capacity_frames(stats.capacity_frames);
+  pool->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes));
+  if (arena.backend == Backend::kHost) {
+    pool->set_arena_name(arena.name);
+  } else {
+    pool->set_cuda_ipc_handle(arena.ipc_handle);
+  }
+}
+
+void FillFrames(const std::vector<FrameAssignment>& frames,
+                google::protobuf::RepeatedPtrField<v1::FrameAssignment>* out) {
+  out->Reserve(static_cast<int>(frames.size()));
+  for (const FrameAssignment& frame : frames) {
+    v1::FrameAssignment* wire = out->Add();
+    wire->set_layer(frame.layer);
+    wire->set_group(frame.group);
+    wire->set_page(frame.page);
+    wire->set_frame(frame.frame);
+  }
+}
+
+void FillSequence(const SequenceInfo& info, v1::SequenceInfo* out) {
+  out->set_sequence_id(info.id);
+  out->set_length_tokens(info.length);
+  out->set_live_frames(info.live_frames);
+  for (size_t layer = 0; layer < info.block_tables.size(); ++layer) {
+    for (size_t group = 0; group < info.block_tables[layer].size(); ++group) {
+      v1::BlockTable* table = out->add_block_tables();
+      table->set_layer(static_cast<int32_t>(layer));
+      table->set_group(static_cast<int32_t>(group));
+      const std::vector<FrameId>& frames = info.block_tables[layer][group];
+      table->mutable_frames()->Assign(frames.begin(), frames.end());
+    }
+  }
+}
+
+}  // namespace
+
+// One unary call: admission, then exactly one Finish that also records the metrics.
+class CacheManagerService::UnaryCall {
+ public:
+  UnaryCall(CacheManagerService* service, grpc::CallbackServerContext* context, Method method)
+      : service_(service), reactor_(context->DefaultReactor()), method_(method),
+        start_(Clock::now()) {
+    admission_ = service_->Admit(*context);
+    if (admission_.ok()) service_->active_calls_.fetch_add(1);
+  }
+
+  [[nodiscard]] const absl::Status& admission() const { return admission_; }
+  [[nodiscard]] grpc::ServerUnaryReactor* reactor() const { return reactor_; }
+
+  grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
+    const grpc::Status wire = ToGrpcStatus(status);
+    service_->metrics_->RecordRpc(
+        method_, wire.error_code(),
+        std::chrono::duration<double>(Clock::now() - start_).count());
+    grpc::ServerUnaryReactor* reactor = reactor_;
+    const bool admitted = admission_.ok();
+    CacheManagerService* service = service_;
+    reactor->Finish(wire);
+    if (admitted) service->active_calls_.fetch_sub(1);
+    return reactor;
+  }
+
+ private:
+  CacheManagerService* service_;
+  grpc::ServerUnaryReactor* reactor_;
+  Method method_;
+  Clock::time_point start_;
+  absl::Status admission_;
+};
+
+CacheManagerService::CacheManagerService(const ServerOptions& options, std::string bearer_token,
+                                         ServiceMetrics* metrics, WorkerPool* workers)
+    : options_(options),
+      bearer_token_(bearer_token.empty() ? "" : absl::StrCat("Bearer ", bearer_token)),
+      metrics_(metrics),
+      workers_(workers),
+      registry_(options.pool_capacity_bytes, metrics),
+      decider_(options, metrics, &shm_) {}
+
+absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {
+  if (draining_.load()) return absl::UnavailableError("entrokvd is draining; retry elsewhere");
+  if (!bearer_token_.empty()) {
+    const auto& metadata = context.client_metadata();
+    const auto it = metadata.find("authorization");
+    if (it == metadata.end()) {
+      return absl::UnauthenticatedError("authorization: bearer token required");
+    }
+    const absl::string_view sent(it->second.data(), it->second.size());
+    if (sent != bearer_token_) return absl::UnauthenticatedError("authorization: invalid token");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindModel(
+    absl::string_view id) const {
+  RETURN_IF_ERROR(ValidateId("model_id", id));
+  return registry_.Find(id);
+}
+
+absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
+                                                  v1::RegisterModelResponse* response) {
+  ASSIGN_OR_RETURN(const CacheOptions cache, ToCacheOptions(request, options_));
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_.Register(request.model_id(), cache));
+  FillPoolInfo(*model, response->mutable_pool());
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::RegisterModel(
+    grpc::CallbackServerContext* context, const v1::RegisterModelRequest* request,
+    v1::RegisterModelResponse* response) {
+  UnaryCall call(this, context, Method::kRegisterModel);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  return call.Finish(DoRegisterModel(*request, response));
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::GetModel(grpc::CallbackServerContext* context,
+                                                        const v1::GetModelRequest* request,
+                                                        v1::GetModelResponse* response) {
+  UnaryCall call(this, context, Method::kGetModel);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call.Finish(model.status());
+  FillPoolInfo(**model, response->mutable_pool());
+  return call.Finish(absl::OkStatus());
+}
+
+absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& request,
+                                                 v1::OpenSequenceResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
+  RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
+  if (request.initial_tokens() < 0 || request.initial_tokens() > (int64_t{1} << 31) - 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "initial_tokens: must be in [0, 2^31), got ", request.initial_tokens()));
+  }
+  CacheState& state = model->state();
+  if (request.parent_sequence_id().empty()) {
+    if (request.prefix_pages() != 0) {
+      return absl::InvalidArgumentError("prefix_pages: needs parent_sequence_id");
+    }
+    RETURN_IF_ERROR(state.OpenSequence(request.sequence_id(), 0));
+  } else {
+    RETURN_IF_ERROR(ValidateId("parent_sequence_id", request.parent_sequence_id()));
+    if (request.prefix_pages() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("prefix_pages: must be >= 0, got ", request.prefix_pages()));
+    }
+    RETURN_IF_ERROR(state.ForkSequence(request.sequence_id(), request.parent_sequence_id(),
+                                       request.prefix_pages()));
+  }
+  if (request.initial_tokens() > 0) {
+    absl::StatusOr<AppendResult> appended =
+        state.AppendTokens(request.sequence_id(), request.initial_tokens());
+    if (!appended.ok()) {
+      // All or nothing: the sequence goes again (its only frames are the shared prefix's).
+      (void)state.CloseSequence(request.sequence_id());
+      model->RefreshOccupancy();
+      return Annotate(appended.status(), "initial_tokens");
+    }
+    FillFrames(appended->new_frames, response->mutable_new_frames());
+  }
+  ASSIGN_OR_RETURN(SequenceInfo info, state.GetSequence(request.sequence_id()));
+  info.block_tables.clear();
+  FillSequence(info, response->mutable_sequence());
+  model->RefreshOccupancy();
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::OpenSequence(
+    grpc::CallbackServerContext* context, const v1::OpenSequenceRequest* request,
+    v1::OpenSequenceResponse* response) {
+  UnaryCall call(this, context, Method::kOpenSequence);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  return call.Finish(DoOpenSequence(*request, response));
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(
+    grpc::CallbackServerContext* context, const v1::AppendTokensRequest* request,
+    v1::AppendTokensResponse* response) {
+  UnaryCall call(this, context, Method::kAppendTokens);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call.Finish(model.status());
+  if (absl::Status id = ValidateId("sequence_id", request->sequence_id()); !id.ok()) {
+    return call.Finish(id);
+  }
+  if (request->tokens() < 1 || request->tokens() > (int64_t{1} << 31) - 1) {
+    return call.Finish(absl::InvalidArgumentError(
+        absl::StrCat("tokens: must be in [1, 2^31), got ", request->tokens())));
+  }
+  absl::StatusOr<AppendResult> appended =
+      (*model)->state().AppendTokens(request->sequence_id(), request->tokens());
+  if (!appended.ok()) return call.Finish(appended.status());
+  response->set_length_tokens(appended->length);
+  FillFrames(appended->new_frames, response->mutable_new_frames());
+  (*model)->RefreshOccupancy();
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContext* context,
+                                                      const v1::DecideRequest* request,
+                                                      v1::DecideResponse* response) {
+  auto call = std::make_shared<UnaryCall>(this, context, Method::kDecide);
+  if (!call->admission().ok()) return call->Finish(call->admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call->Finish(model.status());
+  grpc::ServerUnaryReactor* reactor = call->reactor();
+  // The worker may finish the reactor before this returns it; gRPC allows either order.
+  const bool accepted = workers_->TrySubmit(
+      [this, call, context, request, response, model = *std::move(model)] {
+        const absl::Status status = decider_.Decide(
+            *model, *request, [context] { return context->IsCancelled(); }, response);
+        call->Finish(status);
+      });
+  if (!accepted) {
+    return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
+        "max_inflight_decisions: ", options_.max_inflight_decisions,
+        " decisions in flight; retry with backoff")));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
+    grpc::CallbackServerContext* context, const v1::CloseSequenceRequest* request,
+    v1::CloseSequenceResponse* response) {
+  UnaryCall call(this, context, Method::kCloseSequence);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call.Finish(model.status());
+  if (absl::Status id = ValidateId("sequence_id", request->sequence_id()); !id.ok()) {
+    return call.Finish(id);
+  }
+  CacheState& state = (*model)->state();
+  absl::StatusOr<SequenceInfo> info = state.GetSequence(request->sequence_id());
+  if (!info.ok()) return call.Finish(info.status());
+  if (absl::Status closed = state.CloseSequence(request->sequence_id()); !closed.ok()) {
+    return call.Finish(closed);
+  }
+  (*model)->ForgetSequence(request->sequence_id());
+  response->set_live_frames(info->live_frames);
+  (*model)->RefreshOccupancy();
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(
+    grpc::CallbackServerContext* context, const v1::GetPoolStatsRequest* request,
+    v1::PoolStats* response) {
+  UnaryCall call(this, context, Method::kGetPoolStats);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call.Finish(model.status());
+  const PoolStats stats = (*model)->state().Stats();
+  response->set_model_id((*model)->id());
+  response->set_capacity_frames(stats.capacity_frames);
+  response->set_used_frames(stats.used_frames);
+  response->set_free_frames(stats.free_frames);
+  response->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes));
+  response->set_capacity_bytes(static_cast<uint64_t>(stats.capacity_bytes));
+  response->set_sequences_active(stats.sequences_active);
+  response->mutable_used_frames_per_layer()->Assign(stats.used_frames_per_layer.begin(),
+                                                    stats.used_frames_per_layer.end());
+  response->set_pages_evicted_total(stats.pages_evicted_total);
+  response->set_frames_freed_total(stats.frames_freed_total);
+  response->set_bytes_moved_total(stats.bytes_moved_total);
+  return call.Finish(absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::ListSequences(
+    grpc::CallbackServerContext* context, const v1::ListSequencesRequest* request,
+    v1::ListSequencesResponse* response) {
+  UnaryCall call(this, context, Method::kListSequences);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
+  if (!model.ok()) return call.Finish(model.status());
+  for (const SequenceInfo& info :
+       (*model)->state().ListSequences(request->include_block_tables())) {
+    FillSequence(info, response->add_sequences());
+  }
+  return call.Finish(absl::OkStatus());
+}
+
+// DecideStream: read one layer, score it on the worker pool, write its decision, read the
+// next. One message in flight per stream keeps the decisions in order and bounds memory; the
+// reactor deletes itself in OnDone.
+class CacheManagerService::StreamReactor
+    : public grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision> {
+ public:
+  StreamReactor(CacheManagerService* service, grpc::CallbackServerContext* context)
+      : service_(service), context_(context), start_(Clock::now()) {
+    const absl::Status admission = service_->Admit(*context);
+    if (!admission.ok()) {
+      admitted_ = false;
+      FinishWith(admission);
+      return;
+    }
+    service_->active_calls_.fetch_add(1);
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client half-closed (or the call ended)
+      FinishWith(absl::OkStatus());
+      return;
+    }
+    if (service_->draining()) {
+      FinishWith(absl::UnavailableError("entrokvd is draining; retry elsewhere"));
+      return;
+    }
+    absl::StatusOr<std::shared_ptr<Model>> model = service_->FindModel(request_.model_id());
+    if (!model.ok()) {
+      FinishWith(model.status());
+      return;
+    }
+    const bool accepted =
+        service_->workers_->TrySubmit([this, model = *std::move(model)] { Process(*model); });
+    if (!accepted) {
+      FinishWith(absl::ResourceExhaustedError(absl::StrCat(
+          "max_inflight_decisions: ", service_->options_.max_inflight_decisions,
+          " decisions in flight; retry with backoff")));
+    }
+  }
+
+  void OnWriteDone(bool ok) override {
+    if (!ok) {
+      FinishWith(absl::CancelledError("stream closed while writing a decision"));
+      return;
+    }
+    StartRead(&request_);
+  }
+
+  void OnDone() override {
+    service_->metrics_->RecordRpc(Method::kDecideStream, final_code_,
+                                  std::chrono::duration<double>(Clock::now() - start_).count());
+    if (admitted_) service_->active_calls_.fetch_sub(1);
+    delete this;
+  }
+
+ private:
+  void Process(Model& model) {
+    response_.Clear();
+    const absl::Status status = service_->decider_.DecideLayer(
+        model, request_, [this] { return context_->IsCancelled(); }, &response_);
+    if (!status.ok()) {
+      FinishWith(status);
+      return;
+    }
+    StartWrite(&response_);
+  }
+
+  void FinishWith(const absl::Status& status) {
+    const grpc::Status wire = ToGrpcStatus(status);
+    final_code_ = wire.error_code();
+    Finish(wire);
+  }
+
+  CacheManagerService* service_;
+  grpc::CallbackServerContext* context_;
+  Clock::time_point start_;
+  bool admitted_ = true;
+  grpc::StatusCode final_code_ = grpc::StatusCode::OK;
+  v1::DecideLayerRequest request_;
+  v1::LayerDecision response_;
+};
+
+grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision>*
+CacheManagerService::DecideStream(grpc::CallbackServerContext* context) {
+  return new StreamReactor(this, context);
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,92 @@
+// The CacheManager gRPC service (callback API): admission (draining, bearer token), request
+// validation, the pool operations, and decisions handed to the worker pool.
+#ifndef ENTROKV_SERVICE_CACHE_MANAGER_SERVICE_H_
+#define ENTROKV_SERVICE_CACHE_MANAGER_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "absl/status/status.h"
+#include "entrokv/v1/cache_manager.grpc.pb.h"
+#include "service/decider.h"
+#include "service/metrics.h"
+#include "service/model_registry.h"
+#include "service/options.h"
+#include "service/shm_reader.h"
+#include "service/worker_pool.h"
+
+namespace entrokv::service {
+
+// Handlers never block: pool operations are short mutex-guarded bookkeeping and run inline;
+// decisions (scoring) run on `workers`, and excess decisions are shed with RESOURCE_EXHAUSTED.
+// `metrics` and `workers` must outlive the service, and the service must outlive the
+// grpc::Server it is registered with. Thread-safe.
+class CacheManagerService final : public v1::CacheManager::CallbackService {
+ public:
+  // `bearer_token` empty: no authentication.
+  CacheManagerService(const ServerOptions& options, std::string bearer_token,
+                      ServiceMetrics* metrics, WorkerPool* workers);
+
+  // From now on every new call gets UNAVAILABLE; calls already admitted finish.
+  void BeginDrain() { draining_.store(true); }
+  [[nodiscard]] bool draining() const { return draining_.load(); }
+  // Calls admitted and not yet finished.
+  [[nodiscard]] int active_calls() const { return active_calls_.load(); }
+  [[nodiscard]] ModelRegistry& registry() { return registry_; }
+
+  grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
+                                          const v1::RegisterModelRequest* request,
+                                          v1::RegisterModelResponse* response) override;
+  grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
+                                     const v1::GetModelRequest* request,
+                                     v1::GetModelResponse* response) override;
+  grpc::ServerUnaryReactor* OpenSequence(grpc::CallbackServerContext* context,
+                                         const v1::OpenSequenceRequest* request,
+                                         v1::OpenSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* AppendTokens(grpc::CallbackServerContext* context,
+                                         const v1::AppendTokensRequest* request,
+                                         v1::AppendTokensResponse* response) override;
+  grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* context,
+                                   const v1::DecideRequest* request,
+                                   v1::DecideResponse* response) override;
+  grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision>* DecideStream(
+      grpc::CallbackServerContext* context) override;
+  grpc::ServerUnaryReactor* CloseSequence(grpc::CallbackServerContext* context,
+                                          const v1::CloseSequenceRequest* request,
+                                          v1::CloseSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* GetPoolStats(grpc::CallbackServerContext* context,
+                                         const v1::GetPoolStatsRequest* request,
+                                         v1::PoolStats* response) override;
+  grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
+                                          const v1::ListSequencesRequest* request,
+                                          v1::ListSequencesResponse* response) override;
+
+ private:
+  class UnaryCall;
+  class StreamReactor;
+
+  // UNAVAILABLE while draining, UNAUTHENTICATED for a missing or wrong bearer token.
+  [[nodiscard]] absl::Status Admit(const grpc::CallbackServerContext& context) const;
+  // NOT_FOUND / INVALID_ARGUMENT naming model_id.
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindModel(absl::string_view id) const;
+
+  absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
+                               v1::RegisterModelResponse* response);
+  absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,
+                              v1::OpenSequenceResponse* response);
+
+  const ServerOptions options_;
+  const std::string bearer_token_;  // "Bearer <token>", or empty
+  ServiceMetrics* const metrics_;
+  WorkerPool* const workers_;
+  ModelRegistry registry_;
+  ShmReader shm_;
+  Decider decider_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int> active_calls_{0};
+};
+
+}  // namespace entrokv::service
+
+#endif  // ENTROKV_SERVICE_CACHE_MANAGER_SERVICE_H_

@@ -1,0 +1,306 @@
+// A decision runs in three steps so that a bad request never half-applies:
+//  1. resolve: ids, policy, budget, each layer's statistic (bytes or shared memory) checked
+//     against the model and the sequence's current length;
+//  2. score: the core's DecideLayer per layer (it also rejects NaN/negative values);
+//  3. apply: CacheState::ApplyDecision per layer, then the weights cache and the metrics.
+// Only step 3 changes state. A concurrent AppendTokens on the same sequence between 2 and 3 is
+// caught by ApplyDecision (FAILED_PRECONDITION on the length) for the layer it hits.
+#include "service/decider.h"
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "core/scoring/decision.h"
+#include "core/util/status_macros.h"
+#include "service/validation.h"
+
+namespace entrokv::service {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double SecondsSince(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// One layer after step 1, and its results after steps 2 and 3.
+struct LayerWork {
+  int layer = 0;
+  std::string field;                   // "layers[i]" for messages
+  std::optional<StatisticView> view;   // absent for policies without a statistic
+  ShmRegion region;                    // keeps a shared-memory statistic mapped
+  std::optional<std::vector<double>> cached_weights;
+  int64_t quota_pages = 0;
+  LayerDecision decision;
+};
+
+}  // namespace
+
+struct Decider::Job {
+  std::string sequence_id;
+  ResolvedPolicy policy;
+  int64_t tokens = 0;
+  std::vector<LayerWork> layers;
+};
+
+namespace {
+
+// Step 1 for one layer's statistic.
+absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeometry& geometry,
+                              int64_t sequence_tokens, const Policy& policy, ShmReader& shm,
+                              ServiceMetrics& metrics, LayerWork& work) {
+  const std::string field = absl::StrCat(work.field, ".statistic");
+  const v1::Statistic& stat = input.statistic();
+  const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
+  if (!present) {
+    if (policy.needs_statistic()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": must carry data or shared_memory for policy ", policy.name()));
+    }
+    return absl::OkStatus();
+  }
+  ASSIGN_OR_RETURN(const DType dtype, ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
+  if (stat.query_heads() != geometry.query_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".query_heads: ", stat.query_heads(),
+                                                   ", the model has ", geometry.query_heads));
+  }
+  if (stat.tokens() < 1 || stat.tokens() > (int64_t{1} << 31)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".tokens: must be in [1, 2^31], got ", stat.tokens()));
+  }
+  if (stat.tokens() != sequence_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        field, ".tokens: ", stat.tokens(), " but the sequence holds ", sequence_tokens));
+  }
+  const uint64_t expected =
+      static_cast<uint64_t>(stat.query_heads()) * stat.tokens() * DTypeBytes(dtype);
+  const void* data = nullptr;
+  if (stat.source_case() == v1::Statistic::kData) {
+    if (stat.data().size() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stat.data().size(),
+                                                     " bytes, expected ", expected));
+    }
+    data = stat.data().data();
+    metrics.AddStatsBytes(StatSource::kBytes, static_cast<int64_t>(expected));
+  } else {
+    const v1::SharedMemoryRegion& ref = stat.shared_memory();
+    const std::string shm_field = absl::StrCat(field, ".shared_memory");
+    if (ref.length_bytes() != expected) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shm_field, ".length_bytes: ", ref.length_bytes(), ", expected ", expected));
+    }
+    if (ref.offset_bytes() % DTypeBytes(dtype) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          shm_field, ".offset_bytes: ", ref.offset_bytes(), " is not element-aligned"));
+    }
+    ASSIGN_OR_RETURN(work.region,
+                     shm.Read(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
+    data = work.region.data;
+    metrics.AddStatsBytes(StatSource::kSharedMemory, static_cast<int64_t>(expected));
+  }
+  ASSIGN_OR_RETURN(work.view,
+                   StatisticView::Create(data, dtype, stat.query_heads(), stat.tokens()));
+  return absl::OkStatus();
+}
+
+// Evicted-page counts go to reason="budget" for positional policies, "score" otherwise.
+void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
+                    const v1::LayerDecision& out) {
+  PoolMetrics& metrics = model.metrics();
+  const PoolMetrics::PolicySeries& series = metrics.policy(policy.name());
+  series.decisions->Increment();
+  int64_t evicted = 0;
+  int64_t kept = 0;
+  for (const v1::GroupDecision& group : out.groups()) {
+    evicted += group.evicted_pages_size();
+    kept += group.kept_pages_size();
+    if (group.has_shadow_uor()) metrics.union_overhead_ratio->Observe(group.shadow_uor());
+    if (group.has_disagreement()) metrics.group_disagreement->Observe(group.disagreement());
+    if (group.has_retained_mass()) metrics.retained_mass_ratio->Observe(group.retained_mass());
+  }
+  (policy.needs_statistic() ? series.evicted_score : series.evicted_budget)
+      ->Increment(static_cast<double>(evicted));
+  series.retained->Increment(static_cast<double>(kept));
+  if (layout == FrameLayout::kLayer) metrics.page_union_ratio->Observe(out.page_union_ratio());
+}
+
+}  // namespace
+
+absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
+                          std::vector<v1::LayerDecision*>& outputs) const {
+  const ModelGeometry& geometry = model.state().geometry();
+  // Step 2: score every layer.
+  for (LayerWork& work : job.layers) {
+    LayerRequest request;
+    request.statistic = work.view;
+    request.query_heads = geometry.query_heads;
+    request.kv_groups = geometry.kv_groups;
+    request.tokens = job.tokens;
+    request.quota_pages = work.quota_pages;
+    if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
+    const auto start = Clock::now();
+    absl::StatusOr<LayerDecision> decision =
+        entrokv::DecideLayer(*job.policy.policy, job.policy.options, request);
+    metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
+    if (!decision.ok()) return Annotate(decision.status(), work.field);
+    work.decision = *std::move(decision);
+  }
+  if (cancelled()) return absl::CancelledError("call cancelled before the decision was applied");
+  // Step 3: apply, layer by layer.
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    LayerWork& work = job.layers[i];
+    std::vector<std::vector<int32_t>> kept;
+    kept.reserve(work.decision.groups.size());
+    for (const GroupDecision& group : work.decision.groups) kept.push_back(group.kept_pages);
+    auto start = Clock::now();
+    absl::StatusOr<ApplyResult> applied =
+        model.state().ApplyDecision(job.sequence_id, work.layer, job.tokens, kept);
+    metrics_->ObservePhase(Phase::kApply, SecondsSince(start));
+    if (!applied.ok()) return Annotate(applied.status(), work.field);
+
+    start = Clock::now();
+    v1::LayerDecision& out = *outputs[i];
+    out.set_layer(work.layer);
+    out.set_page_count(work.decision.page_count);
+    out.set_quota_pages(work.decision.quota_pages);
+    out.set_tokens(job.tokens);
+    out.set_policy(std::string(job.policy.policy->name()));
+    out.set_page_union_ratio(applied->page_union_ratio);
+    out.mutable_freed_frames()->Assign(applied->freed_frames.begin(),
+                                       applied->freed_frames.end());
+    std::vector<double> weights;
+    for (size_t g = 0; g < work.decision.groups.size(); ++g) {
+      const GroupDecision& group = work.decision.groups[g];
+      v1::GroupDecision* wire = out.add_groups();
+      wire->set_group(static_cast<int32_t>(g));
+      wire->mutable_kept_pages()->Assign(group.kept_pages.begin(), group.kept_pages.end());
+      if (g < applied->evicted_pages_per_group.size()) {
+        for (int64_t page : applied->evicted_pages_per_group[g]) {
+          wire->add_evicted_pages(static_cast<int32_t>(page));
+        }
+      }
+      wire->mutable_weights()->Assign(group.weights.begin(), group.weights.end());
+      wire->mutable_entropies()->Assign(group.entropies.begin(), group.entropies.end());
+      if (group.shadow_uor) wire->set_shadow_uor(*group.shadow_uor);
+      if (group.disagreement) wire->set_disagreement(*group.disagreement);
+      if (group.retained_mass) wire->set_retained_mass(*group.retained_mass);
+      weights.insert(weights.end(), group.weights.begin(), group.weights.end());
+    }
+    // Cache prefill weights for later decode-time calls (only freshly computed ones).
+    if (!work.cached_weights.has_value() &&
+        weights.size() == static_cast<size_t>(geometry.query_heads)) {
+      model.CacheWeights(job.sequence_id, work.layer, std::move(weights));
+    }
+    RecordDecision(model, *job.policy.policy, model.state().layout(), out);
+    metrics_->ObservePhase(Phase::kSelect, SecondsSince(start));
+  }
+  model.RefreshOccupancy();
+  return absl::OkStatus();
+}
+
+namespace {
+
+// Step 1 shared by both entry points.
+absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_budget,
+                        const v1::Budget& budget, const v1::PolicyParams& policy,
+                        const ServerOptions& defaults, int64_t* tokens,
+                        ResolvedPolicy* resolved, ResolvedBudget* quotas) {
+  RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
+  const ModelGeometry& geometry = model.state().geometry();
+  ASSIGN_OR_RETURN(*resolved, ResolvePolicy(policy, defaults, geometry.page_size));
+  ASSIGN_OR_RETURN(const SequenceInfo info, model.state().GetSequence(sequence_id));
+  *tokens = info.length;
+  if (info.length < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("sequence_id: '", sequence_id, "' holds no tokens to decide on"));
+  }
+  ASSIGN_OR_RETURN(*quotas, ResolveBudget(budget, has_budget, geometry, info.length));
+  return absl::OkStatus();
+}
+
+absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
+                          const ResolvedPolicy& policy, const ResolvedBudget& quotas,
+                          const v1::LayerStatistic& input, bool use_cached_weights,
+                          ShmReader& shm, ServiceMetrics& metrics, LayerWork& work) {
+  const ModelGeometry& geometry = model.state().geometry();
+  if (input.layer() < 0 || input.layer() >= geometry.layers) {
+    return absl::InvalidArgumentError(absl::StrCat(work.field, ".layer: ", input.layer(),
+                                                   " not in [0, ", geometry.layers, ")"));
+  }
+  work.layer = input.layer();
+  work.quota_pages = quotas.pages_per_layer[work.layer];
+  RETURN_IF_ERROR(
+      ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
+  if (use_cached_weights) {
+    work.cached_weights = model.CachedWeights(sequence_id, work.layer);
+    if (!work.cached_weights.has_value()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("use_cached_weights: no weights cached for sequence '", sequence_id,
+                       "' layer ", work.layer));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
+                             const std::function<bool()>& cancelled,
+                             v1::DecideResponse* response) const {
+  const auto start = Clock::now();
+  Job job;
+  job.sequence_id = request.sequence_id();
+  ResolvedBudget quotas;
+  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(),
+                             request.budget(), request.policy(), defaults_, &job.tokens,
+                             &job.policy, &quotas));
+  if (request.layers().empty()) {
+    return absl::InvalidArgumentError("layers: must name at least one layer");
+  }
+  absl::flat_hash_set<int> seen;
+  job.layers.resize(request.layers_size());
+  for (int i = 0; i < request.layers_size(); ++i) {
+    LayerWork& work = job.layers[i];
+    work.field = absl::StrCat("layers[", i, "]");
+    RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
+                                 request.layers(i), request.use_cached_weights(), *shm_,
+                                 *metrics_, work));
+    if (!seen.insert(work.layer).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(work.field, ".layer: ", work.layer, " appears twice"));
+    }
+  }
+  metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
+  std::vector<v1::LayerDecision*> outputs;
+  v1::DecideResponse staged;
+  for (int i = 0; i < request.layers_size(); ++i) outputs.push_back(staged.add_layers());
+  RETURN_IF_ERROR(Run(model, job, cancelled, outputs));
+  *response = std::move(staged);
+  return absl::OkStatus();
+}
+
+absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& request,
+                                  const std::function<bool()>& cancelled,
+                                  v1::LayerDecision* response) const {
+  const auto start = Clock::now();
+  Job job;
+  job.sequence_id = request.sequence_id();
+  ResolvedBudget quotas;
+  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(),
+                             request.budget(), request.policy(), defaults_, &job.tokens,
+                             &job.policy, &quotas));
+  job.layers.resize(1);
+  job.layers[0].field = "layer";
+  RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
+                               request.layer(), request.use_cached_weights(), *shm_, *metrics_,
+                               job.layers[0]));
+  metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
+  std::vector<v1::LayerDecision*> outputs = {response};
+  return Run(model, job, cancelled, outputs);
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,49 @@
+// Runs eviction decisions for the service: checks a request against the model and sequence,
+// scores every layer with the core (DecideLayer), then applies the kept pages to the pool.
+#ifndef ENTROKV_SERVICE_DECIDER_H_
+#define ENTROKV_SERVICE_DECIDER_H_
+
+#include <functional>
+
+#include "absl/status/status.h"
+#include "entrokv/v1/cache_manager.pb.h"
+#include "service/metrics.h"
+#include "service/model_registry.h"
+#include "service/options.h"
+#include "service/shm_reader.h"
+
+namespace entrokv::service {
+
+// Stateless apart from the pointers it is given, which must outlive it. Thread-safe: one
+// instance serves every worker thread. Blocking (it scores): call it on the worker pool only.
+class Decider {
+ public:
+  Decider(const ServerOptions& defaults, ServiceMetrics* metrics, ShmReader* shm)
+      : defaults_(defaults), metrics_(metrics), shm_(shm) {}
+
+  // Every layer is checked and scored before the first is applied, so a bad layer changes
+  // nothing. `cancelled` is polled before applying: CANCELLED then, with nothing applied.
+  // Errors: INVALID_ARGUMENT bad field, NOT_FOUND unknown sequence, FAILED_PRECONDITION
+  // statistic tokens != sequence length or no cached weights.
+  [[nodiscard]] absl::Status Decide(Model& model, const v1::DecideRequest& request,
+                                    const std::function<bool()>& cancelled,
+                                    v1::DecideResponse* response) const;
+
+  // One DecideStream message, with the same rules.
+  [[nodiscard]] absl::Status DecideLayer(Model& model, const v1::DecideLayerRequest& request,
+                                         const std::function<bool()>& cancelled,
+                                         v1::LayerDecision* response) const;
+
+ private:
+  struct Job;
+  [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
+                                 std::vector<v1::LayerDecision*>& outputs) const;
+
+  const ServerOptions defaults_;
+  ServiceMetrics* const metrics_;
+  ShmReader* const shm_;
+};
+
+}  // namespace entrokv::service
+
+#endif  // ENTROKV_SERVICE_DECIDER_H_

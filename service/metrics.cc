@@ -1,0 +1,176 @@
+#include "service/metrics.h"
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "core/scoring/policy.h"
+
+namespace entrokv::service {
+namespace {
+
+constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
+    "RegisterModel", "GetModel",      "OpenSequence", "AppendTokens", "Decide",
+    "DecideStream",  "CloseSequence", "GetPoolStats", "ListSequences"};
+constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
+                                                                    "apply"};
+// gRPC's canonical code names, indexed by code.
+constexpr std::array<absl::string_view, 17> kCodeNames = {
+    "OK",        "CANCELLED",          "UNKNOWN",          "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",   "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",      "DATA_LOSS",
+    "UNAUTHENTICATED"};
+
+// Eight equal steps from `low` to `high` (just {low} when they meet).
+prometheus::Histogram::BucketBoundaries Linear(double low, double high) {
+  prometheus::Histogram::BucketBoundaries bounds;
+  for (int i = 0; i <= 8; ++i) {
+    const double bound = low + (high - low) * i / 8.0;
+    if (bounds.empty() || bound > bounds.back()) bounds.push_back(bound);
+  }
+  return bounds;
+}
+
+// 10 us .. ~10 s in factors of ~3.
+prometheus::Histogram::BucketBoundaries Latency() {
+  return {1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1, 3, 10};
+}
+
+}  // namespace
+
+absl::string_view MethodName(Method method) { return kMethodNames[static_cast<int>(method)]; }
+
+void PoolMetrics::UpdateOccupancy(const PoolStats& stats) {
+  frames_used_->Set(static_cast<double>(stats.used_frames));
+  frames_free_->Set(static_cast<double>(stats.free_frames));
+  capacity_bytes_->Set(static_cast<double>(stats.capacity_bytes));
+  sequences_active_->Set(static_cast<double>(stats.sequences_active));
+}
+
+const PoolMetrics::PolicySeries& PoolMetrics::policy(absl::string_view policy) const {
+  return policies_.find(std::string(policy))->second;
+}
+
+ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+  pool_frames_ = &prometheus::BuildGauge()
+                      .Name("entrokv_pool_frames")
+                      .Help("Frames of the pool by state (used or free)")
+                      .Register(*registry_);
+  pool_capacity_bytes_ = &prometheus::BuildGauge()
+                              .Name("entrokv_pool_capacity_bytes")
+                              .Help("Bytes of the pool's arena")
+                              .Register(*registry_);
+  sequences_active_ = &prometheus::BuildGauge()
+                           .Name("entrokv_sequences_active")
+                           .Help("Open sequences of the pool")
+                           .Register(*registry_);
+  decisions_ = &prometheus::BuildCounter()
+                    .Name("entrokv_decisions_total")
+                    .Help("Layer decisions applied")
+                    .Register(*registry_);
+  pages_evicted_ = &prometheus::BuildCounter()
+                        .Name("entrokv_pages_evicted_total")
+                        .Help("Block-table pages evicted by decisions (score: by the "
+                              "statistic; budget: by position, no statistic)")
+                        .Register(*registry_);
+  pages_retained_ = &prometheus::BuildCounter()
+                         .Name("entrokv_pages_retained_total")
+                         .Help("Block-table pages kept by decisions")
+                         .Register(*registry_);
+  union_overhead_ = &prometheus::BuildHistogram()
+                         .Name("entrokv_union_overhead_ratio")
+                         .Help("Union overhead ratio of the head-independent shadow, per group")
+                         .Register(*registry_);
+  disagreement_ = &prometheus::BuildHistogram()
+                       .Name("entrokv_group_disagreement")
+                       .Help("Mean pairwise Jaccard disagreement of per-head choices, per group")
+                       .Register(*registry_);
+  page_union_ = &prometheus::BuildHistogram()
+                     .Name("entrokv_page_union_ratio")
+                     .Help("Kept-page union over groups per quota, per layer (LAYER layout)")
+                     .Register(*registry_);
+  retained_mass_ = &prometheus::BuildHistogram()
+                        .Name("entrokv_retained_mass_ratio")
+                        .Help("Share of the pooled statistic inside the kept pages, per group")
+                        .Register(*registry_);
+  decision_duration_ = &prometheus::BuildHistogram()
+                            .Name("entrokv_decision_duration_seconds")
+                            .Help("Time per layer decision by phase")
+                            .Register(*registry_);
+  stats_bytes_ = &prometheus::BuildCounter()
+                      .Name("entrokv_stats_bytes_total")
+                      .Help("Statistic bytes received, by source (bytes or shared_memory)")
+                      .Register(*registry_);
+  rpc_requests_ = &prometheus::BuildCounter()
+                       .Name("entrokv_rpc_requests_total")
+                       .Help("Finished RPCs by method and status code")
+                       .Register(*registry_);
+  rpc_duration_ = &prometheus::BuildHistogram()
+                       .Name("entrokv_rpc_duration_seconds")
+                       .Help("RPC handling time by method")
+                       .Register(*registry_);
+
+  for (int m = 0; m < kMethodCount; ++m) {
+    const std::string method(kMethodNames[m]);
+    for (int c = 0; c < 17; ++c) {
+      rpc_counts_[m][c] =
+          &rpc_requests_->Add({{"method", method}, {"code", std::string(kCodeNames[c])}});
+    }
+    rpc_seconds_[m] = &rpc_duration_->Add({{"method", method}}, Latency());
+  }
+  for (int p = 0; p < kPhaseCount; ++p) {
+    phase_seconds_[p] = &decision_duration_->Add({{"phase", std::string(kPhaseNames[p])}},
+                                                 Latency());
+  }
+  stats_bytes_by_source_[0] = &stats_bytes_->Add({{"source", "bytes"}});
+  stats_bytes_by_source_[1] = &stats_bytes_->Add({{"source", "shared_memory"}});
+}
+
+PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups) {
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = pools_.try_emplace(pool);
+  if (!inserted) return it->second.get();
+  auto metrics = std::make_unique<PoolMetrics>();
+  metrics->frames_used_ = &pool_frames_->Add({{"pool", pool}, {"state", "used"}});
+  metrics->frames_free_ = &pool_frames_->Add({{"pool", pool}, {"state", "free"}});
+  metrics->capacity_bytes_ = &pool_capacity_bytes_->Add({{"pool", pool}});
+  metrics->sequences_active_ = &sequences_active_->Add({{"pool", pool}});
+  for (absl::string_view name : PolicyNames()) {
+    const std::string policy(name);
+    PoolMetrics::PolicySeries series;
+    series.decisions = &decisions_->Add({{"pool", pool}, {"policy", policy}});
+    series.evicted_score =
+        &pages_evicted_->Add({{"pool", pool}, {"policy", policy}, {"reason", "score"}});
+    series.evicted_budget =
+        &pages_evicted_->Add({{"pool", pool}, {"policy", policy}, {"reason", "budget"}});
+    series.retained = &pages_retained_->Add({{"pool", pool}, {"policy", policy}});
+    metrics->policies_.emplace(policy, series);
+  }
+  const int group_size = std::max(1, query_heads / std::max(1, kv_groups));
+  metrics->union_overhead_ratio =
+      &union_overhead_->Add({{"pool", pool}}, Linear(1.0, std::max(2, group_size)));
+  metrics->group_disagreement = &disagreement_->Add({{"pool", pool}}, Linear(0.0, 1.0));
+  metrics->page_union_ratio =
+      &page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
+  metrics->retained_mass_ratio = &retained_mass_->Add({{"pool", pool}}, Linear(0.0, 1.0));
+  it->second = std::move(metrics);
+  return it->second.get();
+}
+
+void ServiceMetrics::RecordRpc(Method method, grpc::StatusCode code, double seconds) {
+  int index = static_cast<int>(code);
+  if (index < 0 || index >= 17) index = static_cast<int>(grpc::StatusCode::UNKNOWN);
+  rpc_counts_[static_cast<int>(method)][index]->Increment();
+  rpc_seconds_[static_cast<int>(method)]->Observe(seconds);
+}
+
+void ServiceMetrics::ObservePhase(Phase phase, double seconds) {
+  phase_seconds_[static_cast<int>(phase)]->Observe(seconds);
+}
+
+void ServiceMetrics::AddStatsBytes(StatSource source, int64_t bytes) {
+  stats_bytes_by_source_[static_cast<int>(source)]->Increment(static_cast<double>(bytes));
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,129 @@
+// The Prometheus metrics of ARCHITECTURE §6, created once and then only updated.
+#ifndef ENTROKV_SERVICE_METRICS_H_
+#define ENTROKV_SERVICE_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "core/pool/cache_state.h"
+#include "grpcpp/support/status.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace entrokv::service {
+
+// The RPC methods, for the {method} label.
+enum class Method : int {
+  kRegisterModel,
+  kGetModel,
+  kOpenSequence,
+  kAppendTokens,
+  kDecide,
+  kDecideStream,
+  kCloseSequence,
+  kGetPoolStats,
+  kListSequences,
+};
+inline constexpr int kMethodCount = 9;
+[[nodiscard]] absl::string_view MethodName(Method method);
+
+// Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and
+// checking the statistic and budget; score = the core's DecideLayer (scoring and top-K
+// selection in one call); select = turning its result into kept/evicted sets and caching the
+// weights; apply = CacheState::ApplyDecision.
+enum class Phase : int { kDecode, kScore, kSelect, kApply };
+inline constexpr int kPhaseCount = 4;
+
+// Where a statistic came from, for entrokv_stats_bytes_total{source}.
+enum class StatSource : int { kBytes, kSharedMemory };
+
+// Every series of one pool (label pool = model id), created together when the model registers.
+// Thread-safe (prometheus-cpp metrics are atomic); the references stay valid as long as the
+// ServiceMetrics that made them.
+class PoolMetrics {
+ public:
+  // The series of one policy inside the pool.
+  struct PolicySeries {
+    prometheus::Counter* decisions = nullptr;
+    prometheus::Counter* evicted_score = nullptr;
+    prometheus::Counter* evicted_budget = nullptr;
+    prometheus::Counter* retained = nullptr;
+  };
+
+  // Copies the occupancy gauges from the pool's stats.
+  void UpdateOccupancy(const PoolStats& stats);
+  // The series of `policy` (a registered policy name). REQUIRES: the name is registered.
+  [[nodiscard]] const PolicySeries& policy(absl::string_view policy) const;
+
+  prometheus::Histogram* union_overhead_ratio = nullptr;
+  prometheus::Histogram* group_disagreement = nullptr;
+  prometheus::Histogram* page_union_ratio = nullptr;
+  prometheus::Histogram* retained_mass_ratio = nullptr;
+
+ private:
+  friend class ServiceMetrics;
+  prometheus::Gauge* frames_used_ = nullptr;
+  prometheus::Gauge* frames_free_ = nullptr;
+  prometheus::Gauge* capacity_bytes_ = nullptr;
+  prometheus::Gauge* sequences_active_ = nullptr;
+  absl::flat_hash_map<std::string, PolicySeries> policies_;
+};
+
+// Owns the registry and every family. Families and the series without a pool label exist from
+// construction; a pool's series from AddPool. Thread-safe.
+class ServiceMetrics {
+ public:
+  ServiceMetrics();
+  ServiceMetrics(const ServiceMetrics&) = delete;
+  ServiceMetrics& operator=(const ServiceMetrics&) = delete;
+
+  [[nodiscard]] std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // Creates (once per pool name) every series of the pool, zero, with histogram buckets for
+  // its group size r = query_heads / kv_groups and its kv_groups. Returns the same object for
+  // the same name; it lives as long as this.
+  PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups);
+
+  void RecordRpc(Method method, grpc::StatusCode code, double seconds);
+  void ObservePhase(Phase phase, double seconds);
+  void AddStatsBytes(StatSource source, int64_t bytes);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>* pool_frames_;
+  prometheus::Family<prometheus::Gauge>* pool_capacity_bytes_;
+  prometheus::Family<prometheus::Gauge>* sequences_active_;
+  prometheus::Family<prometheus::Counter>* decisions_;
+  prometheus::Family<prometheus::Counter>* pages_evicted_;
+  prometheus::Family<prometheus::Counter>* pages_retained_;
+  prometheus::Family<prometheus::Histogram>* union_overhead_;
+  prometheus::Family<prometheus::Histogram>* disagreement_;
+  prometheus::Family<prometheus::Histogram>* page_union_;
+  prometheus::Family<prometheus::Histogram>* retained_mass_;
+  prometheus::Family<prometheus::Histogram>* decision_duration_;
+  prometheus::Family<prometheus::Counter>* stats_bytes_;
+  prometheus::Family<prometheus::Counter>* rpc_requests_;
+  prometheus::Family<prometheus::Histogram>* rpc_duration_;
+
+  // [method][code], all created at start-up so every series exists (zero) from the start.
+  std::array<std::array<prometheus::Counter*, 17>, kMethodCount> rpc_counts_{};
+  std::array<prometheus::Histogram*, kMethodCount> rpc_seconds_{};
+  std::array<prometheus::Histogram*, kPhaseCount> phase_seconds_{};
+  std::array<prometheus::Counter*, 2> stats_bytes_by_source_{};
+
+  absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::unique_ptr<PoolMetrics>> pools_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace entrokv::service
+
+#endif  // ENTROKV_SERVICE_METRICS_H_

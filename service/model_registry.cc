@@ -1,0 +1,83 @@
+#include "service/model_registry.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace entrokv::service {
+
+std::optional<std::vector<double>> Model::CachedWeights(absl::string_view sequence_id,
+                                                        int layer) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = weights_.find(sequence_id);
+  if (it == weights_.end() || layer >= static_cast<int>(it->second.size()) ||
+      it->second[layer].empty()) {
+    return std::nullopt;
+  }
+  return it->second[layer];
+}
+
+void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights) {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::vector<double>>& layers = weights_[sequence_id];
+  if (static_cast<int>(layers.size()) <= layer) layers.resize(layer + 1);
+  layers[layer] = std::move(weights);
+}
+
+void Model::ForgetSequence(absl::string_view sequence_id) {
+  absl::MutexLock lock(&mu_);
+  weights_.erase(sequence_id);
+}
+
+absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string& model_id,
+                                                               const CacheOptions& options) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (models_.contains(model_id) || pending_.contains(model_id)) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("model_id: '", model_id, "' is already registered"));
+    }
+    if (options.capacity_bytes > capacity_bytes_ - reserved_bytes_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "capacity_bytes: ", options.capacity_bytes, " asked, ",
+          capacity_bytes_ - reserved_bytes_, " of --pool_capacity_bytes left"));
+    }
+    reserved_bytes_ += options.capacity_bytes;
+    pending_[model_id] = options.capacity_bytes;
+  }
+  // Making the arena may take a while (page-zeroing); no lock held meanwhile.
+  absl::StatusOr<std::unique_ptr<CacheState>> state = CacheState::Create(options);
+  absl::MutexLock lock(&mu_);
+  pending_.erase(model_id);
+  if (!state.ok()) {
+    reserved_bytes_ -= options.capacity_bytes;
+    return state.status();
+  }
+  PoolMetrics* metrics = metrics_->AddPool(model_id, options.geometry.query_heads,
+                                           options.geometry.kv_groups);
+  auto model = std::make_shared<Model>(model_id, options.backend, *std::move(state), metrics);
+  model->RefreshOccupancy();
+  models_[model_id] = model;
+  return model;
+}
+
+absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Find(absl::string_view model_id) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = models_.find(model_id);
+  if (it == models_.end()) {
+    return absl::NotFoundError(absl::StrCat("model_id: '", model_id, "' is not registered"));
+  }
+  return it->second;
+}
+
+std::vector<std::shared_ptr<Model>> ModelRegistry::All() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Model>> all;
+  for (const auto& [id, model] : models_) all.push_back(model);
+  std::sort(all.begin(), all.end(),
+            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  return all;
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,86 @@
+// The registered models: one CacheState (pool + sequences) per model id, plus the head
+// weights each sequence's prefill decisions cached for decode-time calls.
+#ifndef ENTROKV_SERVICE_MODEL_REGISTRY_H_
+#define ENTROKV_SERVICE_MODEL_REGISTRY_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "core/pool/cache_state.h"
+#include "service/metrics.h"
+
+namespace entrokv::service {
+
+// One registered model. The CacheState is thread-safe on its own; the weight cache has its own
+// mutex. Shared (std::shared_ptr) by the registry and the calls using it; never removed.
+class Model {
+ public:
+  Model(std::string id, Backend backend, std::unique_ptr<CacheState> state,
+        PoolMetrics* metrics)
+      : id_(std::move(id)), backend_(backend), state_(std::move(state)), metrics_(metrics) {}
+
+  [[nodiscard]] const std::string& id() const { return id_; }
+  [[nodiscard]] Backend backend() const { return backend_; }
+  [[nodiscard]] CacheState& state() const { return *state_; }
+  [[nodiscard]] PoolMetrics& metrics() const { return *metrics_; }
+
+  // The H_Q weights cached for (sequence, layer), if any.
+  [[nodiscard]] std::optional<std::vector<double>> CachedWeights(absl::string_view sequence_id,
+                                                                 int layer) const;
+  // Replaces the cached weights of (sequence, layer).
+  void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
+  // Drops everything cached for the sequence (it closed).
+  void ForgetSequence(absl::string_view sequence_id);
+  // Copies the pool's occupancy into the gauges.
+  void RefreshOccupancy() const { metrics_->UpdateOccupancy(state_->Stats()); }
+
+ private:
+  const std::string id_;
+  const Backend backend_;
+  const std::unique_ptr<CacheState> state_;
+  PoolMetrics* const metrics_;
+  mutable absl::Mutex mu_;
+  // sequence id -> [layer] -> H_Q weights (empty: none cached for that layer).
+  absl::flat_hash_map<std::string, std::vector<std::vector<double>>> weights_
+      ABSL_GUARDED_BY(mu_);
+};
+
+// Model id -> Model, and the arena bytes handed out so far. Thread-safe.
+class ModelRegistry {
+ public:
+  // `capacity_bytes` bounds the sum of every model's arena; `metrics` must outlive this.
+  ModelRegistry(int64_t capacity_bytes, ServiceMetrics* metrics)
+      : capacity_bytes_(capacity_bytes), metrics_(metrics) {}
+
+  // Creates the model's pool. ALREADY_EXISTS for a registered id; RESOURCE_EXHAUSTED naming
+  // capacity_bytes when the daemon's remaining capacity is smaller; the CacheState's errors.
+  // REQUIRES: the caller validated the id and geometry.
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Register(const std::string& model_id,
+                                                                const CacheOptions& options);
+  // NOT_FOUND naming model_id.
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view model_id) const;
+  // Every model, ordered by id.
+  [[nodiscard]] std::vector<std::shared_ptr<Model>> All() const;
+
+ private:
+  const int64_t capacity_bytes_;
+  ServiceMetrics* const metrics_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Ids being created right now (the arena is made outside the lock).
+  absl::flat_hash_map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace entrokv::service
+
+#endif  // ENTROKV_SERVICE_MODEL_REGISTRY_H_

@@ -1,0 +1,138 @@
+#include "service/options.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <string>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv::service {
+namespace {
+
+absl::Status Invalid(absl::string_view option, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", option, ": ", why));
+}
+
+// host:port with a numeric port in [0, 65535]; IPv6 hosts in brackets.
+absl::Status ValidateAddress(absl::string_view option, const std::string& address) {
+  const size_t colon = address.rfind(':');
+  if (address.empty() || colon == std::string::npos || colon == 0) {
+    return Invalid(option, absl::StrCat("'", address, "' is not host:port"));
+  }
+  int port = -1;
+  if (!absl::SimpleAtoi(absl::string_view(address).substr(colon + 1), &port) || port < 0 ||
+      port > 65535) {
+    return Invalid(option, absl::StrCat("'", address, "' has no port in [0, 65535]"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateReadableFile(absl::string_view option, const std::string& path) {
+  if (path.empty()) return absl::OkStatus();
+  if (::access(path.c_str(), R_OK) != 0) {
+    return Invalid(option, absl::StrCat("cannot read '", path, "'"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Invalid(option, absl::StrCat("cannot read '", path, "'"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) return Invalid(option, absl::StrCat("cannot read '", path, "'"));
+  return text;
+}
+
+absl::StatusOr<std::string> LoadBearerToken(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadOptionFile("token_file", path));
+  const absl::string_view token = absl::StripAsciiWhitespace(text);
+  if (token.empty()) return Invalid("token_file", absl::StrCat("'", path, "' holds no token"));
+  return std::string(token);
+}
+
+PolicyOptions DefaultPolicyOptions(const ServerOptions& options) {
+  PolicyOptions policy;
+  policy.tau = options.tau;
+  policy.alpha = options.alpha;
+  policy.sink_tokens = options.sink_tokens;
+  policy.protections.tail_page = options.protect_tail_page;
+  return policy;
+}
+
+absl::Status ValidateServerOptions(const ServerOptions& options) {
+  RETURN_IF_ERROR(ValidateAddress("listen", options.listen));
+  RETURN_IF_ERROR(ValidateAddress("metrics_listen", options.metrics_listen));
+  if (options.pool_capacity_bytes <= 0) {
+    return Invalid("pool_capacity_bytes",
+                   absl::StrCat("must be > 0, got ", options.pool_capacity_bytes));
+  }
+  if (!FindPolicy(options.policy).ok()) {
+    return Invalid("policy", FindPolicy(options.policy).status().message());
+  }
+  if (!(options.tau > 0) || !std::isfinite(options.tau)) {
+    return Invalid("tau", absl::StrCat("must be finite and > 0, got ", options.tau));
+  }
+  if (!(options.alpha > 0)) {
+    return Invalid("alpha", absl::StrCat("must be > 0 (inf allowed), got ", options.alpha));
+  }
+  if (options.sink_tokens < 0) {
+    return Invalid("sink_tokens", absl::StrCat("must be >= 0, got ", options.sink_tokens));
+  }
+  if (const absl::Status policy = ValidatePolicyOptions(DefaultPolicyOptions(options));
+      !policy.ok()) {
+    return Invalid("policy", policy.message());
+  }
+  if (options.max_message_bytes < 1024 || options.max_message_bytes > (int64_t{2} << 30) - 1) {
+    return Invalid("max_message_bytes",
+                   absl::StrCat("must be in [1024, 2^31), got ", options.max_message_bytes));
+  }
+  if (options.max_inflight_decisions < 1) {
+    return Invalid("max_inflight_decisions",
+                   absl::StrCat("must be >= 1, got ", options.max_inflight_decisions));
+  }
+  if (options.worker_threads < 0 || options.worker_threads > 1024) {
+    return Invalid("worker_threads",
+                   absl::StrCat("must be in [0, 1024], got ", options.worker_threads));
+  }
+  if (options.keepalive_ms < 1000) {
+    return Invalid("keepalive_ms", absl::StrCat("must be >= 1000, got ", options.keepalive_ms));
+  }
+  if (options.max_connection_age_ms < 0) {
+    return Invalid("max_connection_age_ms",
+                   absl::StrCat("must be >= 0, got ", options.max_connection_age_ms));
+  }
+  if (options.drain_timeout_ms < 0) {
+    return Invalid("drain_timeout_ms",
+                   absl::StrCat("must be >= 0, got ", options.drain_timeout_ms));
+  }
+  if (options.tls_cert.empty() != options.tls_key.empty()) {
+    return Invalid(options.tls_cert.empty() ? "tls_cert" : "tls_key",
+                   "--tls_cert and --tls_key must be given together");
+  }
+  if (!options.tls_ca.empty() && options.tls_cert.empty()) {
+    return Invalid("tls_ca", "mutual TLS needs --tls_cert and --tls_key too");
+  }
+  RETURN_IF_ERROR(ValidateReadableFile("tls_cert", options.tls_cert));
+  RETURN_IF_ERROR(ValidateReadableFile("tls_key", options.tls_key));
+  RETURN_IF_ERROR(ValidateReadableFile("tls_ca", options.tls_ca));
+  RETURN_IF_ERROR(ValidateReadableFile("token_file", options.token_file));
+  if (!options.state_dir.empty()) {
+    struct stat info;
+    if (::stat(options.state_dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
+      return Invalid("state_dir", absl::StrCat("'", options.state_dir, "' is not a directory"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,167 @@
+#include "service/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/pool/arena.h"
+#include "core/util/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/impl/server_builder_option.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "prometheus/exposer.h"
+#include "service/log.h"
+
+namespace entrokv::service {
+namespace {
+
+// Adds reflection to one server only (the global plugin would add it to every server the
+// process builds, which the in-process tests must not get).
+class ReflectionOption final : public grpc::ServerBuilderOption {
+ public:
+  void UpdateArguments(grpc::ChannelArguments*) override {}
+  void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
+    plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+  }
+};
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert.empty()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      options.tls_ca.empty() ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+                             : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  ASSIGN_OR_RETURN(pair.private_key, ReadOptionFile("tls_key", options.tls_key));
+  ASSIGN_OR_RETURN(pair.cert_chain, ReadOptionFile("tls_cert", options.tls_cert));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  if (!options.tls_ca.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadOptionFile("tls_ca", options.tls_ca));
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
+std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
+
+void SetReadiness(grpc::Server& server, bool serving) {
+  grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
+  if (health == nullptr) return;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus(kServiceHealthName, serving);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& options) {
+  RETURN_IF_ERROR(ValidateServerOptions(options));
+  std::string token;
+  if (!options.token_file.empty()) {
+    ASSIGN_OR_RETURN(token, LoadBearerToken(options.token_file));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                   MakeCredentials(options));
+  if (!options.state_dir.empty()) {
+    LogLine("info", absl::StrCat("--state_dir=", options.state_dir,
+                                 ": journaling is not yet implemented; nothing is written"));
+  }
+
+  std::unique_ptr<Server> server(new Server());
+  server->options_ = options;
+  server->metrics_ = std::make_unique<ServiceMetrics>();
+  try {
+    server->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+  } catch (const std::exception& error) {
+    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot serve on ",
+                                               options.metrics_listen, ": ", error.what()));
+  }
+  server->exposer_->RegisterCollectable(server->metrics_->registry());
+  const std::vector<int> metrics_ports = server->exposer_->GetListeningPorts();
+  server->metrics_port_ = metrics_ports.empty() ? 0 : metrics_ports.front();
+
+  const int threads = options.worker_threads > 0
+                          ? options.worker_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
+  server->service_ = std::make_unique<CacheManagerService>(
+      options, std::move(token), server->metrics_.get(), server->workers_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen, credentials, &server->port_);
+  builder.RegisterService(server->service_.get());
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.SetMaxSendMessageSize(static_cast<int>(options.max_message_bytes));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, static_cast<int>(options.keepalive_ms));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS,
+                             static_cast<int>(std::min<int64_t>(options.keepalive_ms, 20000)));
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // Let clients ping as often as every 5 s without being told off (GOAWAY too_many_pings).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  if (options.max_connection_age_ms > 0) {
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_MS,
+                               static_cast<int>(options.max_connection_age_ms));
+    builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
+                               static_cast<int>(options.drain_timeout_ms));
+  }
+  if (options.reflection) builder.SetOption(std::make_unique<ReflectionOption>());
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || server->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--listen: cannot serve on ", options.listen, " (port in use?)"));
+  }
+  SetReadiness(*server->server_, false);
+  if (grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService()) {
+    health->SetServingStatus(kLivenessHealthName, true);
+  }
+  // The pool is ready when the default backend can make an arena; until then NOT_SERVING.
+  absl::StatusOr<std::unique_ptr<MemoryArena>> probe =
+      CreateArena(options.backend, "probe", 4096);
+  if (!probe.ok()) {
+    server->Shutdown(absl::ZeroDuration());
+    return absl::Status(probe.status().code(),
+                        absl::StrCat("--backend: ", probe.status().message()));
+  }
+  probe->reset();
+  SetReadiness(*server->server_, true);
+  return server;
+}
+
+Server::~Server() { Shutdown(absl::ZeroDuration()); }
+
+std::string Server::address() const { return absl::StrCat(Host(options_.listen), ":", port_); }
+
+std::string Server::ListeningLine() const {
+  return absl::StrCat("entrokvd listening on ", address(), " metrics on ",
+                      Host(options_.metrics_listen), ":", metrics_port_);
+}
+
+void Server::BeginDrain() {
+  if (service_ != nullptr) service_->BeginDrain();
+  if (server_ != nullptr) SetReadiness(*server_, false);
+}
+
+void Server::Shutdown(absl::Duration grace) {
+  if (shut_down_) return;
+  shut_down_ = true;
+  BeginDrain();
+  const absl::Time deadline = absl::Now() + grace;
+  while (service_ != nullptr && service_->active_calls() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::microseconds(
+                          std::max<int64_t>(0, absl::ToInt64Microseconds(deadline - absl::Now()))));
+  }
+  if (workers_ != nullptr) workers_->WaitIdle();
+  if (server_ != nullptr) server_->Wait();
+  exposer_.reset();
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,35 @@
+#include "service/status.h"
+
+#include "gtest/gtest.h"
+
+namespace entrokv::service {
+namespace {
+
+TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
+  const grpc::Status status = ToGrpcStatus(absl::InvalidArgumentError("tau: must be > 0"));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(status.error_message(), "tau: must be > 0");
+  EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnauthenticatedError("x")).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+}
+
+TEST(ToGrpcStatusTest, OkIsOk) { EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok()); }
+
+TEST(ToGrpcStatusTest, UnknownCodeBecomesInternal) {
+  const absl::Status odd(static_cast<absl::StatusCode>(99), "odd");
+  EXPECT_EQ(ToGrpcStatus(odd).error_code(), grpc::StatusCode::INTERNAL);
+}
+
+TEST(FromGrpcStatusTest, RoundTrips) {
+  const absl::Status back =
+      FromGrpcStatus(ToGrpcStatus(absl::FailedPreconditionError("tokens: 3 != 5")));
+  EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(back.message(), "tokens: 3 != 5");
+}
+
+}  // namespace
+}  // namespace entrokv::service
