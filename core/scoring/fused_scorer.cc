@@ -405,7 +405,10 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   }
   row_pointers_.resize(static_cast<size_t>(r));
   bool ok = true;
-  for (int64_t first = 0; first < tokens; first += chunk) {
+  // Backwards, chunk by chunk: the end of the rows, read last by pass 1, is still in L2. Each
+  // chunk holds whole pages and each token's arithmetic is the same in any chunk order.
+  const int64_t last_chunk_first = (tokens - 1) / chunk * chunk;
+  for (int64_t first = last_chunk_first; first >= 0; first -= chunk) {
     const int64_t count = std::min(chunk, tokens - first);
     float* pooled = pooled_.data();
     for (int i = 0; i < r; ++i) {
