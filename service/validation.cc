@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -80,7 +81,17 @@ absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& requ
   options.geometry.head_dim = g.head_dim();
   options.geometry.page_size = g.page_size();
   options.geometry.element_bytes = g.element_bytes();
-  RETURN_IF_ERROR(Annotate(ValidateGeometry(options.geometry), "geometry"));
+  RETURN_IF_ERROR(ValidateGeometry(options.geometry));
+  // Upper bounds keep one request from asking the daemon for absurd bookkeeping (per-layer
+  // tables are allocated up front).
+  for (const auto& [field, value, limit] :
+       {std::tuple<absl::string_view, int, int>{"geometry.layers", g.layers(), 4096},
+        {"geometry.query_heads", g.query_heads(), 4096},
+        {"geometry.head_dim", g.head_dim(), 65536},
+        {"geometry.page_size", g.page_size(), 65536},
+        {"geometry.element_bytes", g.element_bytes(), 16}}) {
+    if (value > limit) return Invalid(field, absl::StrCat(value, " exceeds ", limit));
+  }
   switch (request.frame_layout()) {
     case v1::FRAME_LAYOUT_UNSPECIFIED:
       options.layout = defaults.frame_layout;

@@ -1,0 +1,240 @@
+// The real entrokvd binary as a subprocess: start-up and shutdown health (R6, R7), bad
+// configuration (R15), and the /metrics endpoint checked by promtool and a real Prometheus.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/service/test_support.h"
+
+namespace entrokv::service {
+namespace {
+
+using ::entrokv::service::testing::BytesStatistic;
+using ::entrokv::service::testing::DaemonProcess;
+using ::entrokv::service::testing::FreePort;
+using ::entrokv::service::testing::HealthCheck;
+using ::entrokv::service::testing::HttpGet;
+using ::entrokv::service::testing::MakeChannel;
+using ::entrokv::service::testing::RandomStatistic;
+using ::entrokv::service::testing::RegisterRequest;
+using ::testing::HasSubstr;
+
+const std::vector<std::string> kLoopback = {"--listen=127.0.0.1:0",
+                                            "--metrics_listen=127.0.0.1:0"};
+
+std::vector<std::string> With(std::vector<std::string> extra) {
+  std::vector<std::string> args = kLoopback;
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::string TempDir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/" + name + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  return dir;
+}
+
+// Registers model "m", opens "s" with `tokens` tokens, returns a Decide over every layer.
+v1::DecideRequest Workload(v1::CacheManager::Stub& stub, int layers, int64_t tokens) {
+  grpc::ClientContext register_context;
+  v1::RegisterModelResponse registered;
+  EXPECT_TRUE(stub.RegisterModel(&register_context,
+                                 RegisterRequest("m", layers, 12, 2, uint64_t{256} << 20),
+                                 &registered)
+                  .ok());
+  grpc::ClientContext open_context;
+  v1::OpenSequenceRequest open;
+  open.set_model_id("m");
+  open.set_sequence_id("s");
+  open.set_initial_tokens(tokens);
+  v1::OpenSequenceResponse opened;
+  EXPECT_TRUE(stub.OpenSequence(&open_context, open, &opened).ok());
+  v1::DecideRequest decide;
+  decide.set_model_id("m");
+  decide.set_sequence_id("s");
+  decide.mutable_budget()->set_fraction(0.2);
+  for (int layer = 0; layer < layers; ++layer) {
+    v1::LayerStatistic* in = decide.add_layers();
+    in->set_layer(layer);
+    *in->mutable_statistic() =
+        BytesStatistic(RandomStatistic(12, tokens, layer), 12, tokens, v1::DTYPE_BFLOAT16);
+  }
+  return decide;
+}
+
+TEST(EntrokvdProcessTest, BadConfigurationExitsNonZeroNamingTheOption) {  // R15
+  const int port = FreePort();
+  struct Case {
+    std::vector<std::string> args;
+    std::string option;
+  };
+  const std::string bad_config = ::testing::TempDir() + "/entrokvd_bad.conf";
+  std::ofstream(bad_config) << "tau = 0.5\nfrobnicate = 1\n";
+  const std::vector<Case> cases = {
+      {{"--tau=-1"}, "--tau"},
+      {{"--backend=tpu"}, "--backend"},
+      {{"--frame_layout=diagonal"}, "--frame_layout"},
+      {{"--policy=nope"}, "--policy"},
+      {{"--max_inflight_decisions=0"}, "--max_inflight_decisions"},
+      {{"--state_dir=/nonexistent/entrokv"}, "--state_dir"},
+      {{"--tls_cert=/nonexistent.pem", "--tls_key=/nonexistent.key"}, "--tls_cert"},
+      {{"--config=" + bad_config}, "frobnicate"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--listen=127.0.0.1:" + std::to_string(port));
+    args.push_back("--metrics_listen=127.0.0.1:0");
+    DaemonProcess daemon(ENTROKVD_PATH, args);
+    const int code = daemon.WaitExit(10000);
+    EXPECT_NE(code, 0) << c.option;
+    EXPECT_NE(code, -1) << c.option << " did not exit";
+    EXPECT_THAT(daemon.Stderr(), HasSubstr(c.option));
+  }
+  // Nothing was bound: the port is still free to take.
+  const std::string out = HttpGet(port, "/");
+  EXPECT_EQ(out, "");
+}
+
+TEST(EntrokvdProcessTest, ConfigFileAndStateDirAreAccepted) {
+  const std::string dir = TempDir("entrokvd_state");
+  const std::string config = ::testing::TempDir() + "/entrokvd_good.conf";
+  std::ofstream(config) << "# test\npolicy = mean\nstate_dir = " << dir << "\n";
+  DaemonProcess daemon(ENTROKVD_PATH, With({"--config=" + config}));
+  ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.WaitExit(10000), 0);
+  EXPECT_THAT(daemon.Stderr(), HasSubstr("journaling is not yet implemented"));
+}
+
+TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
+  DaemonProcess daemon(ENTROKVD_PATH, With({"--drain_timeout_ms=20000", "--worker_threads=1"}));
+  ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(daemon.port()));
+  EXPECT_EQ(HealthCheck(*channel, ""), 1);
+  EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager"), 1);
+  EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
+
+  auto stub = v1::CacheManager::NewStub(channel);
+  const v1::DecideRequest slow = Workload(*stub, 28, 32768);
+  // Several slow calls in flight, so draining has work to wait for.
+  constexpr int kInflight = 3;
+  grpc::ClientContext contexts[kInflight];
+  v1::DecideResponse responses[kInflight];
+  grpc::Status statuses[kInflight];
+  absl::Notification done[kInflight];
+  for (int i = 0; i < kInflight; ++i) {
+    v1::DecideRequest request = slow;
+    stub->async()->Decide(&contexts[i], &slow, &responses[i], [&, i](grpc::Status status) {
+      statuses[i] = std::move(status);
+      done[i].Notify();
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(50));
+  daemon.Signal(SIGTERM);
+  // Readiness flips at once; liveness stays; new calls are refused with UNAVAILABLE.
+  int readiness = 0;
+  for (int i = 0; i < 100 && readiness != 2; ++i) {
+    readiness = HealthCheck(*channel, "");
+    if (readiness != 2) absl::SleepFor(absl::Milliseconds(5));
+  }
+  const bool still_draining = !done[kInflight - 1].HasBeenNotified();
+  if (still_draining) {
+    EXPECT_EQ(readiness, 2);
+    EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
+    grpc::ClientContext late_context;
+    v1::GetPoolStatsRequest late;
+    late.set_model_id("m");
+    v1::PoolStats stats;
+    EXPECT_EQ(stub->GetPoolStats(&late_context, late, &stats).error_code(),
+              grpc::StatusCode::UNAVAILABLE);
+  }
+  for (int i = 0; i < kInflight; ++i) {
+    done[i].WaitForNotification();
+    // The first decision applies; the later ones find the pages already evicted and still
+    // succeed (eviction is idempotent), so every in-flight call finishes OK.
+    EXPECT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].error_message();
+  }
+  EXPECT_EQ(daemon.WaitExit(20000), 0) << daemon.Stderr();
+  if (!still_draining) GTEST_SKIP() << "the in-flight calls ended before the drain was seen";
+}
+
+// Runs a shell command, returns its exit code; output in *output.
+int Run(const std::string& command, std::string* output) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return -1;
+  char buffer[4096];
+  size_t n;
+  output->clear();
+  while ((n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0) output->append(buffer, n);
+  const int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
+  DaemonProcess daemon(ENTROKVD_PATH, kLoopback);
+  ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
+  auto channel = MakeChannel("127.0.0.1:" + std::to_string(daemon.port()));
+  auto stub = v1::CacheManager::NewStub(channel);
+  const v1::DecideRequest decide = Workload(*stub, 4, 2048);
+  grpc::ClientContext context;
+  v1::DecideResponse response;
+  ASSERT_TRUE(stub->Decide(&context, decide, &response).ok());
+
+  const std::string metrics = HttpGet(daemon.metrics_port(), "/metrics");
+  ASSERT_THAT(metrics, HasSubstr("entrokv_pool_frames{"));
+  ASSERT_THAT(metrics, HasSubstr("entrokv_decisions_total{"));
+  const std::string dump = ::testing::TempDir() + "/entrokvd_metrics.txt";
+  std::ofstream(dump) << metrics;
+  std::string findings;
+  if (::access("/usr/bin/promtool", X_OK) == 0 || std::system("command -v promtool >/dev/null") == 0) {
+    EXPECT_EQ(Run("promtool check metrics < " + dump, &findings), 0) << findings;
+    EXPECT_EQ(findings, "") << findings;
+  }
+
+  const char* prometheus = "/usr/bin/prometheus";
+  if (::access(prometheus, X_OK) != 0) GTEST_SKIP() << "no prometheus binary";
+  const std::string dir = TempDir("entrokvd_prom");
+  const std::string config = dir + "/prometheus.yml";
+  std::ofstream(config) << "global:\n  scrape_interval: 1s\n"
+                        << "scrape_configs:\n  - job_name: entrokvd\n"
+                        << "    static_configs:\n      - targets: ['127.0.0.1:"
+                        << daemon.metrics_port() << "']\n";
+  const int web_port = FreePort();
+  DaemonProcess server(prometheus,
+                       {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/data",
+                        "--web.listen-address=127.0.0.1:" + std::to_string(web_port),
+                        "--log.level=warn"});
+  auto query = [&](const std::string& expr) {
+    return HttpGet(web_port, "/api/v1/query?query=" + expr);
+  };
+  bool frames = false;
+  bool buckets = false;
+  for (int i = 0; i < 300 && !(frames && buckets); ++i) {
+    absl::SleepFor(absl::Milliseconds(100));
+    frames = frames || query("entrokv_pool_frames").find("\"pool\":\"m\"") != std::string::npos;
+    buckets = buckets || query("entrokv_union_overhead_ratio_bucket").find("\"le\":") !=
+                             std::string::npos;
+  }
+  EXPECT_TRUE(frames) << query("entrokv_pool_frames") << server.Stderr();
+  EXPECT_TRUE(buckets) << query("entrokv_union_overhead_ratio_bucket");
+  server.Signal(SIGTERM);
+  (void)server.WaitExit(10000);
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.WaitExit(10000), 0);
+}
+
+}  // namespace
+}  // namespace entrokv::service

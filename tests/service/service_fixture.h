@@ -1,0 +1,90 @@
+// The in-process daemon fixture the integration tests share.
+#ifndef ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
+#define ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
+
+#include <memory>
+#include <string>
+
+#include "gtest/gtest.h"
+#include "tests/service/test_support.h"
+
+namespace entrokv::service::testing {
+
+inline constexpr int kLayers = 4;
+inline constexpr int kHeads = 4;
+inline constexpr int kGroups = 2;
+
+class ServiceTest : public ::testing::Test {
+ protected:
+  void StartServer(ServerOptions options = LoopbackOptions()) {
+    absl::StatusOr<std::unique_ptr<Server>> server = Server::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    channel_ = MakeChannel(server_->address());
+    stub_ = v1::CacheManager::NewStub(channel_);
+  }
+  void SetUp() override { StartServer(); }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(absl::Seconds(1));
+  }
+  void Restart(ServerOptions options) {
+    server_->Shutdown(absl::Seconds(1));
+    server_.reset();
+    StartServer(options);
+  }
+
+  void Register(const std::string& model, uint64_t capacity = 4 << 20) {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    const grpc::Status status = stub_->RegisterModel(
+        &context, RegisterRequest(model, kLayers, kHeads, kGroups, capacity), &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  void Open(const std::string& model, const std::string& sequence, int64_t tokens) {
+    grpc::ClientContext context;
+    v1::OpenSequenceRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    request.set_initial_tokens(tokens);
+    v1::OpenSequenceResponse response;
+    const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  v1::PoolStats Stats(const std::string& model) {
+    grpc::ClientContext context;
+    v1::GetPoolStatsRequest request;
+    request.set_model_id(model);
+    v1::PoolStats stats;
+    EXPECT_TRUE(stub_->GetPoolStats(&context, request, &stats).ok());
+    return stats;
+  }
+  void ExpectInvariants(const std::string& model) {
+    absl::StatusOr<std::shared_ptr<Model>> found = server_->service().registry().Find(model);
+    ASSERT_TRUE(found.ok());
+    EXPECT_TRUE((*found)->state().CheckInvariants().ok())
+        << (*found)->state().CheckInvariants();
+  }
+  v1::DecideRequest DecideAll(const std::string& model, const std::string& sequence,
+                              int64_t tokens, int64_t pages, uint32_t seed,
+                              v1::DType dtype = v1::DTYPE_BFLOAT16) {
+    v1::DecideRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    request.mutable_budget()->set_pages_per_group(pages);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      v1::LayerStatistic* in = request.add_layers();
+      in->set_layer(layer);
+      *in->mutable_statistic() =
+          BytesStatistic(RandomStatistic(kHeads, tokens, seed + layer), kHeads, tokens, dtype);
+    }
+    return request;
+  }
+
+  std::unique_ptr<Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CacheManager::Stub> stub_;
+};
+
+}  // namespace entrokv::service::testing
+
+#endif  // ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
