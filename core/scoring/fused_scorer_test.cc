@@ -110,7 +110,7 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     options.protections.sink_pages = pick(0, 1) == 1;
     options.protections.recent_pages = pick(0, 2) == 0 ? pick(1, 5) : 0;
     const int groups = pick(1, 3);
-    const int r = pick(1, 6);
+    const int r = pick(0, 3) == 0 ? pick(7, 13) : pick(1, 6);  // quads, a pair, an odd row
     const int heads = groups * r;
     const int64_t tokens = pick(0, 3) == 0 ? pick(1, 20) : pick(1, 5000);
     const int64_t pages = PageCount(tokens, options.page_size);
