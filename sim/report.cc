@@ -327,10 +327,9 @@ std::string ClosedFormSection(const EvalResults& results) {
 // keeps more than the budget).
 std::string LossSection(const Tables& tables) {
   if (!tables.HasPolicy("page_entrokv")) return "";
-  std::string out = absl::StrCat(
+  std::string out =
       "## 7. Where page_entrokv loses\n\n"
-      "Cells (B = ", tables.reference_page(),
-      ") where an exact-budget policy scores higher than page_entrokv:\n\n");
+      "Cells (every page size) where an exact-budget policy scores higher than page_entrokv:\n\n";
   int lines = 0;
   struct Metric {
     const char* name;
@@ -341,21 +340,24 @@ std::string LossSection(const Tables& tables) {
       {"needle targets kept", [](const EvalRow& row) { return row.needle_target_rate; }},
   };
   for (const Metric& metric : metrics) {
-    for (const double budget : tables.budgets()) {
-      const EvalRow* ours = tables.Find("page_entrokv", budget, tables.reference_page());
-      if (ours == nullptr) continue;
-      std::vector<std::string> winners;
-      for (const std::string& policy : tables.policies()) {
-        if (policy == "page_entrokv" || policy == "head_independent") continue;
-        const EvalRow* row = tables.Find(policy, budget, tables.reference_page());
-        if (row != nullptr && metric.get(*row) > metric.get(*ours) + 1e-9) {
-          winners.push_back(absl::StrCat(policy, " ", Fixed(metric.get(*row))));
+    for (const int page_size : tables.page_sizes()) {
+      for (const double budget : tables.budgets()) {
+        const EvalRow* ours = tables.Find("page_entrokv", budget, page_size);
+        if (ours == nullptr) continue;
+        std::vector<std::string> winners;
+        for (const std::string& policy : tables.policies()) {
+          if (policy == "page_entrokv" || policy == "head_independent") continue;
+          const EvalRow* row = tables.Find(policy, budget, page_size);
+          if (row != nullptr && metric.get(*row) > metric.get(*ours) + 1e-9) {
+            winners.push_back(absl::StrCat(policy, " ", Fixed(metric.get(*row))));
+          }
         }
+        if (winners.empty()) continue;
+        ++lines;
+        absl::StrAppend(&out, "- ", metric.name, " at ", Percent(budget), ", B = ", page_size,
+                        ": page_entrokv ", Fixed(metric.get(*ours)), " < ",
+                        absl::StrJoin(winners, ", "), "\n");
       }
-      if (winners.empty()) continue;
-      ++lines;
-      absl::StrAppend(&out, "- ", metric.name, " at ", Percent(budget), ": page_entrokv ",
-                      Fixed(metric.get(*ours)), " < ", absl::StrJoin(winners, ", "), "\n");
     }
   }
   if (lines == 0) absl::StrAppend(&out, "- none on these metrics\n");

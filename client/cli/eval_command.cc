@@ -93,7 +93,7 @@ absl::StatusOr<sim::EvalOptions> OptionsFromFlags(const ArgParser& parser) {
 
 int RunEval(const std::vector<std::string>& args) {
   ArgParser parser(kCommand,
-                   "entrokv eval --model PRESET|--trace DIR --out DIR [options]\n"
+                   "--model PRESET|--trace DIR --out DIR [options]\n"
                    "Runs every policy x budget x page size and writes results.csv, "
                    "uor_groups.csv, heads.csv, closed_form.csv, report.md and PNG plots.");
   parser.Option("model", "",

@@ -63,7 +63,7 @@ def title(rows):
 def plot_uor(rows, groups, out):
     page = reference_page(rows)
     budgets = sorted({float(r["budget"]) for r in rows})
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(13, 6.5))
     data = [[float(g["uor"]) for g in groups
              if float(g["budget"]) == b and int(g["page_size"]) == page] for b in budgets]
     pos = list(range(len(budgets)))
@@ -95,7 +95,7 @@ def plot_uor(rows, groups, out):
     ax.set_ylabel("UOR = |kept pages| / K per (layer, group)")
     ax.set_title(f"Union overhead, B = {page} ({title(rows)})")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=2)
     for size in sorted({int(r["page_size"]) for r in rows}):
         x, y = series(rows, "head_independent", size, "uor_mean")
         if x:
@@ -107,7 +107,7 @@ def plot_uor(rows, groups, out):
     ax2.set_ylabel("head_independent mean UOR")
     ax2.set_title("Union overhead by page size")
     ax2.grid(alpha=0.3)
-    ax2.legend(fontsize=8)
+    ax2.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.13), ncol=3)
     fig.tight_layout()
     fig.savefig(os.path.join(out, "uor.png"), dpi=110)
     plt.close(fig)
@@ -180,9 +180,11 @@ def plot_masquerade(rows, heads, out):
         ax.bar([k + (i - 1.5) * width for k in range(len(classes))], ys, width, color=color,
                label=label, edgecolor="black", linewidth=0.5)
     ax.set_xticks(range(len(classes)), classes)
+    tallest = max([v for k, v in value.items() if k[3] == "mean_weight"] + [0.1])
+    ax.set_ylim(0, tallest * 1.5)
     ax.set_ylabel("mean head weight in its group")
     ax.set_title("Sink heads vs retrieval heads")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper right")
     ax.grid(alpha=0.3, axis="y")
 
     for ax, analysis, xlabel in [(axes[1], "tau_sweep", "temperature tau"),
