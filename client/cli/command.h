@@ -23,6 +23,11 @@ struct Command {
 };
 
 int RunSelect(const std::vector<std::string>& args);
+int RunEval(const std::vector<std::string>& args);
+int RunBench(const std::vector<std::string>& args);
+#ifdef ENTROKV_WITH_SERVER
+int RunReplay(const std::vector<std::string>& args);
+#endif
 
 }  // namespace entrokv::cli
 

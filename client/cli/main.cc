@@ -11,6 +11,11 @@ namespace {
 
 constexpr Command kCommands[] = {
     {"select", "run the eviction core on a .npy statistic, offline", RunSelect},
+    {"eval", "the evaluation report: every policy x budget x page size", RunEval},
+    {"bench", "benchmarks (bench core: the CPU scoring path)", RunBench},
+#ifdef ENTROKV_WITH_SERVER
+    {"replay", "a simulated worker end to end against entrokvd", RunReplay},
+#endif
 };
 
 void PrintUsage(FILE* out) {

@@ -1,0 +1,386 @@
+// entrokv replay: a simulated worker, end to end against a running entrokvd. For each policy it
+// opens N sequences of T tokens, streams every layer's statistic from the simulator through
+// DecideStream as prefill would, lets the daemon apply each decision, and reports what the pool
+// kept.
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "client/cli/args.h"
+#include "client/cli/command.h"
+#include "client/cli/server_args.h"
+#include "client/cpp/client.h"
+#include "core/scoring/budget.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/policy.h"
+#include "core/util/status_macros.h"
+#include "sim/presets.h"
+#include "sim/workload.h"
+
+namespace entrokv::cli {
+namespace {
+
+struct ReplayOptions {
+  sim::ModelPreset preset;
+  std::string model_id;
+  int64_t tokens = 0;
+  double budget = 0;
+  int page_size = 16;
+  std::vector<std::string> policies;
+  int sequences = 1;
+  int concurrency = 1;
+  uint64_t seed = 1;
+  bool keep_open = false;
+  bool json = false;
+  bool progress = false;
+};
+
+// What one policy's replay measured, summed over its sequences.
+struct PolicyReport {
+  std::string policy;
+  int64_t frames_used_baseline = 0;  // pool before the replay opened anything
+  int64_t frames_used_before = 0;    // after the appends, before any eviction
+  int64_t frames_used_after = 0;     // after every decision was applied
+  int64_t planned_frames = 0;        // baseline + sequences * G * sum_l K_l
+  int64_t frames_freed = 0;          // reported by the decisions
+  int64_t group_decisions = 0;
+  int64_t kept_pages = 0;            // summed over every (sequence, layer, group)
+  double shadow_uor_sum = 0;
+  double retained_mass_sum = 0;
+  int64_t needle_cells = 0;          // (sequence, layer, group, needle)
+  int64_t needle_cells_kept = 0;     // ... whose every page was kept
+  int64_t needles = 0;               // (sequence, group, needle)
+  int64_t needles_kept_everywhere = 0;  // ... kept in every layer
+  double seconds = 0;
+};
+
+absl::Status ReplaySequence(Client& client, const ReplayOptions& options,
+                            const std::string& policy, int index, std::mutex& mutex,
+                            PolicyReport& report) {
+  const sim::ModelPreset& preset = options.preset;
+  sim::WorkloadOptions workload;
+  workload.tokens = options.tokens;
+  workload.seed = options.seed + static_cast<uint64_t>(index);
+  workload.kind = policy == "h2o" ? StatisticKind::kAccumulated : StatisticKind::kLastRow;
+  const sim::WorkloadGenerator generator(preset, workload);
+  const std::string sequence_id = absl::StrCat("replay-", policy, "-", options.seed, "-", index);
+
+  std::vector<float> values(static_cast<size_t>(preset.query_heads * options.tokens));
+  auto stream = client.OpenDecideStream();
+  const int groups = preset.kv_groups;
+  const auto& needles = generator.needles();
+  // kept_everywhere[g][needle]
+  std::vector<std::vector<char>> kept_everywhere(groups, std::vector<char>(needles.size(), 1));
+  PolicyReport local;
+  for (int layer = 0; layer < preset.layers; ++layer) {
+    generator.GenerateLayer(layer, values);
+    v1::DecideLayerRequest request;
+    request.set_model_id(options.model_id);
+    request.set_sequence_id(sequence_id);
+    request.mutable_layer()->set_layer(layer);
+    v1::Statistic* statistic = request.mutable_layer()->mutable_statistic();
+    statistic->set_dtype(v1::DTYPE_FLOAT32);
+    statistic->set_query_heads(preset.query_heads);
+    statistic->set_tokens(options.tokens);
+    statistic->set_kind(workload.kind == StatisticKind::kAccumulated
+                            ? v1::STATISTIC_KIND_ACCUMULATED
+                            : v1::STATISTIC_KIND_LAST_ROW);
+    statistic->set_data(values.data(), values.size() * sizeof(float));
+    request.mutable_budget()->set_fraction(options.budget);
+    request.mutable_policy()->set_name(policy);
+    v1::LayerDecision decision;
+    if (!stream->Write(request) || !stream->Read(&decision)) break;  // Finish() says why
+    local.frames_freed += decision.freed_frames_size();
+    for (const v1::GroupDecision& group : decision.groups()) {
+      ++local.group_decisions;
+      local.kept_pages += group.kept_pages_size();
+      local.shadow_uor_sum += group.has_shadow_uor() ? group.shadow_uor() : 1.0;
+      local.retained_mass_sum += group.has_retained_mass() ? group.retained_mass() : 0.0;
+      for (size_t n = 0; n < needles.size(); ++n) {
+        bool kept = true;
+        for (int64_t page = needles[n].begin / options.page_size;
+             page <= (needles[n].end - 1) / options.page_size; ++page) {
+          kept = kept && std::binary_search(group.kept_pages().begin(), group.kept_pages().end(),
+                                            static_cast<int32_t>(page));
+        }
+        ++local.needle_cells;
+        local.needle_cells_kept += kept;
+        kept_everywhere[group.group()][n] &= kept;
+      }
+    }
+  }
+  RETURN_IF_ERROR(stream->Finish());
+  for (const auto& per_group : kept_everywhere) {
+    local.needles += static_cast<int64_t>(per_group.size());
+    local.needles_kept_everywhere += std::count(per_group.begin(), per_group.end(), 1);
+  }
+  std::lock_guard<std::mutex> lock(mutex);
+  report.frames_freed += local.frames_freed;
+  report.group_decisions += local.group_decisions;
+  report.kept_pages += local.kept_pages;
+  report.shadow_uor_sum += local.shadow_uor_sum;
+  report.retained_mass_sum += local.retained_mass_sum;
+  report.needle_cells += local.needle_cells;
+  report.needle_cells_kept += local.needle_cells_kept;
+  report.needles += local.needles;
+  report.needles_kept_everywhere += local.needles_kept_everywhere;
+  return absl::OkStatus();
+}
+
+// Runs `work(i)` for i in [0, count) on `threads` threads; the first error wins.
+absl::Status ParallelFor(int count, int threads, const std::function<absl::Status(int)>& work,
+                         const std::function<void(int)>& progress) {
+  std::atomic<int> next{0};
+  std::atomic<int> done{0};
+  std::mutex mutex;
+  absl::Status first_error;
+  std::vector<std::thread> pool;
+  for (int t = 0; t < std::min(threads, count); ++t) {
+    pool.emplace_back([&] {
+      for (int i = next++; i < count; i = next++) {
+        const absl::Status status = work(i);
+        std::lock_guard<std::mutex> lock(mutex);
+        if (!status.ok() && first_error.ok()) first_error = status;
+        progress(++done);
+      }
+    });
+  }
+  for (std::thread& thread : pool) thread.join();
+  return first_error;
+}
+
+absl::StatusOr<int64_t> UsedFrames(Client& client, const std::string& model_id) {
+  v1::GetPoolStatsRequest request;
+  request.set_model_id(model_id);
+  ASSIGN_OR_RETURN(v1::PoolStats stats, client.GetPoolStats(request));
+  return stats.used_frames();
+}
+
+absl::Status EnsureModel(Client& client, const ReplayOptions& options) {
+  const sim::ModelPreset& preset = options.preset;
+  v1::RegisterModelRequest request;
+  request.set_model_id(options.model_id);
+  v1::ModelGeometry* geometry = request.mutable_geometry();
+  geometry->set_layers(preset.layers);
+  geometry->set_query_heads(preset.query_heads);
+  geometry->set_kv_groups(preset.kv_groups);
+  geometry->set_head_dim(preset.head_dim);
+  geometry->set_page_size(options.page_size);
+  geometry->set_element_bytes(2);
+  // Room for every sequence of one policy at full length, in the GROUP layout.
+  const int64_t frames = static_cast<int64_t>(options.sequences) * preset.layers *
+                         preset.kv_groups * PageCount(options.tokens, options.page_size);
+  request.set_capacity_bytes(static_cast<uint64_t>(frames) * 2 * options.page_size *
+                             preset.head_dim * 2);
+  auto registered = client.RegisterModel(request);
+  if (registered.ok()) return absl::OkStatus();
+  if (registered.status().code() != absl::StatusCode::kAlreadyExists) return registered.status();
+  v1::GetModelRequest get;
+  get.set_model_id(options.model_id);
+  ASSIGN_OR_RETURN(v1::GetModelResponse existing, client.GetModel(get));
+  const v1::ModelGeometry& have = existing.pool().geometry();
+  if (have.layers() != preset.layers || have.query_heads() != preset.query_heads ||
+      have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "model ", options.model_id, " is registered with another geometry; pass --model-id"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& options,
+                                          const std::string& policy) {
+  const sim::ModelPreset& preset = options.preset;
+  PolicyReport report;
+  report.policy = policy;
+  BudgetRequest budget;
+  budget.layers = preset.layers;
+  budget.kv_groups = preset.kv_groups;
+  budget.page_size = options.page_size;
+  budget.tokens = options.tokens;
+  budget.fraction = options.budget;
+  ASSIGN_OR_RETURN(const BudgetPlan plan, PlanBudget(budget));
+  ASSIGN_OR_RETURN(report.frames_used_baseline, UsedFrames(client, options.model_id));
+  report.planned_frames = report.frames_used_baseline +
+                          static_cast<int64_t>(options.sequences) * preset.kv_groups *
+                              plan.layer_pages;
+  auto progress = [&](absl::string_view phase) {
+    return [&, phase](int done) {
+      if (options.progress) {
+        std::fprintf(stderr, "\r%-18s %-8s %d/%d sequences   ", policy.c_str(),
+                     std::string(phase).c_str(), done, options.sequences);
+      }
+    };
+  };
+  const auto start = std::chrono::steady_clock::now();
+  RETURN_IF_ERROR(ParallelFor(
+      options.sequences, options.concurrency,
+      [&](int i) -> absl::Status {
+        v1::OpenSequenceRequest open;
+        open.set_model_id(options.model_id);
+        open.set_sequence_id(absl::StrCat("replay-", policy, "-", options.seed, "-", i));
+        RETURN_IF_ERROR(client.OpenSequence(open).status());
+        v1::AppendTokensRequest append;
+        append.set_model_id(options.model_id);
+        append.set_sequence_id(open.sequence_id());
+        append.set_tokens(options.tokens);
+        return client.AppendTokens(append).status();
+      },
+      progress("append")));
+  ASSIGN_OR_RETURN(report.frames_used_before, UsedFrames(client, options.model_id));
+  std::mutex mutex;
+  RETURN_IF_ERROR(ParallelFor(
+      options.sequences, options.concurrency,
+      [&](int i) { return ReplaySequence(client, options, policy, i, mutex, report); },
+      progress("decide")));
+  report.seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSIGN_OR_RETURN(report.frames_used_after, UsedFrames(client, options.model_id));
+  if (!options.keep_open) {
+    RETURN_IF_ERROR(ParallelFor(
+        options.sequences, options.concurrency,
+        [&](int i) {
+          v1::CloseSequenceRequest close;
+          close.set_model_id(options.model_id);
+          close.set_sequence_id(absl::StrCat("replay-", policy, "-", options.seed, "-", i));
+          return client.CloseSequence(close).status();
+        },
+        progress("close")));
+  }
+  if (options.progress) std::fprintf(stderr, "\r%-60s\r", "");
+  return report;
+}
+
+double Ratio(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
+
+void PrintTable(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
+  std::printf("replay of %s: %d sequences x %lld tokens, budget %.0f%%, page size %d\n",
+              options.preset.name.c_str(), options.sequences,
+              static_cast<long long>(options.tokens), options.budget * 100, options.page_size);
+  std::printf("%-17s %13s %13s %13s %12s %11s %13s %11s %9s\n", "policy", "frames before",
+              "frames after", "planned", "pages/group", "shadow UOR", "needle pages", "retained",
+              "time (s)");
+  for (const PolicyReport& r : reports) {
+    std::printf("%-17s %13lld %13lld %13lld %12.1f %11.3f %12.1f%% %10.1f%% %9.2f\n",
+                r.policy.c_str(), static_cast<long long>(r.frames_used_before),
+                static_cast<long long>(r.frames_used_after),
+                static_cast<long long>(r.planned_frames),
+                Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
+                100 * Ratio(r.needle_cells_kept, r.needle_cells),
+                100 * Ratio(r.retained_mass_sum, r.group_decisions), r.seconds);
+  }
+  std::printf(
+      "frames: pool frames in use; planned: what the budget allows (an exact policy ends there).\n"
+      "needle pages: share of (sequence, layer, group, needle) cells whose needle pages were "
+      "kept.\n");
+}
+
+void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
+  std::vector<std::string> entries;
+  for (const PolicyReport& r : reports) {
+    entries.push_back(absl::StrFormat(
+        "{\"policy\":\"%s\",\"sequences\":%d,\"tokens\":%d,\"budget\":%g,"
+        "\"frames_used_baseline\":%d,\"frames_before\":%d,\"frames_used_after\":%d,"
+        "\"planned_frames\":%d,\"frames_freed\":%d,\"pages_kept_per_group\":%.6f,"
+        "\"shadow_uor\":%.6f,\"needle_pages_kept\":%.6f,\"needles_kept_every_layer\":%.6f,"
+        "\"retained_mass\":%.6f,\"seconds\":%.3f}",
+        r.policy, options.sequences, options.tokens, options.budget, r.frames_used_baseline,
+        r.frames_used_before, r.frames_used_after, r.planned_frames, r.frames_freed,
+        Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
+        Ratio(r.needle_cells_kept, r.needle_cells),
+        Ratio(r.needles_kept_everywhere, r.needles),
+        Ratio(r.retained_mass_sum, r.group_decisions), r.seconds));
+  }
+  std::printf("{\"model\":\"%s\",\"policies\":[%s]}\n", options.preset.name.c_str(),
+              absl::StrJoin(entries, ",").c_str());
+}
+
+absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
+  ReplayOptions options;
+  ASSIGN_OR_RETURN(options.preset, sim::FindPreset(args.Get("model")));
+  options.model_id = args.Given("model-id") ? args.Get("model-id") : options.preset.name;
+  ASSIGN_OR_RETURN(options.tokens, args.GetInt("tokens"));
+  if (options.tokens < 1) return absl::InvalidArgumentError("--tokens: must be positive");
+  ASSIGN_OR_RETURN(options.budget, args.GetDouble("budget"));
+  if (!(options.budget > 0 && options.budget <= 1)) {
+    return absl::InvalidArgumentError("--budget: must be a fraction in (0, 1]");
+  }
+  ASSIGN_OR_RETURN(const int64_t page_size, args.GetInt("page-size"));
+  if (page_size < 1) return absl::InvalidArgumentError("--page-size: must be positive");
+  options.page_size = static_cast<int>(page_size);
+  for (absl::string_view name : absl::StrSplit(args.Get("policy"), ',', absl::SkipEmpty())) {
+    RETURN_IF_ERROR(FindPolicy(name).status());
+    options.policies.emplace_back(name);
+  }
+  if (options.policies.empty()) return absl::InvalidArgumentError("--policy: name a policy");
+  ASSIGN_OR_RETURN(const int64_t sequences, args.GetInt("sequences"));
+  ASSIGN_OR_RETURN(const int64_t concurrency, args.GetInt("concurrency"));
+  if (sequences < 1 || sequences > 4096) {
+    return absl::InvalidArgumentError("--sequences: must be in [1, 4096]");
+  }
+  if (concurrency < 1 || concurrency > 256) {
+    return absl::InvalidArgumentError("--concurrency: must be in [1, 256]");
+  }
+  options.sequences = static_cast<int>(sequences);
+  options.concurrency = static_cast<int>(concurrency);
+  ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed"));
+  options.seed = static_cast<uint64_t>(seed);
+  options.keep_open = args.GetFlag("keep-open");
+  options.json = args.GetFlag("json");
+  options.progress = !options.json && isatty(STDERR_FILENO);
+  return options;
+}
+
+}  // namespace
+
+int RunReplay(const std::vector<std::string>& argv) {
+  ArgParser args("replay", "--model PRESET --tokens T --budget F --policy P[,P...] [options]");
+  AddServerOptions(&args);
+  args.Option("model", "qwen2.5-1.5b", "simulator preset: " +
+                                           absl::StrJoin(sim::PresetNames(), ", "));
+  args.Option("model-id", "", "id to register the model under (default: the preset name)");
+  args.Option("tokens", "8192", "tokens T per sequence");
+  args.Option("budget", "0.2", "fraction of each sequence to keep, planned per layer");
+  args.Option("page-size", "16", "tokens per page B");
+  args.Option("policy", "page_entrokv", "policy, or a comma-separated list to compare");
+  args.Option("sequences", "1", "sequences N per policy");
+  args.Option("concurrency", "1", "concurrent worker streams C");
+  args.Option("seed", "1", "simulator seed (sequence i uses seed + i)");
+  args.Flag("keep-open", false, "leave the sequences open instead of closing them");
+  args.Flag("json", false, "print one JSON object instead of the table");
+  auto parsed = args.Parse(argv);
+  if (!parsed.ok()) return UsageError("replay", parsed.status());
+  if (!*parsed) return kExitOk;
+  auto options = ParseOptions(args);
+  if (!options.ok()) return UsageError("replay", options.status());
+  auto client_options = ServerOptions(args);
+  if (!client_options.ok()) return UsageError("replay", client_options.status());
+  Client client(*client_options);
+  if (absl::Status status = EnsureModel(client, *options); !status.ok()) {
+    return ServerError("replay", status);
+  }
+  std::vector<PolicyReport> reports;
+  for (const std::string& policy : options->policies) {
+    auto report = ReplayPolicy(client, *options, policy);
+    if (!report.ok()) return ServerError("replay", report.status());
+    reports.push_back(*std::move(report));
+  }
+  if (options->json) {
+    PrintJson(*options, reports);
+  } else {
+    PrintTable(*options, reports);
+  }
+  return kExitOk;
+}
+
+}  // namespace entrokv::cli
