@@ -71,7 +71,9 @@ PolicyOptions DefaultPolicyOptions(const ServerOptions& options) {
 
 absl::Status ValidateServerOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateAddress("listen", options.listen));
-  RETURN_IF_ERROR(ValidateAddress("metrics_listen", options.metrics_listen));
+  if (!options.metrics_listen.empty()) {  // empty: no metrics endpoint
+    RETURN_IF_ERROR(ValidateAddress("metrics_listen", options.metrics_listen));
+  }
   if (options.pool_capacity_bytes <= 0) {
     return Invalid("pool_capacity_bytes",
                    absl::StrCat("must be > 0, got ", options.pool_capacity_bytes));

@@ -15,7 +15,8 @@ namespace entrokv::service {
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";          // gRPC address; port 0 picks a free port
-  std::string metrics_listen = "127.0.0.1:9464";   // Prometheus /metrics; port 0 allowed
+  std::string metrics_listen = "127.0.0.1:9464";   // Prometheus /metrics; port 0 allowed;
+                                                   // empty: no metrics endpoint
   int64_t pool_capacity_bytes = int64_t{1} << 30;  // total arena bytes over every model; also
                                                    // a RegisterModel's default capacity
   Backend backend = Backend::kHost;                // default arena backend

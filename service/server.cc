@@ -21,14 +21,27 @@
 namespace entrokv::service {
 namespace {
 
-// Adds reflection to one server only (the global plugin would add it to every server the
-// process builds, which the in-process tests must not get).
+// Reflection per server: linking grpc++_reflection registers its plugin for every server the
+// process builds (a static initializer), so this option removes it unless asked for, and adds
+// it when asked for and missing.
 class ReflectionOption final : public grpc::ServerBuilderOption {
  public:
+  explicit ReflectionOption(bool enabled) : enabled_(enabled) {}
   void UpdateArguments(grpc::ChannelArguments*) override {}
   void UpdatePlugins(std::vector<std::unique_ptr<grpc::ServerBuilderPlugin>>* plugins) override {
-    plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+    const std::string name = grpc::reflection::ProtoServerReflectionPlugin().name();
+    const auto is_reflection = [&name](const auto& plugin) { return plugin->name() == name; };
+    const bool present = std::any_of(plugins->begin(), plugins->end(), is_reflection);
+    if (!enabled_) {
+      plugins->erase(std::remove_if(plugins->begin(), plugins->end(), is_reflection),
+                     plugins->end());
+    } else if (!present) {
+      plugins->push_back(std::make_unique<grpc::reflection::ProtoServerReflectionPlugin>());
+    }
   }
+
+ private:
+  bool enabled_;
 };
 
 absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
@@ -74,15 +87,17 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
   server->metrics_ = std::make_unique<ServiceMetrics>();
-  try {
-    server->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
-  } catch (const std::exception& error) {
-    return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot serve on ",
-                                               options.metrics_listen, ": ", error.what()));
+  if (!options.metrics_listen.empty()) {
+    try {
+      server->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
+    } catch (const std::exception& error) {
+      return absl::UnavailableError(absl::StrCat("--metrics_listen: cannot serve on ",
+                                                 options.metrics_listen, ": ", error.what()));
+    }
+    server->exposer_->RegisterCollectable(server->metrics_->registry());
+    const std::vector<int> metrics_ports = server->exposer_->GetListeningPorts();
+    server->metrics_port_ = metrics_ports.empty() ? 0 : metrics_ports.front();
   }
-  server->exposer_->RegisterCollectable(server->metrics_->registry());
-  const std::vector<int> metrics_ports = server->exposer_->GetListeningPorts();
-  server->metrics_port_ = metrics_ports.empty() ? 0 : metrics_ports.front();
 
   const int threads = options.worker_threads > 0
                           ? options.worker_threads
@@ -109,7 +124,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     builder.AddChannelArgument(GRPC_ARG_MAX_CONNECTION_AGE_GRACE_MS,
                                static_cast<int>(options.drain_timeout_ms));
   }
-  if (options.reflection) builder.SetOption(std::make_unique<ReflectionOption>());
+  builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(
@@ -137,6 +152,9 @@ Server::~Server() { Shutdown(absl::ZeroDuration()); }
 std::string Server::address() const { return absl::StrCat(Host(options_.listen), ":", port_); }
 
 std::string Server::ListeningLine() const {
+  if (options_.metrics_listen.empty()) {
+    return absl::StrCat("entrokvd listening on ", address(), " metrics off");
+  }
   return absl::StrCat("entrokvd listening on ", address(), " metrics on ",
                       Host(options_.metrics_listen), ":", metrics_port_);
 }
@@ -161,7 +179,7 @@ void Server::Shutdown(absl::Duration grace) {
   }
   if (workers_ != nullptr) workers_->WaitIdle();
   if (server_ != nullptr) server_->Wait();
-  exposer_.reset();
+  exposer_.reset();  // civetweb takes about 1.5 s to stop
 }
 
 }  // namespace entrokv::service
