@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
-# The main job on a built tree: a generated attention statistic with a retrieval needle, scored
-# offline by `entrokv select` with Page-EntroKV, raw-entropy weights (no sink isolation) and mean pooling.
+# The main job on a built tree: starts entrokvd on its embedded defaults (host shared-memory
+# pool, no GPU), replays simulated Qwen2.5-1.5B prefills through it with four policies, prints
+# the comparison, shows a slice of /metrics, and stops the daemon cleanly.
 set -euo pipefail
 build="${1:-build}"
+tokens="${ENTROKV_DEMO_TOKENS:-8192}"
+sequences="${ENTROKV_DEMO_SEQUENCES:-4}"
 work="$(mktemp -d)"
-trap 'rm -rf "$work"' EXIT
+daemon_pid=""
+cleanup() {
+  if [ -n "$daemon_pid" ] && kill -0 "$daemon_pid" 2>/dev/null; then
+    kill -TERM "$daemon_pid" 2>/dev/null || true
+    wait "$daemon_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
 
-/usr/bin/python3 - "$work/stats.npy" <<'PY'
-import sys
-import numpy as np
-# One layer of a GQA model with 2 KV groups of 4 query heads, T = 4096 tokens. Group 0 holds a
-# sink head, two diffuse heads and a retrieval head focused on a needle at token 1500.
-rng = np.random.default_rng(7)
-heads, tokens = 8, 4096
-stats = rng.random((heads, tokens)).astype(np.float32)
-stats[0, :4] = 400.0                      # sink head: most mass on the first tokens
-stats[3, :] *= 0.001; stats[3, 1500] = 60  # retrieval head
-stats[4:, -256:] *= 8                     # group 1: local heads
-stats /= stats.sum(axis=1, keepdims=True)
-np.save(sys.argv[1], stats)
-PY
-
-for policy in page_entrokv raw_entropy mean; do
-  echo "== entrokv select --policy $policy (needle at token 1500 = page 93, 16 of 256 pages kept)"
-  "$build/client/cli/entrokv" select --stats "$work/stats.npy" --kv-heads 2 --page-size 16 \
-    --pages 16 --policy "$policy" --format table
-  "$build/client/cli/entrokv" select --stats "$work/stats.npy" --kv-heads 2 --page-size 16 \
-    --pages 16 --policy "$policy" --format json |
-    /usr/bin/python3 -c 'import json,sys; g=json.load(sys.stdin)["layers"][0]["groups"][0]; print("   group 0 keeps the needle page 93:", 93 in g["kept_pages"])'
+echo "== starting entrokvd (host pool, loopback, ports chosen by the kernel)"
+"$build/service/entrokvd" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 \
+  >"$work/entrokvd.out" 2>"$work/entrokvd.err" &
+daemon_pid=$!
+for _ in $(seq 1 100); do
+  grep -q "listening on" "$work/entrokvd.out" 2>/dev/null && break
+  kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/entrokvd.err" >&2; exit 1; }
+  sleep 0.1
 done
+line="$(grep "listening on" "$work/entrokvd.out")"
+server="$(sed -E 's/.*listening on ([^ ]+).*/\1/' <<<"$line")"
+metrics="$(sed -E 's/.*metrics on ([^ ]+).*/\1/' <<<"$line")"
+echo "   $line"
+
+echo "== entrokv replay: ${sequences} concurrent sequences x ${tokens} tokens, 20% budget"
+"$build/client/cli/entrokv" replay --server "$server" --model qwen2.5-1.5b \
+  --tokens "$tokens" --budget 0.2 --sequences "$sequences" --concurrency "$sequences" \
+  --policy page_entrokv,mean,head_independent,streaming
+
+echo "== metrics are at http://${metrics}/metrics; a few of them:"
+curl -fsS "http://${metrics}/metrics" |
+  grep -E '^entrokv_(pool_frames|decisions_total|union_overhead_ratio_(sum|count))' | head -12
+
+echo "== stopping entrokvd (SIGTERM, graceful drain)"
+kill -TERM "$daemon_pid"
+wait "$daemon_pid" && echo "   entrokvd exited cleanly"
+daemon_pid=""

@@ -58,10 +58,12 @@ struct PolicyReport {
   int64_t kept_pages = 0;            // summed over every (sequence, layer, group)
   double shadow_uor_sum = 0;
   double retained_mass_sum = 0;
-  int64_t needle_cells = 0;          // (sequence, layer, group, needle)
-  int64_t needle_cells_kept = 0;     // ... whose every page was kept
-  int64_t needles = 0;               // (sequence, group, needle)
-  int64_t needles_kept_everywhere = 0;  // ... kept in every layer
+  // A needle target: a (sequence, layer, group, needle) whose group has a retrieval head that
+  // looks at that needle, the cells where keeping the needle matters.
+  int64_t needle_targets = 0;
+  int64_t needle_targets_kept = 0;   // ... whose every page was kept
+  int64_t needles = 0;               // (sequence, needle) with at least one target
+  int64_t needles_kept_everywhere = 0;  // ... kept at every one of its targets
   double seconds = 0;
 };
 
@@ -80,8 +82,9 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options,
   auto stream = client.OpenDecideStream();
   const int groups = preset.kv_groups;
   const auto& needles = generator.needles();
-  // kept_everywhere[g][needle]
-  std::vector<std::vector<char>> kept_everywhere(groups, std::vector<char>(needles.size(), 1));
+  std::vector<char> has_target(needles.size(), 0);
+  std::vector<char> kept_everywhere(needles.size(), 1);
+  const int r = preset.query_heads / groups;
   PolicyReport local;
   for (int layer = 0; layer < preset.layers; ++layer) {
     generator.GenerateLayer(layer, values);
@@ -108,22 +111,30 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options,
       local.shadow_uor_sum += group.has_shadow_uor() ? group.shadow_uor() : 1.0;
       local.retained_mass_sum += group.has_retained_mass() ? group.retained_mass() : 0.0;
       for (size_t n = 0; n < needles.size(); ++n) {
+        bool targeted = false;
+        for (int h = group.group() * r; h < (group.group() + 1) * r; ++h) {
+          const sim::HeadPlan plan = generator.Plan(layer, h);
+          targeted |= plan.archetype == sim::HeadArchetype::kRetrieval &&
+                      plan.needle == static_cast<int>(n);
+        }
+        if (!targeted) continue;
         bool kept = true;
         for (int64_t page = needles[n].begin / options.page_size;
              page <= (needles[n].end - 1) / options.page_size; ++page) {
           kept = kept && std::binary_search(group.kept_pages().begin(), group.kept_pages().end(),
                                             static_cast<int32_t>(page));
         }
-        ++local.needle_cells;
-        local.needle_cells_kept += kept;
-        kept_everywhere[group.group()][n] &= kept;
+        ++local.needle_targets;
+        local.needle_targets_kept += kept;
+        has_target[n] = 1;
+        kept_everywhere[n] &= kept;
       }
     }
   }
   RETURN_IF_ERROR(stream->Finish());
-  for (const auto& per_group : kept_everywhere) {
-    local.needles += static_cast<int64_t>(per_group.size());
-    local.needles_kept_everywhere += std::count(per_group.begin(), per_group.end(), 1);
+  for (size_t n = 0; n < needles.size(); ++n) {
+    local.needles += has_target[n];
+    local.needles_kept_everywhere += has_target[n] && kept_everywhere[n];
   }
   std::lock_guard<std::mutex> lock(mutex);
   report.frames_freed += local.frames_freed;
@@ -131,8 +142,8 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options,
   report.kept_pages += local.kept_pages;
   report.shadow_uor_sum += local.shadow_uor_sum;
   report.retained_mass_sum += local.retained_mass_sum;
-  report.needle_cells += local.needle_cells;
-  report.needle_cells_kept += local.needle_cells_kept;
+  report.needle_targets += local.needle_targets;
+  report.needle_targets_kept += local.needle_targets_kept;
   report.needles += local.needles;
   report.needles_kept_everywhere += local.needles_kept_everywhere;
   return absl::OkStatus();
@@ -267,22 +278,22 @@ void PrintTable(const ReplayOptions& options, const std::vector<PolicyReport>& r
   std::printf("replay of %s: %d sequences x %lld tokens, budget %.0f%%, page size %d\n",
               options.preset.name.c_str(), options.sequences,
               static_cast<long long>(options.tokens), options.budget * 100, options.page_size);
-  std::printf("%-17s %13s %13s %13s %12s %11s %13s %11s %9s\n", "policy", "frames before",
-              "frames after", "planned", "pages/group", "shadow UOR", "needle pages", "retained",
+  std::printf("%-17s %13s %13s %13s %12s %11s %15s %11s %9s\n", "policy", "frames before",
+              "frames after", "planned", "pages/group", "shadow UOR", "needle targets", "retained",
               "time (s)");
   for (const PolicyReport& r : reports) {
-    std::printf("%-17s %13lld %13lld %13lld %12.1f %11.3f %12.1f%% %10.1f%% %9.2f\n",
+    std::printf("%-17s %13lld %13lld %13lld %12.1f %11.3f %14.1f%% %10.1f%% %9.2f\n",
                 r.policy.c_str(), static_cast<long long>(r.frames_used_before),
                 static_cast<long long>(r.frames_used_after),
                 static_cast<long long>(r.planned_frames),
                 Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
-                100 * Ratio(r.needle_cells_kept, r.needle_cells),
+                100 * Ratio(r.needle_targets_kept, r.needle_targets),
                 100 * Ratio(r.retained_mass_sum, r.group_decisions), r.seconds);
   }
   std::printf(
       "frames: pool frames in use; planned: what the budget allows (an exact policy ends there).\n"
-      "needle pages: share of (sequence, layer, group, needle) cells whose needle pages were "
-      "kept.\n");
+      "needle targets: share of (sequence, layer, group, needle) cells with a retrieval head on\n"
+      "that needle whose needle pages were kept; retained: share of the head-mean attention kept.\n");
 }
 
 void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
@@ -292,12 +303,12 @@ void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& re
         "{\"policy\":\"%s\",\"sequences\":%d,\"tokens\":%d,\"budget\":%g,"
         "\"frames_used_baseline\":%d,\"frames_before\":%d,\"frames_used_after\":%d,"
         "\"planned_frames\":%d,\"frames_freed\":%d,\"pages_kept_per_group\":%.6f,"
-        "\"shadow_uor\":%.6f,\"needle_pages_kept\":%.6f,\"needles_kept_every_layer\":%.6f,"
+        "\"shadow_uor\":%.6f,\"needle_targets_kept\":%.6f,\"needles_kept_at_every_target\":%.6f,"
         "\"retained_mass\":%.6f,\"seconds\":%.3f}",
         r.policy, options.sequences, options.tokens, options.budget, r.frames_used_baseline,
         r.frames_used_before, r.frames_used_after, r.planned_frames, r.frames_freed,
         Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
-        Ratio(r.needle_cells_kept, r.needle_cells),
+        Ratio(r.needle_targets_kept, r.needle_targets),
         Ratio(r.needles_kept_everywhere, r.needles),
         Ratio(r.retained_mass_sum, r.group_decisions), r.seconds));
   }
