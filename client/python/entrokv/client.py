@@ -191,9 +191,10 @@ class Client:
         return self._call(self._stub.AppendTokens, request).length_tokens
 
     def close_sequence(self, model_id: str, sequence_id: str) -> int:
-        """Closes the sequence; returns the frames the pool got back."""
+        """Closes the sequence; returns the frames it referenced (shared ones return to the
+        pool only at their last reference)."""
         request = pb.CloseSequenceRequest(model_id=model_id, sequence_id=sequence_id)
-        return self._call(self._stub.CloseSequence, request).frames_freed
+        return self._call(self._stub.CloseSequence, request).live_frames
 
     def pool_stats(self, model_id: str):
         return self._call(self._stub.GetPoolStats, pb.GetPoolStatsRequest(model_id=model_id))

@@ -1,0 +1,179 @@
+"""The Python client, end to end against a real entrokvd on loopback."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import unittest
+
+import numpy as np
+
+import entrokv
+
+GEOMETRY = dict(layers=3, query_heads=6, kv_groups=2, head_dim=32, page_size=16)
+FRAME_BYTES = 2 * 16 * 32 * 2  # K and V, B tokens, head_dim, 2-byte elements
+
+
+class Daemon:
+    """entrokvd on 127.0.0.1:0, stopped with SIGTERM."""
+
+    def __init__(self):
+        self.process = subprocess.Popen(
+            [os.environ["ENTROKVD"], "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        match = re.search(r"listening on (\S+) metrics on (\S+)", line)
+        if not match:
+            self.process.kill()
+            raise RuntimeError(f"entrokvd did not start: {line!r} {self.process.stderr.read()}")
+        self.address, self.metrics = match.group(1), match.group(2)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=30)
+
+
+def layer_stats(seed: int, tokens: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    rows = rng.random((GEOMETRY["layers"], GEOMETRY["query_heads"], tokens), dtype=np.float32)
+    rows[:, 0, 7] = 50.0  # one focused head per layer
+    return rows / rows.sum(axis=2, keepdims=True)
+
+
+class ClientTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = Daemon()
+        cls.client = entrokv.Client(cls.daemon.address)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        exit_code = cls.daemon.stop()
+        if exit_code != 0:
+            raise AssertionError(f"entrokvd exited with {exit_code} after SIGTERM")
+
+    def register(self, model_id: str, frames: int = 4096):
+        return self.client.register_model(model_id, capacity_bytes=frames * FRAME_BYTES,
+                                          **GEOMETRY)
+
+    def assert_pool_consistent(self, model_id: str):
+        stats = self.client.pool_stats(model_id)
+        self.assertEqual(stats.used_frames + stats.free_frames, stats.capacity_frames)
+        return stats
+
+    def test_whole_lifecycle_with_decide(self):
+        pool = self.register("lifecycle")
+        self.assertEqual(pool.frame_bytes, FRAME_BYTES)
+        self.client.open_sequence("lifecycle", "s1", initial_tokens=0)
+        self.assertEqual(self.client.append_tokens("lifecycle", "s1", 500), 500)
+        pages = -(-500 // 16)
+        stats = self.assert_pool_consistent("lifecycle")
+        self.assertEqual(stats.used_frames, GEOMETRY["layers"] * GEOMETRY["kv_groups"] * pages)
+
+        decisions = self.client.decide("lifecycle", "s1", layer_stats(1, 500), pages=5,
+                                       policy="page_entrokv", protect_tail_page=False)
+        self.assertEqual([d.layer for d in decisions], [0, 1, 2])
+        for decision in decisions:
+            self.assertEqual(decision.tokens, 500)
+            self.assertEqual(decision.page_count, pages)
+            for group in decision.groups:
+                self.assertEqual(group.kept_pages.dtype, np.int32)
+                self.assertEqual(len(group.kept_pages), 5)
+                self.assertTrue(np.all(np.diff(group.kept_pages) > 0))
+                self.assertEqual(len(group.kept_pages) + len(group.evicted_pages), pages)
+                self.assertAlmostEqual(float(group.weights.sum()), 1.0, places=9)
+                self.assertEqual(len(group.entropies), 3)
+                self.assertGreaterEqual(group.shadow_uor, 1.0)
+            # The focused head's token 7 is on page 0: group 0 keeps it.
+            self.assertIn(0, decision.groups[0].kept_pages)
+        stats = self.assert_pool_consistent("lifecycle")
+        self.assertEqual(stats.used_frames, GEOMETRY["layers"] * GEOMETRY["kv_groups"] * 5)
+        self.assertEqual(stats.bytes_moved_total, 0)
+
+        sequences = self.client.list_sequences("lifecycle", block_tables=True)
+        self.assertEqual([s.sequence_id for s in sequences], ["s1"])
+        self.assertEqual(len(sequences[0].block_tables), 6)
+        live = [f for table in sequences[0].block_tables for f in table.frames if f >= 0]
+        self.assertEqual(len(live), 30)
+
+        self.assertEqual(self.client.close_sequence("lifecycle", "s1"), 30)
+        self.assertEqual(self.assert_pool_consistent("lifecycle").used_frames, 0)
+
+    def test_stream_matches_unary_decide(self):
+        self.register("stream")
+        stats = layer_stats(2, 300)
+        for sequence in ("unary", "streamed"):
+            self.client.open_sequence("stream", sequence, initial_tokens=300)
+        unary = self.client.decide("stream", "unary", stats, fraction=0.3)
+        streamed = list(self.client.decide_stream(
+            "stream", "streamed", ((layer, stats[layer]) for layer in range(3)), fraction=0.3))
+        self.assertEqual(len(streamed), 3)
+        for a, b in zip(unary, streamed):
+            self.assertEqual(a.quota_pages, b.quota_pages)
+            for ga, gb in zip(a.groups, b.groups):
+                np.testing.assert_array_equal(ga.kept_pages, gb.kept_pages)
+                np.testing.assert_allclose(ga.weights, gb.weights)
+
+    def test_half_precision_inputs(self):
+        self.register("half")
+        stats = layer_stats(3, 200)
+        self.client.open_sequence("half", "f16", initial_tokens=200)
+        self.client.open_sequence("half", "bf16", initial_tokens=200)
+        self.client.open_sequence("half", "f32", initial_tokens=200)
+        as_f16 = stats.astype(np.float16)
+        as_bf16 = (stats.view(np.uint32) >> 16).astype(np.uint16)  # truncation is a valid bf16
+        widened_bf16 = (as_bf16.astype(np.uint32) << 16).view(np.float32)
+        got_f16 = self.client.decide("half", "f16", as_f16, pages=3)
+        got_bf16 = self.client.decide("half", "bf16", as_bf16, pages=3, dtype="bf16")
+        want_bf16 = self.client.decide("half", "f32", widened_bf16, pages=3)
+        for a, b in zip(got_bf16, want_bf16):
+            for ga, gb in zip(a.groups, b.groups):
+                np.testing.assert_array_equal(ga.kept_pages, gb.kept_pages)
+        self.assertEqual(len(got_f16[0].groups[0].kept_pages), 3)
+
+    def test_errors_name_the_field_and_change_nothing(self):
+        self.register("errors")
+        self.client.open_sequence("errors", "s", initial_tokens=64)
+        before = self.assert_pool_consistent("errors")
+        stats = layer_stats(4, 64)
+        cases = [
+            (lambda: self.client.decide("errors", "nope", stats, pages=1), "NOT_FOUND"),
+            (lambda: self.client.decide("missing-model", "s", stats, pages=1), "NOT_FOUND"),
+            (lambda: self.client.decide("errors", "s", layer_stats(4, 65), pages=1),
+             "FAILED_PRECONDITION"),
+            (lambda: self.client.decide("errors", "s", stats, pages=0), "INVALID_ARGUMENT"),
+            (lambda: self.client.decide("errors", "s", stats, pages=1, policy="lru"),
+             "INVALID_ARGUMENT"),
+            (lambda: self.client.decide("errors", "s", stats, pages=1, tau=-1.0),
+             "INVALID_ARGUMENT"),
+            (lambda: self.client.decide("errors", "s", -stats, pages=1), "INVALID_ARGUMENT"),
+            (lambda: self.client.open_sequence("errors", "s"), "ALREADY_EXISTS"),
+            (lambda: self.register("errors"), "ALREADY_EXISTS"),
+            (lambda: self.client.append_tokens("errors", "s", 10**9), "RESOURCE_EXHAUSTED"),
+        ]
+        for call, code in cases:
+            with self.assertRaises(entrokv.EntrokvError) as raised:
+                call()
+            self.assertEqual(raised.exception.code, code, raised.exception.message)
+            self.assertTrue(raised.exception.message)
+        after = self.assert_pool_consistent("errors")
+        self.assertEqual(after.used_frames, before.used_frames)
+        self.assertEqual([s.length_tokens for s in self.client.list_sequences("errors")], [64])
+        with self.assertRaises(ValueError):
+            entrokv.client.statistic_message(np.zeros((2, 3), dtype=np.float64))
+
+    def test_example_worker_loop_runs(self):
+        result = subprocess.run(
+            [sys.executable, os.path.join(os.environ["ENTROKV_EXAMPLES"], "worker_loop.py"),
+             "--server", self.daemon.address, "--tokens", "512"],
+            capture_output=True, text=True, timeout=120,
+            env=dict(os.environ))
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertIn("layer 3: kept", result.stdout)
+        self.assertRegex(result.stdout, r"pool: \d+ used \+ \d+ free = \d+ frames")
+
+
+if __name__ == "__main__":
+    unittest.main()
