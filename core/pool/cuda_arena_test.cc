@@ -15,6 +15,25 @@ namespace entrokv {
 namespace {
 
 using ::entrokv::testing::IsOk;
+using ::entrokv::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(CudaArenaTest, WithoutADeviceCreateFailsCleanly) {
+  CacheOptions options;
+  options.geometry = {.layers = 1, .query_heads = 2, .kv_groups = 1, .head_dim = 8,
+                      .page_size = 4, .element_bytes = 2};
+  options.backend = Backend::kCuda;
+  options.capacity_bytes = 4 * FrameBytes(options.geometry, FrameLayout::kGroup);
+#ifndef ENTROKV_POOL_HAVE_CUDA
+  EXPECT_THAT(CacheState::Create(options),
+              StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("cuda was not built in")));
+#else
+  int count = 0;
+  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) GTEST_SKIP() << "a device exists";
+  EXPECT_THAT(CacheState::Create(options),
+              StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cuda")));
+#endif
+}
 
 TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
 #ifndef ENTROKV_POOL_HAVE_CUDA
