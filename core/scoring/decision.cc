@@ -8,10 +8,8 @@
 #include "core/util/status_macros.h"
 
 namespace entrokv {
-namespace {
-
-absl::Status ValidateRequest(const Policy& policy, const PolicyOptions& options,
-                             const LayerRequest& request) {
+absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& options,
+                                  const LayerRequest& request, bool check_values) {
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   if (request.query_heads <= 0) {
     return absl::InvalidArgumentError(
@@ -52,7 +50,6 @@ absl::Status ValidateRequest(const Policy& policy, const PolicyOptions& options,
           "statistic: covers ", statistic.tokens(), " tokens, the sequence has ",
           request.tokens));
     }
-    RETURN_IF_ERROR(statistic.ValidateValues());
   }
   if (!request.cached_weights.empty() &&
       static_cast<int>(request.cached_weights.size()) != request.query_heads) {
@@ -60,12 +57,14 @@ absl::Status ValidateRequest(const Policy& policy, const PolicyOptions& options,
         absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
                      request.query_heads, " query heads"));
   }
+  if (check_values && request.statistic.has_value()) {
+    RETURN_IF_ERROR(request.statistic->ValidateValues());
+  }
   return absl::OkStatus();
 }
 
-// The head-independent shadow and the retained mass of `decision`.
-void Measure(std::span<const std::span<const float>> rows, const PolicyOptions& options,
-             int64_t quota_pages, GroupDecision* decision) {
+void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,
+                  int64_t quota_pages, GroupDecision* decision) {
   std::vector<std::vector<int32_t>> per_head;
   per_head.reserve(rows.size());
   std::vector<float> mean(rows.front().size(), 0.0f);
@@ -82,11 +81,9 @@ void Measure(std::span<const std::span<const float>> rows, const PolicyOptions& 
   decision->retained_mass = RetainedMass(mean, options.page_size, decision->kept_pages);
 }
 
-}  // namespace
-
 absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOptions& options,
                                           const LayerRequest& request) {
-  RETURN_IF_ERROR(ValidateRequest(policy, options, request));
+  RETURN_IF_ERROR(ValidateLayerRequest(policy, options, request));
   const int r = request.query_heads / request.kv_groups;
   LayerDecision decision;
   decision.page_count = PageCount(request.tokens, options.page_size);
@@ -116,7 +113,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
     group.weights = std::move(selection.weights);
     group.entropies = std::move(selection.entropies);
     if (request.measure && request.statistic.has_value()) {
-      Measure(rows, options, request.quota_pages, &group);
+      MeasureGroup(rows, options, request.quota_pages, &group);
     }
   }
   return decision;

@@ -47,6 +47,18 @@ struct LayerDecision {
                                                         const PolicyOptions& options,
                                                         const LayerRequest& request);
 
+// DecideLayer's checks, in its order, so that other paths (the fused scorer) return the same
+// status. With check_values = false the statistic's values are not read: the caller checks them
+// in its own pass over the data and reports them with StatisticView::ValidateValues.
+[[nodiscard]] absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& options,
+                                                const LayerRequest& request,
+                                                bool check_values = true);
+
+// Fills decision->shadow_uor, disagreement and retained_mass from the group's rows and the
+// decision's kept pages. REQUIRES: rows non-empty, all of the same length.
+void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,
+                  int64_t quota_pages, GroupDecision* decision);
+
 }  // namespace entrokv
 
 #endif  // ENTROKV_CORE_SCORING_DECISION_H_

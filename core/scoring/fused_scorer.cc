@@ -64,58 +64,6 @@ int64_t ChunkTokens(int page_size) {
   return static_cast<int64_t>(page_size) * std::max<int64_t>(1, 2048 / page_size);
 }
 
-// The checks of DecideLayer's validation except the values (checked during the pooling pass),
-// in the same order, so both paths return the same status.
-absl::Status ValidateExceptValues(const Policy& policy, const PolicyOptions& options,
-                                  const LayerRequest& request) {
-  RETURN_IF_ERROR(ValidatePolicyOptions(options));
-  if (request.query_heads <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query_heads: must be positive, got ", request.query_heads));
-  }
-  if (request.kv_groups <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("kv_groups: must be positive, got ", request.kv_groups));
-  }
-  if (request.query_heads % request.kv_groups != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query_heads: ", request.query_heads, " is not a multiple of kv_groups ",
-                     request.kv_groups));
-  }
-  if (request.tokens <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("tokens: must be positive, got ", request.tokens));
-  }
-  if (request.quota_pages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quota_pages: the budget must give at least one page per (layer, group), got ",
-        request.quota_pages));
-  }
-  if (!request.statistic.has_value()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("statistic: policy ", policy.name(), " needs one"));
-  }
-  const StatisticView& statistic = *request.statistic;
-  if (statistic.query_heads() != request.query_heads) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "statistic: has ", statistic.query_heads(), " rows, the model has ",
-        request.query_heads, " query heads; the shape must be [H_Q, T]"));
-  }
-  if (statistic.tokens() != request.tokens) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "statistic: covers ", statistic.tokens(), " tokens, the sequence has ",
-        request.tokens));
-  }
-  if (!request.cached_weights.empty() &&
-      static_cast<int>(request.cached_weights.size()) != request.query_heads) {
-    RETURN_IF_ERROR(statistic.ValidateValues());  // the reference reports bad values first
-    return absl::FailedPreconditionError(
-        absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
-                     request.query_heads, " query heads"));
-  }
-  return absl::OkStatus();
-}
-
 // AccumulateEntropySums for kRows rows side by side: per row the same operations in the same
 // token order, so the same bits; the rows' chains are independent and overlap in the core.
 template <int kRows>
@@ -468,31 +416,6 @@ inline float MaxOf(const float* values, int64_t count) {
   return best;
 }
 
-Protections EffectiveProtections(const PolicyOptions& options) {
-  Protections protections = options.protections;
-  protections.page_size = options.page_size;
-  protections.sink_tokens = options.sink_tokens;
-  return protections;
-}
-
-// DecideLayer's measurement of one group, on the same rows.
-void Measure(std::span<const std::span<const float>> rows, const PolicyOptions& options,
-             int64_t quota_pages, GroupDecision* decision) {
-  std::vector<std::vector<int32_t>> per_head;
-  per_head.reserve(rows.size());
-  std::vector<float> mean(rows.front().size(), 0.0f);
-  const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(rows.size()));
-  for (const std::span<const float> row : rows) {
-    per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
-    for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
-  }
-  const int64_t effective_k = std::min<int64_t>(
-      quota_pages, PageCount(static_cast<int64_t>(mean.size()), options.page_size));
-  decision->shadow_uor = UnionOverheadRatio(per_head, effective_k);
-  decision->disagreement = PairwiseJaccard(per_head).disagreement();
-  decision->retained_mass = RetainedMass(mean, options.page_size, decision->kept_pages);
-}
-
 }  // namespace
 
 bool IsFusedPolicy(const Policy& policy) { return PoolingOf(policy) != Pooling::kNone; }
@@ -641,7 +564,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
 absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
                                                        const LayerRequest& request) {
   if (!IsFusedPolicy(policy)) return entrokv::DecideLayer(policy, options_, request);
-  RETURN_IF_ERROR(ValidateExceptValues(policy, options_, request));
+  RETURN_IF_ERROR(ValidateLayerRequest(policy, options_, request, /*check_values=*/false));
   LayerDecision decision;
   decision.page_count = PageCount(request.tokens, options_.page_size);
   decision.quota_pages = request.quota_pages;
@@ -661,7 +584,7 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
         rows[static_cast<size_t>(i)] =
             request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
       }
-      Measure(rows, options_, request.quota_pages, &decision.groups[static_cast<size_t>(g)]);
+      MeasureGroup(rows, options_, request.quota_pages, &decision.groups[static_cast<size_t>(g)]);
     }
   }
   return decision;

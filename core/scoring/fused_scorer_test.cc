@@ -269,8 +269,10 @@ TEST(FusedScorerTest, ShapeAndOptionErrorsMatchTheReference) {
   cases.back().request.statistic.reset();
   cases.push_back({"cached_weights", absl::StatusCode::kFailedPrecondition, base(), {}});
   cases.back().request.cached_weights = three_weights;
-  cases.push_back({"statistic", absl::StatusCode::kInvalidArgument, base(), {}});
-  cases.back().request.cached_weights = three_weights;  // bad values are reported first
+  cases.push_back({"cached_weights", absl::StatusCode::kFailedPrecondition, base(), {}});
+  cases.back().request.cached_weights = three_weights;  // shapes are checked before values
+  cases.back().request.statistic = bad_statistic.View();
+  cases.push_back({"head 0, token 3", absl::StatusCode::kInvalidArgument, base(), {}});
   cases.back().request.statistic = bad_statistic.View();
   cases.push_back({"tau", absl::StatusCode::kInvalidArgument, base(), {}});
   cases.back().options.tau = 0.0;

@@ -16,13 +16,6 @@
 namespace entrokv {
 namespace {
 
-Protections EffectiveProtections(const PolicyOptions& options) {
-  Protections protections = options.protections;
-  protections.page_size = options.page_size;
-  protections.sink_tokens = options.sink_tokens;
-  return protections;
-}
-
 std::vector<int32_t> SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
                                       const PolicyOptions& options) {
   return SelectTopPages(PageMaxima(pooled, options.page_size), input.quota_pages,
@@ -190,6 +183,13 @@ const Registry& GetRegistry() {
 
 }  // namespace
 
+Protections EffectiveProtections(const PolicyOptions& options) {
+  Protections protections = options.protections;
+  protections.page_size = options.page_size;
+  protections.sink_tokens = options.sink_tokens;
+  return protections;
+}
+
 absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
   if (options.page_size <= 0) {
     return absl::InvalidArgumentError(
@@ -211,7 +211,7 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("snapkv_kernel: must be odd and >= 1, got ", options.snapkv_kernel));
   }
-  return ValidateProtections(options.protections);
+  return ValidateProtections(EffectiveProtections(options));
 }
 
 absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {

@@ -27,6 +27,9 @@ struct PolicyOptions {
 // INVALID_ARGUMENT naming the option: page_size <= 0, tau <= 0, alpha <= 0, ...
 [[nodiscard]] absl::Status ValidatePolicyOptions(const PolicyOptions& options);
 
+// options.protections with page_size and sink_tokens taken from the options themselves.
+[[nodiscard]] Protections EffectiveProtections(const PolicyOptions& options);
+
 // One (layer, group): the r rows of the group's query heads.
 struct GroupInput {
   std::span<const std::span<const float>> rows;  // r rows of `tokens` entries; empty when the
