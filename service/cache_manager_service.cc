@@ -64,7 +64,9 @@ void FillSequence(const SequenceInfo& info, v1::SequenceInfo* out) {
 class CacheManagerService::UnaryCall {
  public:
   UnaryCall(CacheManagerService* service, grpc::CallbackServerContext* context, Method method)
-      : service_(service), reactor_(context->DefaultReactor()), method_(method),
+      : service_(service),
+        reactor_(context->DefaultReactor()),
+        method_(method),
         start_(Clock::now()) {
     admission_ = service_->Admit(*context);
     if (admission_.ok()) service_->active_calls_.fetch_add(1);
@@ -75,9 +77,8 @@ class CacheManagerService::UnaryCall {
 
   grpc::ServerUnaryReactor* Finish(const absl::Status& status) {
     const grpc::Status wire = ToGrpcStatus(status);
-    service_->metrics_->RecordRpc(
-        method_, wire.error_code(),
-        std::chrono::duration<double>(Clock::now() - start_).count());
+    service_->metrics_->RecordRpc(method_, wire.error_code(),
+                                  std::chrono::duration<double>(Clock::now() - start_).count());
     grpc::ServerUnaryReactor* reactor = reactor_;
     const bool admitted = admission_.ok();
     CacheManagerService* service = service_;
@@ -117,8 +118,7 @@ absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& conte
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindModel(
-    absl::string_view id) const {
+absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindModel(absl::string_view id) const {
   RETURN_IF_ERROR(ValidateId("model_id", id));
   return registry_.Find(id);
 }
@@ -155,8 +155,8 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
   RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
   if (request.initial_tokens() < 0 || request.initial_tokens() > (int64_t{1} << 31) - 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "initial_tokens: must be in [0, 2^31), got ", request.initial_tokens()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("initial_tokens: must be in [0, 2^31), got ", request.initial_tokens()));
   }
   CacheState& state = model->state();
   if (request.parent_sequence_id().empty()) {
@@ -191,17 +191,17 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::OpenSequence(
-    grpc::CallbackServerContext* context, const v1::OpenSequenceRequest* request,
-    v1::OpenSequenceResponse* response) {
+grpc::ServerUnaryReactor* CacheManagerService::OpenSequence(grpc::CallbackServerContext* context,
+                                                            const v1::OpenSequenceRequest* request,
+                                                            v1::OpenSequenceResponse* response) {
   UnaryCall call(this, context, Method::kOpenSequence);
   if (!call.admission().ok()) return call.Finish(call.admission());
   return call.Finish(DoOpenSequence(*request, response));
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(
-    grpc::CallbackServerContext* context, const v1::AppendTokensRequest* request,
-    v1::AppendTokensResponse* response) {
+grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(grpc::CallbackServerContext* context,
+                                                            const v1::AppendTokensRequest* request,
+                                                            v1::AppendTokensResponse* response) {
   UnaryCall call(this, context, Method::kAppendTokens);
   if (!call.admission().ok()) return call.Finish(call.admission());
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
@@ -231,16 +231,16 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
   if (!model.ok()) return call->Finish(model.status());
   grpc::ServerUnaryReactor* reactor = call->reactor();
   // The worker may finish the reactor before this returns it; gRPC allows either order.
-  const bool accepted = workers_->TrySubmit(
-      [this, call, context, request, response, model = *std::move(model)] {
+  const bool accepted =
+      workers_->TrySubmit([this, call, context, request, response, model = *std::move(model)] {
         const absl::Status status = decider_.Decide(
             *model, *request, [context] { return context->IsCancelled(); }, response);
         call->Finish(status);
       });
   if (!accepted) {
-    return call->Finish(absl::ResourceExhaustedError(absl::StrCat(
-        "max_inflight_decisions: ", options_.max_inflight_decisions,
-        " decisions in flight; retry with backoff")));
+    return call->Finish(absl::ResourceExhaustedError(
+        absl::StrCat("max_inflight_decisions: ", options_.max_inflight_decisions,
+                     " decisions in flight; retry with backoff")));
   }
   return reactor;
 }
@@ -267,9 +267,9 @@ grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
   return call.Finish(absl::OkStatus());
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(
-    grpc::CallbackServerContext* context, const v1::GetPoolStatsRequest* request,
-    v1::PoolStats* response) {
+grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(grpc::CallbackServerContext* context,
+                                                            const v1::GetPoolStatsRequest* request,
+                                                            v1::PoolStats* response) {
   UnaryCall call(this, context, Method::kGetPoolStats);
   if (!call.admission().ok()) return call.Finish(call.admission());
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
@@ -339,9 +339,9 @@ class CacheManagerService::StreamReactor
     const bool accepted =
         service_->workers_->TrySubmit([this, model = *std::move(model)] { Process(*model); });
     if (!accepted) {
-      FinishWith(absl::ResourceExhaustedError(absl::StrCat(
-          "max_inflight_decisions: ", service_->options_.max_inflight_decisions,
-          " decisions in flight; retry with backoff")));
+      FinishWith(absl::ResourceExhaustedError(
+          absl::StrCat("max_inflight_decisions: ", service_->options_.max_inflight_decisions,
+                       " decisions in flight; retry with backoff")));
     }
   }
 

@@ -30,9 +30,9 @@ double SecondsSince(Clock::time_point start) {
 // One layer after step 1, and its results after steps 2 and 3.
 struct LayerWork {
   int layer = 0;
-  std::string field;                   // "layers[i]" for messages
-  std::optional<StatisticView> view;   // absent for policies without a statistic
-  ShmRegion region;                    // keeps a shared-memory statistic mapped
+  std::string field;                  // "layers[i]" for messages
+  std::optional<StatisticView> view;  // absent for policies without a statistic
+  ShmRegion region;                   // keeps a shared-memory statistic mapped
   std::optional<std::vector<double>> cached_weights;
   int64_t quota_pages = 0;
   LayerDecision decision;
@@ -58,8 +58,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
   const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
   if (!present) {
     if (policy.needs_statistic()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          field, ": must carry data or shared_memory for policy ", policy.name()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ": must carry data or shared_memory for policy ", policy.name()));
     }
     return absl::OkStatus();
   }
@@ -73,16 +73,16 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
         absl::StrCat(field, ".tokens: must be in [1, 2^31], got ", stat.tokens()));
   }
   if (stat.tokens() != sequence_tokens) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        field, ".tokens: ", stat.tokens(), " but the sequence holds ", sequence_tokens));
+    return absl::FailedPreconditionError(absl::StrCat(field, ".tokens: ", stat.tokens(),
+                                                      " but the sequence holds ", sequence_tokens));
   }
   const uint64_t expected =
       static_cast<uint64_t>(stat.query_heads()) * stat.tokens() * DTypeBytes(dtype);
   const void* data = nullptr;
   if (stat.source_case() == v1::Statistic::kData) {
     if (stat.data().size() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(field, ".data: ", stat.data().size(),
-                                                     " bytes, expected ", expected));
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".data: ", stat.data().size(), " bytes, expected ", expected));
     }
     data = stat.data().data();
     metrics.AddStatsBytes(StatSource::kBytes, static_cast<int64_t>(expected));
@@ -90,8 +90,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
     const v1::SharedMemoryRegion& ref = stat.shared_memory();
     const std::string shm_field = absl::StrCat(field, ".shared_memory");
     if (ref.length_bytes() != expected) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          shm_field, ".length_bytes: ", ref.length_bytes(), ", expected ", expected));
+      return absl::InvalidArgumentError(
+          absl::StrCat(shm_field, ".length_bytes: ", ref.length_bytes(), ", expected ", expected));
     }
     if (ref.offset_bytes() % DTypeBytes(dtype) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -170,8 +170,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     out.set_tokens(job.tokens);
     out.set_policy(std::string(job.policy.policy->name()));
     out.set_page_union_ratio(applied->page_union_ratio);
-    out.mutable_freed_frames()->Assign(applied->freed_frames.begin(),
-                                       applied->freed_frames.end());
+    out.mutable_freed_frames()->Assign(applied->freed_frames.begin(), applied->freed_frames.end());
     std::vector<double> weights;
     for (size_t g = 0; g < work.decision.groups.size(); ++g) {
       const GroupDecision& group = work.decision.groups[g];
@@ -207,8 +206,8 @@ namespace {
 // Step 1 shared by both entry points.
 absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_budget,
                         const v1::Budget& budget, const v1::PolicyParams& policy,
-                        const ServerOptions& defaults, int64_t* tokens,
-                        ResolvedPolicy* resolved, ResolvedBudget* quotas) {
+                        const ServerOptions& defaults, int64_t* tokens, ResolvedPolicy* resolved,
+                        ResolvedBudget* quotas) {
   RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
   const ModelGeometry& geometry = model.state().geometry();
   ASSIGN_OR_RETURN(*resolved, ResolvePolicy(policy, defaults, geometry.page_size));
@@ -224,17 +223,16 @@ absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_bu
 
 absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
                           const ResolvedPolicy& policy, const ResolvedBudget& quotas,
-                          const v1::LayerStatistic& input, bool use_cached_weights,
-                          ShmReader& shm, ServiceMetrics& metrics, LayerWork& work) {
+                          const v1::LayerStatistic& input, bool use_cached_weights, ShmReader& shm,
+                          ServiceMetrics& metrics, LayerWork& work) {
   const ModelGeometry& geometry = model.state().geometry();
   if (input.layer() < 0 || input.layer() >= geometry.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(work.field, ".layer: ", input.layer(),
-                                                   " not in [0, ", geometry.layers, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(work.field, ".layer: ", input.layer(), " not in [0, ", geometry.layers, ")"));
   }
   work.layer = input.layer();
   work.quota_pages = quotas.pages_per_layer[work.layer];
-  RETURN_IF_ERROR(
-      ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
+  RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (!work.cached_weights.has_value()) {
@@ -255,9 +253,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   Job job;
   job.sequence_id = request.sequence_id();
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(),
-                             request.budget(), request.policy(), defaults_, &job.tokens,
-                             &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(), request.budget(),
+                             request.policy(), defaults_, &job.tokens, &job.policy, &quotas));
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -267,8 +264,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
     LayerWork& work = job.layers[i];
     work.field = absl::StrCat("layers[", i, "]");
     RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
-                                 request.layers(i), request.use_cached_weights(), *shm_,
-                                 *metrics_, work));
+                                 request.layers(i), request.use_cached_weights(), *shm_, *metrics_,
+                                 work));
     if (!seen.insert(work.layer).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(work.field, ".layer: ", work.layer, " appears twice"));
@@ -290,9 +287,8 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   Job job;
   job.sequence_id = request.sequence_id();
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(),
-                             request.budget(), request.policy(), defaults_, &job.tokens,
-                             &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(), request.budget(),
+                             request.policy(), defaults_, &job.tokens, &job.policy, &quotas));
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,

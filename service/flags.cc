@@ -46,13 +46,28 @@ namespace {
 
 // The flags a config file may set: every daemon flag but --config itself.
 const absl::flat_hash_set<std::string>& ConfigurableNames() {
-  static const auto* names = new absl::flat_hash_set<std::string>{
-      "listen",        "metrics_listen",         "pool_capacity_bytes", "backend",
-      "frame_layout",  "policy",                 "tau",                 "alpha",
-      "sink_tokens",   "protect_tail_page",      "max_message_bytes",   "max_inflight_decisions",
-      "worker_threads", "keepalive_ms",          "max_connection_age_ms", "drain_timeout_ms",
-      "reflection",    "tls_cert",               "tls_key",             "tls_ca",
-      "token_file",    "state_dir"};
+  static const auto* names = new absl::flat_hash_set<std::string>{"listen",
+                                                                  "metrics_listen",
+                                                                  "pool_capacity_bytes",
+                                                                  "backend",
+                                                                  "frame_layout",
+                                                                  "policy",
+                                                                  "tau",
+                                                                  "alpha",
+                                                                  "sink_tokens",
+                                                                  "protect_tail_page",
+                                                                  "max_message_bytes",
+                                                                  "max_inflight_decisions",
+                                                                  "worker_threads",
+                                                                  "keepalive_ms",
+                                                                  "max_connection_age_ms",
+                                                                  "drain_timeout_ms",
+                                                                  "reflection",
+                                                                  "tls_cert",
+                                                                  "tls_key",
+                                                                  "tls_ca",
+                                                                  "token_file",
+                                                                  "state_dir"};
   return *names;
 }
 
@@ -98,8 +113,7 @@ absl::Status ApplyConfigFile(const std::string& path, const std::vector<std::str
     absl::CommandLineFlag* flag = absl::FindCommandLineFlag(name);
     std::string error;
     if (flag == nullptr || !flag->ParseFrom(value, &error)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(where, "bad value for '", name, "': ", error));
+      return absl::InvalidArgumentError(absl::StrCat(where, "bad value for '", name, "': ", error));
     }
   }
   return absl::OkStatus();
@@ -117,8 +131,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.backend = *backend;
   auto layout = ParseFrameLayout(absl::GetFlag(FLAGS_frame_layout));
   if (!layout.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--frame_layout: ", layout.status().message()));
+    return absl::InvalidArgumentError(absl::StrCat("--frame_layout: ", layout.status().message()));
   }
   options.frame_layout = *layout;
   options.policy = absl::GetFlag(FLAGS_policy);

@@ -22,20 +22,17 @@ int main(int argc, char** argv) {
   using entrokv::service::LogLine;
 
   if (const std::string config = entrokv::service::ConfigFlag(); !config.empty()) {
-    if (const absl::Status status = entrokv::service::ApplyConfigFile(config, args);
-        !status.ok()) {
+    if (const absl::Status status = entrokv::service::ApplyConfigFile(config, args); !status.ok()) {
       LogLine("error", status.message());
       return 2;
     }
   }
-  absl::StatusOr<entrokv::service::ServerOptions> options =
-      entrokv::service::OptionsFromFlags();
+  absl::StatusOr<entrokv::service::ServerOptions> options = entrokv::service::OptionsFromFlags();
   if (!options.ok()) {
     LogLine("error", options.status().message());
     return 2;
   }
-  if (const absl::Status valid = entrokv::service::ValidateServerOptions(*options);
-      !valid.ok()) {
+  if (const absl::Status valid = entrokv::service::ValidateServerOptions(*options); !valid.ok()) {
     LogLine("error", valid.message());
     return 2;
   }

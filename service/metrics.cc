@@ -16,11 +16,10 @@ constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "s
                                                                     "apply"};
 // gRPC's canonical code names, indexed by code.
 constexpr std::array<absl::string_view, 17> kCodeNames = {
-    "OK",        "CANCELLED",          "UNKNOWN",          "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",  "ALREADY_EXISTS",   "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",       "UNAVAILABLE",      "DATA_LOSS",
-    "UNAUTHENTICATED"};
+    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
+    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
+    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
+    "DATA_LOSS", "UNAUTHENTICATED"};
 
 // Eight equal steps from `low` to `high` (just {low} when they meet).
 prometheus::Histogram::BucketBoundaries Linear(double low, double high) {
@@ -71,8 +70,9 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
                     .Register(*registry_);
   pages_evicted_ = &prometheus::BuildCounter()
                         .Name("entrokv_pages_evicted_total")
-                        .Help("Block-table pages evicted by decisions (score: by the "
-                              "statistic; budget: by position, no statistic)")
+                        .Help(
+                            "Block-table pages evicted by decisions (score: by the "
+                            "statistic; budget: by position, no statistic)")
                         .Register(*registry_);
   pages_retained_ = &prometheus::BuildCounter()
                          .Name("entrokv_pages_retained_total")
@@ -120,8 +120,8 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
     rpc_seconds_[m] = &rpc_duration_->Add({{"method", method}}, Latency());
   }
   for (int p = 0; p < kPhaseCount; ++p) {
-    phase_seconds_[p] = &decision_duration_->Add({{"phase", std::string(kPhaseNames[p])}},
-                                                 Latency());
+    phase_seconds_[p] =
+        &decision_duration_->Add({{"phase", std::string(kPhaseNames[p])}}, Latency());
   }
   stats_bytes_by_source_[0] = &stats_bytes_->Add({{"source", "bytes"}});
   stats_bytes_by_source_[1] = &stats_bytes_->Add({{"source", "shared_memory"}});

@@ -39,9 +39,9 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
           absl::StrCat("model_id: '", model_id, "' is already registered"));
     }
     if (options.capacity_bytes > capacity_bytes_ - reserved_bytes_) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "capacity_bytes: ", options.capacity_bytes, " asked, ",
-          capacity_bytes_ - reserved_bytes_, " of --pool_capacity_bytes left"));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("capacity_bytes: ", options.capacity_bytes, " asked, ",
+                       capacity_bytes_ - reserved_bytes_, " of --pool_capacity_bytes left"));
     }
     reserved_bytes_ += options.capacity_bytes;
     pending_[model_id] = options.capacity_bytes;
@@ -54,8 +54,8 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     reserved_bytes_ -= options.capacity_bytes;
     return state.status();
   }
-  PoolMetrics* metrics = metrics_->AddPool(model_id, options.geometry.query_heads,
-                                           options.geometry.kv_groups);
+  PoolMetrics* metrics =
+      metrics_->AddPool(model_id, options.geometry.query_heads, options.geometry.kv_groups);
   auto model = std::make_shared<Model>(model_id, options.backend, *std::move(state), metrics);
   model->RefreshOccupancy();
   models_[model_id] = model;
@@ -75,8 +75,7 @@ std::vector<std::shared_ptr<Model>> ModelRegistry::All() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::shared_ptr<Model>> all;
   for (const auto& [id, model] : models_) all.push_back(model);
-  std::sort(all.begin(), all.end(),
-            [](const auto& a, const auto& b) { return a->id() < b->id(); });
+  std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->id() < b->id(); });
   return all;
 }
 

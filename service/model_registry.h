@@ -24,8 +24,7 @@ namespace entrokv::service {
 // mutex. Shared (std::shared_ptr) by the registry and the calls using it; never removed.
 class Model {
  public:
-  Model(std::string id, Backend backend, std::unique_ptr<CacheState> state,
-        PoolMetrics* metrics)
+  Model(std::string id, Backend backend, std::unique_ptr<CacheState> state, PoolMetrics* metrics)
       : id_(std::move(id)), backend_(backend), state_(std::move(state)), metrics_(metrics) {}
 
   [[nodiscard]] const std::string& id() const { return id_; }
@@ -50,8 +49,7 @@ class Model {
   PoolMetrics* const metrics_;
   mutable absl::Mutex mu_;
   // sequence id -> [layer] -> H_Q weights (empty: none cached for that layer).
-  absl::flat_hash_map<std::string, std::vector<std::vector<double>>> weights_
-      ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::vector<std::vector<double>>> weights_ ABSL_GUARDED_BY(mu_);
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.

@@ -55,7 +55,7 @@ struct ServerOptions {
 
 // The whole file at `path`; INVALID_ARGUMENT naming `option` when it cannot be read.
 [[nodiscard]] absl::StatusOr<std::string> ReadOptionFile(absl::string_view option,
-                                                        const std::string& path);
+                                                         const std::string& path);
 
 }  // namespace entrokv::service
 

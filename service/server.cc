@@ -77,8 +77,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.token_file.empty()) {
     ASSIGN_OR_RETURN(token, LoadBearerToken(options.token_file));
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
-                   MakeCredentials(options));
+  ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
   if (!options.state_dir.empty()) {
     LogLine("info", absl::StrCat("--state_dir=", options.state_dir,
                                  ": journaling is not yet implemented; nothing is written"));
@@ -135,8 +134,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     health->SetServingStatus(kLivenessHealthName, true);
   }
   // The pool is ready when the default backend can make an arena; until then NOT_SERVING.
-  absl::StatusOr<std::unique_ptr<MemoryArena>> probe =
-      CreateArena(options.backend, "probe", 4096);
+  absl::StatusOr<std::unique_ptr<MemoryArena>> probe = CreateArena(options.backend, "probe", 4096);
   if (!probe.ok()) {
     server->Shutdown(absl::ZeroDuration());
     return absl::Status(probe.status().code(),

@@ -32,8 +32,7 @@ class Server {
   // Validates the options, binds both ports, starts serving. INVALID_ARGUMENT naming the
   // option for bad configuration (nothing bound then); UNAVAILABLE naming --listen or
   // --metrics_listen when a port cannot be bound; the backend's error when it is unusable.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(
-      const ServerOptions& options);
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;

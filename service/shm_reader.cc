@@ -38,9 +38,9 @@ absl::StatusOr<ShmRegion> ShmReader::Read(absl::string_view field, absl::string_
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   if (offset > size || length > size - offset) {
     ::close(fd);
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": [", offset, ", ", offset, " + ", length,
-                     ") is outside segment '", name, "' of ", size, " bytes"));
+    return absl::InvalidArgumentError(absl::StrCat(field, ": [", offset, ", ", offset, " + ",
+                                                   length, ") is outside segment '", name, "' of ",
+                                                   size, " bytes"));
   }
   std::shared_ptr<const ShmMapping> mapping;
   {

@@ -19,8 +19,8 @@ namespace entrokv::service {
 // One read-only mapping of a whole segment. Owns it: unmapped when the last holder lets go.
 class ShmMapping {
  public:
-  ShmMapping(const void* data, int64_t bytes, ino_t inode) : data_(data), bytes_(bytes),
-                                                             inode_(inode) {}
+  ShmMapping(const void* data, int64_t bytes, ino_t inode)
+      : data_(data), bytes_(bytes), inode_(inode) {}
   ~ShmMapping();
   ShmMapping(const ShmMapping&) = delete;
   ShmMapping& operator=(const ShmMapping&) = delete;

@@ -11,8 +11,7 @@ TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
   EXPECT_EQ(status.error_message(), "tau: must be > 0");
   EXPECT_EQ(ToGrpcStatus(absl::ResourceExhaustedError("x")).error_code(),
             grpc::StatusCode::RESOURCE_EXHAUSTED);
-  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ToGrpcStatus(absl::UnavailableError("x")).error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_EQ(ToGrpcStatus(absl::UnauthenticatedError("x")).error_code(),
             grpc::StatusCode::UNAUTHENTICATED);
 }

@@ -28,8 +28,8 @@ absl::Status ValidateId(absl::string_view field, absl::string_view id) {
     return Invalid(field, absl::StrCat("longer than ", kMaxIdLength, " characters"));
   }
   for (const char c : id) {
-    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' &&
-        c != ':' && c != '/' && c != '-') {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != ':' &&
+        c != '/' && c != '-') {
       return Invalid(field, "may hold only [A-Za-z0-9._:/-]");
     }
   }
@@ -70,7 +70,7 @@ v1::ModelGeometry ToProto(const ModelGeometry& geometry) {
 }
 
 absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& request,
-                                           const ServerOptions& defaults) {
+                                            const ServerOptions& defaults) {
   RETURN_IF_ERROR(ValidateId("model_id", request.model_id()));
   if (!request.has_geometry()) return Invalid("geometry", "must be set");
   CacheOptions options;
@@ -118,9 +118,9 @@ absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& requ
     default:
       return Invalid("backend", absl::StrCat("unknown value ", request.backend()));
   }
-  const uint64_t asked =
-      request.capacity_bytes() == 0 ? static_cast<uint64_t>(defaults.pool_capacity_bytes)
-                                    : request.capacity_bytes();
+  const uint64_t asked = request.capacity_bytes() == 0
+                             ? static_cast<uint64_t>(defaults.pool_capacity_bytes)
+                             : request.capacity_bytes();
   if (asked > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
     return Invalid("capacity_bytes", "too large");
   }

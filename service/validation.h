@@ -25,7 +25,7 @@ inline constexpr int kMaxIdLength = 128;
 
 // The pool a RegisterModel asks for, with the daemon's defaults filled in.
 [[nodiscard]] absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& request,
-                                                         const ServerOptions& defaults);
+                                                          const ServerOptions& defaults);
 
 [[nodiscard]] absl::StatusOr<DType> ToDType(absl::string_view field, v1::DType dtype);
 [[nodiscard]] v1::FrameLayout ToProto(FrameLayout layout);

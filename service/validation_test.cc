@@ -79,8 +79,7 @@ TEST(ResolvePolicyTest, OverridesDefaultsAndNamesFields) {
   v1::PolicyParams params;
   params.set_tau(2.0);
   params.set_protect_tail_page(false);
-  ENTROKV_ASSERT_OK_AND_ASSIGN(const ResolvedPolicy resolved,
-                               ResolvePolicy(params, defaults, 16));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const ResolvedPolicy resolved, ResolvePolicy(params, defaults, 16));
   EXPECT_EQ(resolved.policy->name(), "page_entrokv");
   EXPECT_DOUBLE_EQ(resolved.options.tau, 2.0);
   EXPECT_DOUBLE_EQ(resolved.options.alpha, 2.0);
@@ -96,8 +95,12 @@ TEST(ResolvePolicyTest, OverridesDefaultsAndNamesFields) {
 }
 
 TEST(ResolveBudgetTest, ExplicitAndPlanned) {
-  ModelGeometry geometry{.layers = 4, .query_heads = 4, .kv_groups = 2, .head_dim = 8,
-                         .page_size = 16, .element_bytes = 2};
+  ModelGeometry geometry{.layers = 4,
+                         .query_heads = 4,
+                         .kv_groups = 2,
+                         .head_dim = 8,
+                         .page_size = 16,
+                         .element_bytes = 2};
   v1::Budget budget;
   EXPECT_THAT(ResolveBudget(budget, false, geometry, 1024),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("budget")));

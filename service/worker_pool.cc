@@ -42,9 +42,8 @@ void WorkerPool::Loop() {
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
-          +[](WorkerPool* pool) ABSL_NO_THREAD_SAFETY_ANALYSIS {
-            return pool->stopping_ || !pool->queue_.empty();
-          },
+          +[](WorkerPool* pool)
+               ABSL_NO_THREAD_SAFETY_ANALYSIS { return pool->stopping_ || !pool->queue_.empty(); },
           this));
       if (queue_.empty()) return;  // stopping and drained
       job = std::move(queue_.front());

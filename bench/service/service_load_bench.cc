@@ -76,8 +76,8 @@ double CoreMsPerLayer(const std::vector<std::string>& layers) {
     const auto start = Clock::now();
     for (const std::string& layer : layers) {
       entrokv::LayerRequest request;
-      request.statistic = *entrokv::StatisticView::Create(layer.data(), entrokv::DType::kBFloat16,
-                                                          kHeads, kTokens);
+      request.statistic =
+          *entrokv::StatisticView::Create(layer.data(), entrokv::DType::kBFloat16, kHeads, kTokens);
       request.query_heads = kHeads;
       request.kv_groups = kGroups;
       request.tokens = kTokens;
@@ -134,7 +134,8 @@ RunResult Run(const std::string& address, const std::vector<v1::DecideLayerReque
   result.streams = streams;
   result.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   std::vector<double> all;
-  for (const auto& per_stream : latencies) all.insert(all.end(), per_stream.begin(), per_stream.end());
+  for (const auto& per_stream : latencies)
+    all.insert(all.end(), per_stream.begin(), per_stream.end());
   std::sort(all.begin(), all.end());
   result.decisions = static_cast<int64_t>(all.size());
   if (!all.empty()) {
@@ -162,8 +163,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   const std::string address = (*server)->address();
-  auto stub = v1::CacheManager::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+  auto stub =
+      v1::CacheManager::NewStub(grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
   {
     // head_dim 8 keeps the arena small; frame size does not enter the decision's cost.
     v1::RegisterModelRequest request;
@@ -235,7 +236,8 @@ int main(int argc, char** argv) {
        {std::pair<std::string, const std::vector<v1::DecideLayerRequest>*>{"bytes", &by_bytes},
         {"shared_memory", &by_shm}}) {
     (void)Run(address, *requests, 1, 0.3, source);  // warm-up
-    for (int streams : {1, 2, 8}) results.push_back(Run(address, *requests, streams, seconds, source));
+    for (int streams : {1, 2, 8})
+      results.push_back(Run(address, *requests, streams, seconds, source));
   }
   ::shm_unlink(segment.c_str());
   (*server)->Shutdown(absl::Seconds(1));
@@ -246,8 +248,7 @@ int main(int argc, char** argv) {
       "in-process core (DecideLayer, one thread): %.3f ms per layer\n\n"
       "%-14s %7s %10s %12s %9s %9s %14s\n",
       kLayers, kHeads, kGroups, kTokens, kFraction, std::thread::hardware_concurrency(), seconds,
-      core_ms, "source", "streams", "decisions", "decisions/s", "p50 ms", "p99 ms",
-      "p50/core");
+      core_ms, "source", "streams", "decisions", "decisions/s", "p50 ms", "p99 ms", "p50/core");
   std::string json = absl::StrFormat(
       "{\n  \"shape\": {\"layers\": %d, \"query_heads\": %d, \"kv_groups\": %d, \"tokens\": %d, "
       "\"dtype\": \"bfloat16\"},\n  \"core_ms_per_layer\": %.4f,\n  \"hardware_threads\": %u,\n"
@@ -256,8 +257,8 @@ int main(int argc, char** argv) {
   for (size_t i = 0; i < results.size(); ++i) {
     const RunResult& r = results[i];
     const double rate = r.decisions / r.seconds;
-    absl::StrAppendFormat(&text, "%-14s %7d %10d %12.1f %9.3f %9.3f %13.2fx\n", r.source,
-                          r.streams, r.decisions, rate, r.p50_ms, r.p99_ms, r.p50_ms / core_ms);
+    absl::StrAppendFormat(&text, "%-14s %7d %10d %12.1f %9.3f %9.3f %13.2fx\n", r.source, r.streams,
+                          r.decisions, rate, r.p50_ms, r.p99_ms, r.p50_ms / core_ms);
     absl::StrAppendFormat(&json,
                           "    {\"source\": \"%s\", \"streams\": %d, \"decisions\": %d, "
                           "\"decisions_per_s\": %.2f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "

@@ -32,8 +32,7 @@ using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
 using ::testing::HasSubstr;
 
-const std::vector<std::string> kLoopback = {"--listen=127.0.0.1:0",
-                                            "--metrics_listen=127.0.0.1:0"};
+const std::vector<std::string> kLoopback = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"};
 
 std::vector<std::string> With(std::vector<std::string> extra) {
   std::vector<std::string> args = kLoopback;
@@ -211,7 +210,8 @@ TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
   const std::string dump = ::testing::TempDir() + "/entrokvd_metrics.txt";
   std::ofstream(dump) << metrics;
   std::string findings;
-  if (::access("/usr/bin/promtool", X_OK) == 0 || std::system("command -v promtool >/dev/null") == 0) {
+  if (::access("/usr/bin/promtool", X_OK) == 0 ||
+      std::system("command -v promtool >/dev/null") == 0) {
     EXPECT_EQ(RunCommand("promtool check metrics < " + dump, &findings), 0) << findings;
     EXPECT_EQ(findings, "") << findings;
   }
@@ -225,10 +225,10 @@ TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
                         << "    static_configs:\n      - targets: ['127.0.0.1:"
                         << daemon.metrics_port() << "']\n";
   const int web_port = FreePort();
-  DaemonProcess server(prometheus,
-                       {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/data",
-                        "--web.listen-address=127.0.0.1:" + std::to_string(web_port),
-                        "--log.level=warn"});
+  DaemonProcess server(
+      prometheus,
+      {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/data",
+       "--web.listen-address=127.0.0.1:" + std::to_string(web_port), "--log.level=warn"});
   auto query = [&](const std::string& expr) {
     return HttpGet(web_port, "/api/v1/query?query=" + expr);
   };
@@ -237,8 +237,8 @@ TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
   for (int i = 0; i < 300 && !(frames && buckets); ++i) {
     absl::SleepFor(absl::Milliseconds(100));
     frames = frames || query("entrokv_pool_frames").find("\"pool\":\"m\"") != std::string::npos;
-    buckets = buckets || query("entrokv_union_overhead_ratio_bucket").find("\"le\":") !=
-                             std::string::npos;
+    buckets = buckets ||
+              query("entrokv_union_overhead_ratio_bucket").find("\"le\":") != std::string::npos;
   }
   EXPECT_TRUE(frames) << query("entrokv_pool_frames") << server.Stderr();
   EXPECT_TRUE(buckets) << query("entrokv_union_overhead_ratio_bucket");

@@ -61,12 +61,10 @@ class ServiceTest : public ::testing::Test {
   void ExpectInvariants(const std::string& model) {
     absl::StatusOr<std::shared_ptr<Model>> found = server_->service().registry().Find(model);
     ASSERT_TRUE(found.ok());
-    EXPECT_TRUE((*found)->state().CheckInvariants().ok())
-        << (*found)->state().CheckInvariants();
+    EXPECT_TRUE((*found)->state().CheckInvariants().ok()) << (*found)->state().CheckInvariants();
   }
-  v1::DecideRequest DecideAll(const std::string& model, const std::string& sequence,
-                              int64_t tokens, int64_t pages, uint32_t seed,
-                              v1::DType dtype = v1::DTYPE_BFLOAT16) {
+  v1::DecideRequest DecideAll(const std::string& model, const std::string& sequence, int64_t tokens,
+                              int64_t pages, uint32_t seed, v1::DType dtype = v1::DTYPE_BFLOAT16) {
     v1::DecideRequest request;
     request.set_model_id(model);
     request.set_sequence_id(sequence);

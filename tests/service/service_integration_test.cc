@@ -27,14 +27,14 @@ using ::entrokv::service::testing::RegisterRequest;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-using ::entrokv::service::testing::ServiceTest;
 using ::entrokv::service::testing::kGroups;
 using ::entrokv::service::testing::kHeads;
 using ::entrokv::service::testing::kLayers;
+using ::entrokv::service::testing::ServiceTest;
 
 // The core's decision for a statistic the test encoded the same way.
-LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t tokens,
-                           int64_t pages, std::span<const double> cached = {}) {
+LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t tokens, int64_t pages,
+                           std::span<const double> cached = {}) {
   PolicyOptions options;  // the daemon's defaults: tau 0.5, alpha 2, 4 sinks, tail page kept
   options.page_size = 16;
   options.protections.tail_page = true;
@@ -56,9 +56,10 @@ LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t to
 TEST_F(ServiceTest, FullLifecycle) {
   grpc::ClientContext register_context;
   v1::RegisterModelResponse registered;
-  ASSERT_TRUE(stub_->RegisterModel(&register_context,
-                                   RegisterRequest("m", kLayers, kHeads, kGroups, 4 << 20),
-                                   &registered)
+  ASSERT_TRUE(stub_
+                  ->RegisterModel(&register_context,
+                                  RegisterRequest("m", kLayers, kHeads, kGroups, 4 << 20),
+                                  &registered)
                   .ok());
   EXPECT_EQ(registered.pool().frame_layout(), v1::FRAME_LAYOUT_GROUP);
   EXPECT_EQ(registered.pool().backend(), v1::BACKEND_HOST);
@@ -149,13 +150,12 @@ TEST_F(ServiceTest, DecisionsEqualTheCoreAndCachedWeightsAreReused) {
   ASSERT_TRUE(stub_->Decide(&context, request, &response).ok());
   std::vector<double> layer0_weights;
   for (int i = 0; i < kLayers; ++i) {
-    const LayerDecision core = CoreDecision(request.layers(i).statistic().data(),
-                                            v1::DTYPE_BFLOAT16, 1000, 12);
+    const LayerDecision core =
+        CoreDecision(request.layers(i).statistic().data(), v1::DTYPE_BFLOAT16, 1000, 12);
     for (int g = 0; g < kGroups; ++g) {
       EXPECT_THAT(response.layers(i).groups(g).kept_pages(),
                   ElementsAreArray(core.groups[g].kept_pages));
-      EXPECT_THAT(response.layers(i).groups(g).weights(),
-                  ElementsAreArray(core.groups[g].weights));
+      EXPECT_THAT(response.layers(i).groups(g).weights(), ElementsAreArray(core.groups[g].weights));
       if (i == 0) {
         layer0_weights.insert(layer0_weights.end(), core.groups[g].weights.begin(),
                               core.groups[g].weights.end());
@@ -183,8 +183,8 @@ TEST_F(ServiceTest, DecisionsEqualTheCoreAndCachedWeightsAreReused) {
   v1::DecideResponse decoded;
   const grpc::Status status = stub_->Decide(&decode_context, decode, &decoded);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  const LayerDecision core = CoreDecision(in->statistic().data(), v1::DTYPE_FLOAT32, 1016, 10,
-                                          layer0_weights);
+  const LayerDecision core =
+      CoreDecision(in->statistic().data(), v1::DTYPE_FLOAT32, 1016, 10, layer0_weights);
   for (int g = 0; g < kGroups; ++g) {
     EXPECT_THAT(decoded.layers(0).groups(g).kept_pages(),
                 ElementsAreArray(core.groups[g].kept_pages));
@@ -204,8 +204,8 @@ TEST_F(ServiceTest, StreamsOneDecisionPerLayerInOrder) {
     request.set_sequence_id("s");
     request.mutable_budget()->set_fraction(0.25);
     request.mutable_layer()->set_layer(layer);
-    *request.mutable_layer()->mutable_statistic() = BytesStatistic(
-        RandomStatistic(kHeads, 500, 40 + layer), kHeads, 500, v1::DTYPE_BFLOAT16);
+    *request.mutable_layer()->mutable_statistic() =
+        BytesStatistic(RandomStatistic(kHeads, 500, 40 + layer), kHeads, 500, v1::DTYPE_BFLOAT16);
     sent.push_back(request.layer().statistic().data());
     ASSERT_TRUE(stream->Write(request));
     v1::LayerDecision decision;

@@ -166,12 +166,10 @@ std::vector<ErrorCase> ErrorCases() {
       decide([](v1::DecideRequest& r) {
         r.mutable_layers(0)->mutable_statistic()->set_dtype(v1::DTYPE_BFLOAT16);
       }));
-  add("decide wrong heads", C::INVALID_ARGUMENT, "query_heads",
-      decide([](v1::DecideRequest& r) {
+  add("decide wrong heads", C::INVALID_ARGUMENT, "query_heads", decide([](v1::DecideRequest& r) {
         r.mutable_layers(0)->mutable_statistic()->set_query_heads(2);
       }));
-  add("decide overflowing tokens", C::INVALID_ARGUMENT, "tokens",
-      decide([](v1::DecideRequest& r) {
+  add("decide overflowing tokens", C::INVALID_ARGUMENT, "tokens", decide([](v1::DecideRequest& r) {
         r.mutable_layers(0)->mutable_statistic()->set_tokens(int64_t{1} << 62);
       }));
   add("decide tokens differ from the sequence", C::FAILED_PRECONDITION, "tokens",
@@ -200,8 +198,7 @@ std::vector<ErrorCase> ErrorCases() {
   add("decide NaN in the second layer", C::INVALID_ARGUMENT, "layers[1]",
       decide(poison(std::nanf(""))));
   add("decide negative value", C::INVALID_ARGUMENT, "layers[1]", decide(poison(-1.0f)));
-  add("decide bad segment name", C::INVALID_ARGUMENT, "segment",
-      decide([](v1::DecideRequest& r) {
+  add("decide bad segment name", C::INVALID_ARGUMENT, "segment", decide([](v1::DecideRequest& r) {
         v1::Statistic* stat = r.mutable_layers(0)->mutable_statistic();
         stat->mutable_shared_memory()->set_segment("/etc-passwd");
         stat->mutable_shared_memory()->set_length_bytes(kHeads * 100 * 4);
@@ -252,8 +249,7 @@ TEST_F(ServiceTest, SharedMemoryStatisticDecidesLikeBytes) {
   const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR, 0600);
   ASSERT_GE(fd, 0);
   ASSERT_EQ(::ftruncate(fd, 64 + encoded.size()), 0);
-  ASSERT_EQ(::pwrite(fd, encoded.data(), encoded.size(), 64),
-            static_cast<ssize_t>(encoded.size()));
+  ASSERT_EQ(::pwrite(fd, encoded.data(), encoded.size(), 64), static_cast<ssize_t>(encoded.size()));
   ::close(fd);
 
   v1::DecideRequest by_bytes;
@@ -308,8 +304,8 @@ TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {  // R3
   for (int layer = 0; layer < kLayers; ++layer) {
     v1::LayerStatistic* in = request.add_layers();
     in->set_layer(layer);
-    *in->mutable_statistic() = BytesStatistic(RandomStatistic(kHeads, tokens, layer), kHeads,
-                                              tokens, v1::DTYPE_FLOAT32);
+    *in->mutable_statistic() =
+        BytesStatistic(RandomStatistic(kHeads, tokens, layer), kHeads, tokens, v1::DTYPE_FLOAT32);
   }
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(2));
@@ -337,8 +333,8 @@ TEST_F(ServiceTest, OverloadIsShedAtOnce) {  // R5
   for (int layer = 0; layer < kLayers; ++layer) {
     v1::LayerStatistic* in = slow.add_layers();
     in->set_layer(layer);
-    *in->mutable_statistic() = BytesStatistic(RandomStatistic(kHeads, tokens, layer), kHeads,
-                                              tokens, v1::DTYPE_FLOAT32);
+    *in->mutable_statistic() =
+        BytesStatistic(RandomStatistic(kHeads, tokens, layer), kHeads, tokens, v1::DTYPE_FLOAT32);
   }
   // Eight calls at once against one slot: the first is admitted, calls arriving while it
   // runs are shed at once instead of queueing.
@@ -442,11 +438,16 @@ TEST_F(ServiceTest, MetricSeriesStayBoundedOverManySequences) {  // R11
   Open("m", "warm", 64);
   grpc::ClientContext warm_context;
   v1::DecideResponse warm;
-  ASSERT_TRUE(stub_->Decide(&warm_context, [] {
-    v1::DecideRequest r = OneLayer(64);
-    r.set_sequence_id("warm");
-    return r;
-  }(), &warm).ok());
+  ASSERT_TRUE(stub_
+                  ->Decide(
+                      &warm_context,
+                      [] {
+                        v1::DecideRequest r = OneLayer(64);
+                        r.set_sequence_id("warm");
+                        return r;
+                      }(),
+                      &warm)
+                  .ok());
   auto count_series = [this] {
     const std::string text = HttpGet(server_->metrics_port(), "/metrics");
     int series = 0;

@@ -37,11 +37,10 @@ grpc::Status GenericUnary(grpc::Channel& channel, const std::string& method,
   grpc::ByteBuffer out;
   grpc::Status result;
   absl::Notification done;
-  stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out,
-                 [&](grpc::Status status) {
-                   result = std::move(status);
-                   done.Notify();
-                 });
+  stub.UnaryCall(&context, method, grpc::StubOptions(), &in, &out, [&](grpc::Status status) {
+    result = std::move(status);
+    done.Notify();
+  });
   done.WaitForNotification();
   if (result.ok() && response != nullptr) {
     std::vector<grpc::Slice> slices;
@@ -73,9 +72,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address, int max_m
   return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
 }
 
-v1::RegisterModelRequest RegisterRequest(const std::string& model_id, int layers,
-                                         int query_heads, int kv_groups,
-                                         uint64_t capacity_bytes) {
+v1::RegisterModelRequest RegisterRequest(const std::string& model_id, int layers, int query_heads,
+                                         int kv_groups, uint64_t capacity_bytes) {
   v1::RegisterModelRequest request;
   request.set_model_id(model_id);
   v1::ModelGeometry* g = request.mutable_geometry();
@@ -103,8 +101,8 @@ std::string Encode(const std::vector<float>& values, v1::DType dtype) {
   }
   std::string out(values.size() * 2, '\0');
   for (size_t i = 0; i < values.size(); ++i) {
-    const uint16_t bits = dtype == v1::DTYPE_BFLOAT16 ? FloatToBFloat16(values[i])
-                                                      : FloatToFloat16(values[i]);
+    const uint16_t bits =
+        dtype == v1::DTYPE_BFLOAT16 ? FloatToBFloat16(values[i]) : FloatToFloat16(values[i]);
     std::memcpy(&out[i * 2], &bits, 2);
   }
   return out;
@@ -181,8 +179,7 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::WaitListening(int timeout_ms) {
-  static const std::regex kLine(
-      R"(entrokvd listening on [^ ]+:(\d+) metrics on [^ ]+:(\d+))");
+  static const std::regex kLine(R"(entrokvd listening on [^ ]+:(\d+) metrics on [^ ]+:(\d+))");
   const int64_t deadline = NowMs() + timeout_ms;
   while (NowMs() < deadline) {
     std::smatch match;

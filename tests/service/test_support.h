@@ -25,9 +25,8 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address,
                                            int max_message_bytes = 256 << 20);
 
 // A RegisterModel request for a small model: layers x query_heads/kv_groups, page 16.
-v1::RegisterModelRequest RegisterRequest(const std::string& model_id, int layers,
-                                         int query_heads, int kv_groups,
-                                         uint64_t capacity_bytes);
+v1::RegisterModelRequest RegisterRequest(const std::string& model_id, int layers, int query_heads,
+                                         int kv_groups, uint64_t capacity_bytes);
 
 // A random non-negative statistic [heads, tokens] as float32 values, seeded.
 std::vector<float> RandomStatistic(int heads, int64_t tokens, uint32_t seed);
@@ -39,8 +38,8 @@ v1::Statistic BytesStatistic(const std::vector<float>& values, int heads, int64_
 
 // grpc.health.v1.Health/Check through a generic call: 1 SERVING, 2 NOT_SERVING, 0 UNKNOWN,
 // -1 when the call itself failed (code in *status when given).
-int HealthCheck(grpc::Channel& channel, const std::string& service,
-                grpc::Status* status = nullptr, int timeout_ms = 1000);
+int HealthCheck(grpc::Channel& channel, const std::string& service, grpc::Status* status = nullptr,
+                int timeout_ms = 1000);
 
 // One ServerReflectionInfo exchange (list_services) as a unary generic call.
 grpc::Status CallReflection(grpc::Channel& channel);
