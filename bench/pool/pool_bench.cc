@@ -17,8 +17,12 @@ namespace entrokv {
 namespace {
 
 constexpr int64_t kTokens = 131072;
-constexpr ModelGeometry kShape{.layers = 80, .query_heads = 64, .kv_groups = 8, .head_dim = 8,
-                               .page_size = 16, .element_bytes = 2};
+constexpr ModelGeometry kShape{.layers = 80,
+                               .query_heads = 64,
+                               .kv_groups = 8,
+                               .head_dim = 8,
+                               .page_size = 16,
+                               .element_bytes = 2};
 constexpr int64_t kPages = kTokens / 16;
 constexpr int64_t kKeptPages = kPages / 5;  // a 20% budget
 

@@ -77,8 +77,8 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   }
   const auto parent = sequences_.find(parent_id);
   if (parent == sequences_.end()) return NotFound("parent sequence", parent_id);
-  ASSIGN_OR_RETURN(Sequence child, Sequence::Fork(std::string(sequence_id), parent->second,
-                                                  prefix_pages, *pool_));
+  ASSIGN_OR_RETURN(Sequence child,
+                   Sequence::Fork(std::string(sequence_id), parent->second, prefix_pages, *pool_));
   sequences_.emplace(std::string(sequence_id), std::move(child));
   return absl::OkStatus();
 }
@@ -99,8 +99,8 @@ absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return NotFound("sequence", sequence_id);
-  ASSIGN_OR_RETURN(ApplyResult result, it->second.ApplyDecision(layer, decided_tokens,
-                                                                kept_pages_per_group, *pool_));
+  ASSIGN_OR_RETURN(ApplyResult result,
+                   it->second.ApplyDecision(layer, decided_tokens, kept_pages_per_group, *pool_));
   for (const auto& pages : result.evicted_pages_per_group) {
     pages_evicted_total_ += static_cast<int64_t>(pages.size());
   }
@@ -188,8 +188,8 @@ absl::Status CacheState::CheckInvariants() const {
           }
           if (pool_->frame_layer(frame) != layer ||
               (layer_of[frame] != -1 && layer_of[frame] != layer)) {
-            return absl::InternalError(
-                absl::StrCat("frame ", frame, " is named by layers ", layer_of[frame], " and ", layer));
+            return absl::InternalError(absl::StrCat("frame ", frame, " is named by layers ",
+                                                    layer_of[frame], " and ", layer));
           }
           layer_of[frame] = layer;
           if (layout_ == FrameLayout::kLayer) {
@@ -207,8 +207,8 @@ absl::Status CacheState::CheckInvariants() const {
   for (int64_t frame = 0; frame < pool_->capacity_frames(); ++frame) {
     const FrameId f = static_cast<FrameId>(frame);
     if (references[frame] != pool_->refcount(f)) {
-      return absl::InternalError(absl::StrCat("frame ", frame, " has refcount ",
-                                              pool_->refcount(f), " but ", references[frame],
+      return absl::InternalError(absl::StrCat("frame ", frame, " has refcount ", pool_->refcount(f),
+                                              " but ", references[frame],
                                               " block-table references"));
     }
   }

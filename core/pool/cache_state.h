@@ -51,7 +51,7 @@ struct PoolStats {
   std::vector<int64_t> used_frames_per_layer;
   int64_t pages_evicted_total = 0;
   int64_t frames_freed_total = 0;
-  int64_t bytes_moved_total = 0;  // eviction moves no data: always 0
+  int64_t bytes_moved_total = 0;   // eviction moves no data: always 0
   int64_t bytes_copied_total = 0;  // copy-on-write of shared tail pages on append
   int64_t decisions_total = 0;     // successful ApplyDecision calls
 };

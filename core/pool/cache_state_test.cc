@@ -18,8 +18,12 @@ using ::testing::HasSubstr;
 
 CacheOptions Options(FrameLayout layout, int64_t frames) {
   CacheOptions options;
-  options.geometry = {.layers = 3, .query_heads = 8, .kv_groups = 2, .head_dim = 4,
-                      .page_size = 4, .element_bytes = 2};
+  options.geometry = {.layers = 3,
+                      .query_heads = 8,
+                      .kv_groups = 2,
+                      .head_dim = 4,
+                      .page_size = 4,
+                      .element_bytes = 2};
   options.layout = layout;
   options.capacity_bytes = frames * FrameBytes(options.geometry, layout) + 7;  // floor to frames
   options.name = "cache_state_test";
@@ -83,21 +87,32 @@ TEST(CacheStateTest, LifecycleAndStats) {
 
 TEST(CacheStateTest, ErrorsNameTheProblemAndChangeNothing) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 12)));
-  EXPECT_THAT(state->OpenSequence("", 1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence_id")));
-  EXPECT_THAT(state->OpenSequence("a", -1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial_tokens")));
+  EXPECT_THAT(state->OpenSequence("", 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence_id")));
+  EXPECT_THAT(state->OpenSequence("a", -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("initial_tokens")));
   ASSERT_THAT(state->OpenSequence("a", 4), IsOk());  // 6 frames
-  EXPECT_THAT(state->OpenSequence("a", 1), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"a\"")));
+  EXPECT_THAT(state->OpenSequence("a", 1),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"a\"")));
   // 8 tokens need 12 frames: the open fails and leaves no sequence behind.
-  EXPECT_THAT(state->OpenSequence("b", 8), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("exhausted")));
+  EXPECT_THAT(state->OpenSequence("b", 8),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("exhausted")));
   EXPECT_THAT(state->GetSequence("b"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"b\"")));
-  EXPECT_THAT(state->AppendTokens("a", 5), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("needs 12 frames, 6 free")));
+  EXPECT_THAT(state->AppendTokens("a", 5),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("needs 12 frames, 6 free")));
   EXPECT_THAT(state->AppendTokens("zz", 1), StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
-  EXPECT_THAT(state->ApplyDecision("zz", 0, 4, {{0}, {0}}), StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
-  EXPECT_THAT(state->ApplyDecision("a", 0, 5, {{0}, {0}}), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("5 tokens")));
-  EXPECT_THAT(state->ForkSequence("c", "zz", 0), StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
-  EXPECT_THAT(state->ForkSequence("a", "a", 0), StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"a\"")));
-  EXPECT_THAT(state->ForkSequence("c", "a", 2), StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("prefix_pages")));
-  EXPECT_THAT(state->ForkSequence("", "a", 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence_id")));
+  EXPECT_THAT(state->ApplyDecision("zz", 0, 4, {{0}, {0}}),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
+  EXPECT_THAT(state->ApplyDecision("a", 0, 5, {{0}, {0}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("5 tokens")));
+  EXPECT_THAT(state->ForkSequence("c", "zz", 0),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
+  EXPECT_THAT(state->ForkSequence("a", "a", 0),
+              StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr("\"a\"")));
+  EXPECT_THAT(state->ForkSequence("c", "a", 2),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("prefix_pages")));
+  EXPECT_THAT(state->ForkSequence("", "a", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("sequence_id")));
   const PoolStats stats = state->Stats();
   EXPECT_EQ(stats.used_frames, 6);
   EXPECT_EQ(stats.sequences_active, 1);

@@ -13,8 +13,7 @@ namespace entrokv {
 namespace {
 
 absl::Status CudaError(absl::string_view call, cudaError_t error) {
-  const std::string message =
-      absl::StrCat("cuda arena: ", call, ": ", cudaGetErrorString(error));
+  const std::string message = absl::StrCat("cuda arena: ", call, ": ", cudaGetErrorString(error));
   if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
   if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
     return absl::UnavailableError(message);

@@ -20,8 +20,12 @@ using ::testing::HasSubstr;
 
 TEST(CudaArenaTest, WithoutADeviceCreateFailsCleanly) {
   CacheOptions options;
-  options.geometry = {.layers = 1, .query_heads = 2, .kv_groups = 1, .head_dim = 8,
-                      .page_size = 4, .element_bytes = 2};
+  options.geometry = {.layers = 1,
+                      .query_heads = 2,
+                      .kv_groups = 1,
+                      .head_dim = 8,
+                      .page_size = 4,
+                      .element_bytes = 2};
   options.backend = Backend::kCuda;
   options.capacity_bytes = 4 * FrameBytes(options.geometry, FrameLayout::kGroup);
 #ifndef ENTROKV_POOL_HAVE_CUDA
@@ -42,8 +46,12 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
   CacheOptions options;
-  options.geometry = {.layers = 2, .query_heads = 8, .kv_groups = 2, .head_dim = 64,
-                      .page_size = 16, .element_bytes = 2};
+  options.geometry = {.layers = 2,
+                      .query_heads = 8,
+                      .kv_groups = 2,
+                      .head_dim = 64,
+                      .page_size = 16,
+                      .element_bytes = 2};
   options.backend = Backend::kCuda;
   options.capacity_bytes = 32 * FrameBytes(options.geometry, FrameLayout::kGroup);
   options.name = "cuda_test";
@@ -71,9 +79,9 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   const FrameId child_tail = child.block_tables[1][1][1];
   ASSERT_NE(child_tail, parent_tail);
   std::vector<uint8_t> back(frame_bytes);
-  ASSERT_EQ(cudaMemcpy(back.data(), state->FrameAddress(child_tail), frame_bytes,
-                       cudaMemcpyDeviceToHost),
-            cudaSuccess);
+  ASSERT_EQ(
+      cudaMemcpy(back.data(), state->FrameAddress(child_tail), frame_bytes, cudaMemcpyDeviceToHost),
+      cudaSuccess);
   EXPECT_EQ(back, pattern);
   EXPECT_THAT(state->CheckInvariants(), IsOk());
 #endif

@@ -19,23 +19,22 @@ absl::Status CheckPositive(absl::string_view field, int value) {
 }  // namespace
 
 absl::Status ValidateGeometry(const ModelGeometry& geometry) {
-  for (const auto& [field, value] :
-       {std::pair<absl::string_view, int>{"layers", geometry.layers},
-        {"query_heads", geometry.query_heads},
-        {"kv_groups", geometry.kv_groups},
-        {"head_dim", geometry.head_dim},
-        {"page_size", geometry.page_size},
-        {"element_bytes", geometry.element_bytes}}) {
+  for (const auto& [field, value] : {std::pair<absl::string_view, int>{"layers", geometry.layers},
+                                     {"query_heads", geometry.query_heads},
+                                     {"kv_groups", geometry.kv_groups},
+                                     {"head_dim", geometry.head_dim},
+                                     {"page_size", geometry.page_size},
+                                     {"element_bytes", geometry.element_bytes}}) {
     if (absl::Status status = CheckPositive(field, value); !status.ok()) return status;
   }
   if (geometry.query_heads % geometry.kv_groups != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("geometry.query_heads (", geometry.query_heads,
-                     ") must be a multiple of geometry.kv_groups (", geometry.kv_groups, ")"));
+    return absl::InvalidArgumentError(absl::StrCat("geometry.query_heads (", geometry.query_heads,
+                                                   ") must be a multiple of geometry.kv_groups (",
+                                                   geometry.kv_groups, ")"));
   }
   // A kLayer frame must fit comfortably in int64 arithmetic (capacity * frame_bytes).
-  const double layer_frame_bytes = 2.0 * geometry.page_size * geometry.head_dim *
-                                   geometry.element_bytes * geometry.kv_groups;
+  const double layer_frame_bytes =
+      2.0 * geometry.page_size * geometry.head_dim * geometry.element_bytes * geometry.kv_groups;
   if (layer_frame_bytes > static_cast<double>(int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
         "geometry: a frame (page_size * head_dim * element_bytes * kv_groups) exceeds 1 TiB");
@@ -66,8 +65,8 @@ absl::string_view BackendName(Backend backend) {
 }
 
 int64_t FrameBytes(const ModelGeometry& geometry, FrameLayout layout) {
-  const int64_t group_bytes = int64_t{2} * geometry.page_size * geometry.head_dim *
-                              geometry.element_bytes;
+  const int64_t group_bytes =
+      int64_t{2} * geometry.page_size * geometry.head_dim * geometry.element_bytes;
   return layout == FrameLayout::kGroup ? group_bytes : group_bytes * geometry.kv_groups;
 }
 

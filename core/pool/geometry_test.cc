@@ -11,15 +11,19 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 ModelGeometry Llama70B() {
-  return {.layers = 80, .query_heads = 64, .kv_groups = 8, .head_dim = 128, .page_size = 16,
+  return {.layers = 80,
+          .query_heads = 64,
+          .kv_groups = 8,
+          .head_dim = 128,
+          .page_size = 16,
           .element_bytes = 2};
 }
 
 TEST(GeometryTest, ValidGeometryPasses) { EXPECT_THAT(ValidateGeometry(Llama70B()), IsOk()); }
 
 TEST(GeometryTest, EveryNonPositiveFieldIsNamed) {
-  const char* fields[] = {"layers", "query_heads", "kv_groups", "head_dim", "page_size",
-                          "element_bytes"};
+  const char* fields[] = {"layers",   "query_heads", "kv_groups",
+                          "head_dim", "page_size",   "element_bytes"};
   for (int i = 0; i < 6; ++i) {
     ModelGeometry geometry = Llama70B();
     int* values[] = {&geometry.layers,   &geometry.query_heads, &geometry.kv_groups,

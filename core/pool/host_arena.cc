@@ -109,20 +109,19 @@ absl::StatusOr<std::unique_ptr<HostArenaMapping>> HostArenaMapping::OpenByName(
 absl::StatusOr<std::unique_ptr<HostArenaMapping>> HostArenaMapping::OpenByFd(int fd) {
   const int own = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (own < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("host arena fd ", fd, ": ", ErrnoText(errno)));
+    return absl::InvalidArgumentError(absl::StrCat("host arena fd ", fd, ": ", ErrnoText(errno)));
   }
   return MapFd(own, absl::StrCat("fd ", fd));
 }
 
-absl::StatusOr<std::unique_ptr<HostArenaMapping>> HostArenaMapping::MapFd(
-    int fd, absl::string_view what) {
+absl::StatusOr<std::unique_ptr<HostArenaMapping>> HostArenaMapping::MapFd(int fd,
+                                                                          absl::string_view what) {
   struct stat st {};
   if (fstat(fd, &st) != 0 || st.st_size <= 0) {
     const int error = errno;
     close(fd);
-    return absl::InvalidArgumentError(absl::StrCat("host arena ", what, ": empty or unreadable (",
-                                                   ErrnoText(error), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("host arena ", what, ": empty or unreadable (", ErrnoText(error), ")"));
   }
   void* data =
       mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);

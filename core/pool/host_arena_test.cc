@@ -68,8 +68,12 @@ TEST(HostArenaTest, AnotherProcessMapsTheArenaByFd) {
 
 TEST(HostArenaTest, WorkerSeesFramesTheDaemonAssigned) {
   CacheOptions options;
-  options.geometry = {.layers = 2, .query_heads = 4, .kv_groups = 2, .head_dim = 8,
-                      .page_size = 4, .element_bytes = 2};
+  options.geometry = {.layers = 2,
+                      .query_heads = 4,
+                      .kv_groups = 2,
+                      .head_dim = 8,
+                      .page_size = 4,
+                      .element_bytes = 2};
   options.capacity_bytes = 64 * FrameBytes(options.geometry, FrameLayout::kGroup);
   options.name = "worker";
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
@@ -107,8 +111,10 @@ TEST(HostArenaTest, NameIsGoneAfterTheArena) {
 }
 
 TEST(HostArenaTest, RejectsBadInput) {
-  EXPECT_THAT(CreateHostArena("x", 0), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
-  EXPECT_THAT(HostArenaMapping::OpenByFd(-1), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fd")));
+  EXPECT_THAT(CreateHostArena("x", 0),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+  EXPECT_THAT(HostArenaMapping::OpenByFd(-1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fd")));
 }
 
 }  // namespace

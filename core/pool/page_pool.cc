@@ -23,17 +23,17 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PagePoolOptions
   RETURN_IF_ERROR(ValidateGeometry(options.geometry));
   if (options.capacity_frames <= 0 ||
       options.capacity_frames > std::numeric_limits<FrameId>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "capacity_frames must be in [1, ", std::numeric_limits<FrameId>::max(), "], got ",
-        options.capacity_frames));
+    return absl::InvalidArgumentError(absl::StrCat("capacity_frames must be in [1, ",
+                                                   std::numeric_limits<FrameId>::max(), "], got ",
+                                                   options.capacity_frames));
   }
   const int64_t frame_bytes = FrameBytes(options.geometry, options.layout);
   if (options.capacity_frames > std::numeric_limits<int64_t>::max() / frame_bytes) {
     return absl::InvalidArgumentError("capacity_frames * frame_bytes overflows");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
-                   CreateArena(options.backend, options.name,
-                               options.capacity_frames * frame_bytes));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<MemoryArena> arena,
+      CreateArena(options.backend, options.name, options.capacity_frames * frame_bytes));
   return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arena)));
 }
 
@@ -79,8 +79,7 @@ absl::Status PagePool::AddRef(FrameId frame) {
 
 absl::StatusOr<bool> PagePool::Release(FrameId frame) {
   if (!IsValid(frame) || refcount_[frame] == 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("Release: frame ", frame, " is not in use"));
+    return absl::FailedPreconditionError(absl::StrCat("Release: frame ", frame, " is not in use"));
   }
   if (--refcount_[frame] > 0) return false;
   --used_per_layer_[frame_layer_[frame]];
@@ -92,8 +91,8 @@ absl::StatusOr<bool> PagePool::Release(FrameId frame) {
 absl::Status PagePool::CopyFrame(FrameId source, FrameId destination) {
   if (!IsValid(source) || !IsValid(destination) || refcount_[source] == 0 ||
       refcount_[destination] == 0 || source == destination) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CopyFrame: frames ", source, " -> ", destination, " must be distinct and used"));
+    return absl::FailedPreconditionError(absl::StrCat("CopyFrame: frames ", source, " -> ",
+                                                      destination, " must be distinct and used"));
   }
   return arena_->Copy(destination * frame_bytes_, source * frame_bytes_, frame_bytes_);
 }
@@ -104,8 +103,8 @@ void* PagePool::FrameAddress(FrameId frame) const {
 
 absl::Status PagePool::CheckInvariants() const {
   if (used_frames() + free_frames() != capacity_frames_ || free_frames() > capacity_frames_) {
-    return absl::InternalError(absl::StrCat("pool: used ", used_frames(), " + free ",
-                                            free_frames(), " != capacity ", capacity_frames_));
+    return absl::InternalError(absl::StrCat("pool: used ", used_frames(), " + free ", free_frames(),
+                                            " != capacity ", capacity_frames_));
   }
   std::vector<bool> on_free_list(capacity_frames_, false);
   for (const FrameId frame : free_list_) {
@@ -118,7 +117,8 @@ absl::Status PagePool::CheckInvariants() const {
     on_free_list[frame] = true;
     if (refcount_[frame] != 0 || frame_layer_[frame] != -1) {
       return absl::InternalError(absl::StrCat("pool: free frame ", frame, " has refcount ",
-                                              refcount_[frame], " and layer ", frame_layer_[frame]));
+                                              refcount_[frame], " and layer ",
+                                              frame_layer_[frame]));
     }
   }
   std::vector<int64_t> per_layer(geometry_.layers, 0);

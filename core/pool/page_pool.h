@@ -64,9 +64,7 @@ class PagePool {
   [[nodiscard]] int32_t refcount(FrameId frame) const { return refcount_[frame]; }
   // The layer a used frame belongs to; -1 for a free one. REQUIRES: IsValid(frame).
   [[nodiscard]] int32_t frame_layer(FrameId frame) const { return frame_layer_[frame]; }
-  [[nodiscard]] bool IsValid(FrameId frame) const {
-    return frame >= 0 && frame < capacity_frames_;
-  }
+  [[nodiscard]] bool IsValid(FrameId frame) const { return frame >= 0 && frame < capacity_frames_; }
   // The frame's first byte in the arena's address space (host or device).
   [[nodiscard]] void* FrameAddress(FrameId frame) const;
 
@@ -76,17 +74,16 @@ class PagePool {
   [[nodiscard]] absl::Status CheckInvariants() const;
 
  private:
-  PagePool(const PagePoolOptions& options, int64_t frame_bytes,
-           std::unique_ptr<MemoryArena> arena);
+  PagePool(const PagePoolOptions& options, int64_t frame_bytes, std::unique_ptr<MemoryArena> arena);
 
   const ModelGeometry geometry_;
   const FrameLayout layout_;
   const int64_t capacity_frames_;
   const int64_t frame_bytes_;
   std::unique_ptr<MemoryArena> arena_;
-  std::vector<FrameId> free_list_;      // a stack: the most recently freed frame goes out first
-  std::vector<int32_t> refcount_;       // per frame; 0 means free
-  std::vector<int32_t> frame_layer_;    // per used frame; -1 when free
+  std::vector<FrameId> free_list_;    // a stack: the most recently freed frame goes out first
+  std::vector<int32_t> refcount_;     // per frame; 0 means free
+  std::vector<int32_t> frame_layer_;  // per used frame; -1 when free
   std::vector<int64_t> used_per_layer_;
 };
 

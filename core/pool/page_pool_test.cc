@@ -15,8 +15,12 @@ using ::testing::HasSubstr;
 
 PagePoolOptions SmallPool(int64_t capacity_frames) {
   PagePoolOptions options;
-  options.geometry = {.layers = 2, .query_heads = 4, .kv_groups = 2, .head_dim = 4,
-                      .page_size = 4, .element_bytes = 2};
+  options.geometry = {.layers = 2,
+                      .query_heads = 4,
+                      .kv_groups = 2,
+                      .head_dim = 4,
+                      .page_size = 4,
+                      .element_bytes = 2};
   options.capacity_frames = capacity_frames;
   options.name = "page_pool_test";
   return options;
@@ -53,7 +57,8 @@ TEST(PagePoolTest, AllocatesDistinctFramesUntilExhausted) {
   }
   EXPECT_EQ(frames.size(), 4u);
   EXPECT_EQ(pool->used_frames_per_layer(), (std::vector<int64_t>{2, 2}));
-  EXPECT_THAT(pool->Allocate(0, 1), StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("exhausted")));
+  EXPECT_THAT(pool->Allocate(0, 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("exhausted")));
   EXPECT_THAT(pool->CheckInvariants(), IsOk());
 }
 
@@ -90,8 +95,10 @@ TEST(PagePoolTest, DoubleReleaseIsAnErrorNotADoubleFree) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto pool, PagePool::Create(SmallPool(2)));
   ENTROKV_ASSERT_OK_AND_ASSIGN(FrameId frame, pool->Allocate(0, 1));
   ASSERT_TRUE(*pool->Release(frame));
-  EXPECT_THAT(pool->Release(frame), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not in use")));
-  EXPECT_THAT(pool->AddRef(frame), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not in use")));
+  EXPECT_THAT(pool->Release(frame),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not in use")));
+  EXPECT_THAT(pool->AddRef(frame),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("not in use")));
   EXPECT_THAT(pool->Release(99), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("99")));
   EXPECT_EQ(pool->free_frames(), 2);
   EXPECT_THAT(pool->CheckInvariants(), IsOk());
@@ -105,7 +112,8 @@ TEST(PagePoolTest, CopyFrameCopiesBytes) {
   std::memset(pool->FrameAddress(b), 0, pool->frame_bytes());
   ASSERT_THAT(pool->CopyFrame(a, b), IsOk());
   EXPECT_EQ(std::memcmp(pool->FrameAddress(a), pool->FrameAddress(b), pool->frame_bytes()), 0);
-  EXPECT_THAT(pool->CopyFrame(a, 2), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CopyFrame")));
+  EXPECT_THAT(pool->CopyFrame(a, 2),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("CopyFrame")));
 }
 
 TEST(PagePoolTest, CudaBackendWithoutCudaIsUnimplemented) {

@@ -30,8 +30,12 @@ namespace {
 
 using ::entrokv::testing::IsOk;
 
-constexpr ModelGeometry kGeometry{.layers = 3, .query_heads = 8, .kv_groups = 2, .head_dim = 2,
-                                  .page_size = 4, .element_bytes = 4};
+constexpr ModelGeometry kGeometry{.layers = 3,
+                                  .query_heads = 8,
+                                  .kv_groups = 2,
+                                  .head_dim = 2,
+                                  .page_size = 4,
+                                  .element_bytes = 4};
 constexpr int64_t kCapacityFrames = 160;
 constexpr int kOperations = 4000;
 
@@ -48,14 +52,17 @@ class ReferenceModel {
   std::map<std::string, ModelSequence> sequences;
   std::map<int64_t, uint64_t> tag;  // content id -> bytes the frame must start with
 
-  int64_t Pages(int64_t tokens) const { return (tokens + kGeometry.page_size - 1) / kGeometry.page_size; }
+  int64_t Pages(int64_t tokens) const {
+    return (tokens + kGeometry.page_size - 1) / kGeometry.page_size;
+  }
 
   std::set<int64_t> LiveContent() const {
     std::set<int64_t> live;
     for (const auto& [id, s] : sequences)
       for (const auto& layer : s.content)
         for (const auto& group : layer)
-          for (int64_t c : group) if (c >= 0) live.insert(c);
+          for (int64_t c : group)
+            if (c >= 0) live.insert(c);
     return live;
   }
   int64_t References(int64_t content) const {
@@ -66,13 +73,19 @@ class ReferenceModel {
           for (int64_t c : group) n += c == content;
     return n;
   }
-  int64_t FreeFrames() const { return kCapacityFrames - static_cast<int64_t>(LiveContent().size()); }
+  int64_t FreeFrames() const {
+    return kCapacityFrames - static_cast<int64_t>(LiveContent().size());
+  }
 
   // Appends to `s` (which may be a new, unlisted sequence). Returns false (and changes
   // nothing) when the frames are not there. Fills fresh / copied content ids.
   bool Append(ModelSequence& s, int64_t tokens, std::vector<int64_t>* fresh,
               std::vector<std::pair<int64_t, int64_t>>* copied) {
-    struct Unit { int layer, first; enum { kFresh, kCopy, kRef } kind; int64_t old; };
+    struct Unit {
+      int layer, first;
+      enum { kFresh, kCopy, kRef } kind;
+      int64_t old;
+    };
     std::vector<Unit> tail;
     const int64_t old_pages = Pages(s.length);
     if (tokens > 0 && s.length % kGeometry.page_size != 0) {
@@ -81,12 +94,18 @@ class ReferenceModel {
           int64_t old = -1, own = 0;
           for (int g = first; g < first + unit_; ++g) {
             const int64_t c = s.content[l][g][old_pages - 1];
-            if (c >= 0) { old = c; ++own; }
+            if (c >= 0) {
+              old = c;
+              ++own;
+            }
           }
           // References() counts only listed sequences; a new sequence has no pages yet.
-          if (old < 0) tail.push_back({l, first, Unit::kFresh, -1});
-          else if (References(old) > own) tail.push_back({l, first, Unit::kCopy, old});
-          else if (own < unit_) tail.push_back({l, first, Unit::kRef, old});
+          if (old < 0)
+            tail.push_back({l, first, Unit::kFresh, -1});
+          else if (References(old) > own)
+            tail.push_back({l, first, Unit::kCopy, old});
+          else if (own < unit_)
+            tail.push_back({l, first, Unit::kRef, old});
         }
       }
     }
@@ -96,9 +115,16 @@ class ReferenceModel {
     if (needed > FreeFrames()) return false;
     for (const Unit& u : tail) {
       int64_t content = u.old;
-      if (u.kind == Unit::kFresh) { content = next_++; fresh->push_back(content); }
-      if (u.kind == Unit::kCopy) { content = next_++; copied->push_back({content, u.old}); }
-      for (int g = u.first; g < u.first + unit_; ++g) s.content[u.layer][g][old_pages - 1] = content;
+      if (u.kind == Unit::kFresh) {
+        content = next_++;
+        fresh->push_back(content);
+      }
+      if (u.kind == Unit::kCopy) {
+        content = next_++;
+        copied->push_back({content, u.old});
+      }
+      for (int g = u.first; g < u.first + unit_; ++g)
+        s.content[u.layer][g][old_pages - 1] = content;
     }
     s.length += tokens;
     for (int l = 0; l < kGeometry.layers; ++l) {
@@ -167,7 +193,8 @@ class PoolModelTest : public ::testing::TestWithParam<FrameLayout> {
           const auto& actual = info.block_tables[l][g];
           EXPECT_EQ(actual.size(), expected.size());
           for (size_t p = 0; p < std::min(actual.size(), expected.size()); ++p) {
-            EXPECT_EQ(actual[p] == kNoFrame, expected[p] < 0) << info.id << " " << l << "," << g << "," << p;
+            EXPECT_EQ(actual[p] == kNoFrame, expected[p] < 0)
+                << info.id << " " << l << "," << g << "," << p;
             if (actual[p] == kNoFrame || expected[p] < 0) continue;
             auto [f, f_new] = frame_of.emplace(expected[p], actual[p]);
             EXPECT_EQ(f->second, actual[p]) << "content " << expected[p] << " in two frames";
@@ -189,11 +216,14 @@ class PoolModelTest : public ::testing::TestWithParam<FrameLayout> {
 
 TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
   uint32_t seed = 20240611;
-  if (const char* env = std::getenv("ENTROKV_SEED")) seed = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
+  if (const char* env = std::getenv("ENTROKV_SEED"))
+    seed = static_cast<uint32_t>(std::strtoul(env, nullptr, 10));
   std::printf("PoolModelTest seed=%u (set ENTROKV_SEED to replay)\n", seed);
   SCOPED_TRACE(absl::StrCat("seed=", seed));
   std::mt19937 rng(seed);
-  auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
+  auto uniform = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
 
   ReferenceModel model(GetParam());
   const std::vector<absl::string_view> policies = PolicyNames();
@@ -259,7 +289,8 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
           EXPECT_EQ(result->frames_copied, static_cast<int64_t>(copied.size()));
           model.sequences[id] = std::move(s);
         } else {
-          EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+          EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted)
+              << result.status();
           ++exhausted;
         }
       }

@@ -99,8 +99,8 @@ absl::StatusOr<std::vector<Sequence::TailPlan>> Sequence::PlanTail(int64_t token
         const FrameId frame = block_table(layer, g)[page];
         if (frame == kNoFrame) continue;
         if (plan.old_frame != kNoFrame && plan.old_frame != frame) {
-          return absl::InternalError(absl::StrCat("sequence \"", id_, "\": layer ", layer,
-                                                  " page ", page, " names two frames"));
+          return absl::InternalError(absl::StrCat("sequence \"", id_, "\": layer ", layer, " page ",
+                                                  page, " names two frames"));
         }
         plan.old_frame = frame;
         ++plan.own_references;
@@ -121,26 +121,29 @@ absl::StatusOr<std::vector<Sequence::TailPlan>> Sequence::PlanTail(int64_t token
 }
 
 absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& pool) const {
-  if (tokens < 0) return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 0, got ", tokens));
+  if (tokens < 0)
+    return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 0, got ", tokens));
   if (tokens > kMaxTokens - length_) {
-    return absl::InvalidArgumentError(absl::StrCat("tokens: length ", length_, " + ", tokens,
-                                                   " exceeds ", kMaxTokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: length ", length_, " + ", tokens, " exceeds ", kMaxTokens));
   }
   ASSIGN_OR_RETURN(const std::vector<TailPlan> plans, PlanTail(tokens, pool));
   int64_t needed = 0;
   for (const TailPlan& plan : plans) needed += plan.action != TailPlan::Action::kReference;
   const int64_t new_pages = PagesFor(length_ + tokens) - page_count();
-  const int64_t units = static_cast<int64_t>(geometry_.layers) * (geometry_.kv_groups / unit_groups());
+  const int64_t units =
+      static_cast<int64_t>(geometry_.layers) * (geometry_.kv_groups / unit_groups());
   return needed + new_pages * units;
 }
 
 absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
-  if (released_) return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
+  if (released_)
+    return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
   ASSIGN_OR_RETURN(const int64_t needed, FramesNeeded(tokens, pool));
   if (needed > pool.free_frames()) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ", needed,
-        " frames, ", pool.free_frames(), " free of ", pool.capacity_frames()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ",
+                     needed, " frames, ", pool.free_frames(), " free of ", pool.capacity_frames()));
   }
   ASSIGN_OR_RETURN(std::vector<TailPlan> plans, PlanTail(tokens, pool));
   const int unit = unit_groups();
@@ -216,15 +219,15 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
 absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
     int32_t layer, int64_t decided_tokens,
     const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool) {
-  if (released_) return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
+  if (released_)
+    return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
   if (layer < 0 || layer >= geometry_.layers) {
     return absl::FailedPreconditionError(
         absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
   }
   if (decided_tokens != length_) {
-    return absl::FailedPreconditionError(absl::StrCat("decision is for ", decided_tokens,
-                                                      " tokens but sequence \"", id_, "\" has ",
-                                                      length_));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "decision is for ", decided_tokens, " tokens but sequence \"", id_, "\" has ", length_));
   }
   if (kept_pages_per_group.size() != static_cast<size_t>(geometry_.kv_groups)) {
     return absl::FailedPreconditionError(
@@ -294,7 +297,8 @@ absl::Status Sequence::Release(PagePool& pool) {
     for (const FrameId frame : entries) {
       if (frame == kNoFrame) continue;
       if (absl::Status status = pool.Release(frame).status(); !status.ok() && first_error.ok()) {
-        first_error = absl::InternalError(absl::StrCat("sequence \"", id_, "\": ", status.message()));
+        first_error =
+            absl::InternalError(absl::StrCat("sequence \"", id_, "\": ", status.message()));
       }
     }
     entries.clear();

@@ -16,8 +16,12 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 // 2 layers, 2 groups, 4 tokens per page.
-constexpr ModelGeometry kGeometry{.layers = 2, .query_heads = 4, .kv_groups = 2, .head_dim = 2,
-                                  .page_size = 4, .element_bytes = 1};
+constexpr ModelGeometry kGeometry{.layers = 2,
+                                  .query_heads = 4,
+                                  .kv_groups = 2,
+                                  .head_dim = 2,
+                                  .page_size = 4,
+                                  .element_bytes = 1};
 
 std::unique_ptr<PagePool> MakePool(FrameLayout layout, int64_t frames) {
   PagePoolOptions options;
@@ -50,7 +54,8 @@ TEST(SequenceTest, AppendAllocatesExactlyTheNewPages) {
   EXPECT_EQ(pool->used_frames(), 12);
   EXPECT_EQ(sequence.page_count(), 3);
   EXPECT_EQ(sequence.live_frames(), 12);
-  EXPECT_THAT(sequence.Append(-1, *pool), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+  EXPECT_THAT(sequence.Append(-1, *pool),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
 }
 
 TEST(SequenceTest, LayerLayoutSharesOneFramePerLayerPage) {
@@ -243,8 +248,10 @@ TEST(SequenceTest, DoubleReleaseIsAnError) {
   ASSERT_THAT(sequence.Append(4, *pool).status(), IsOk());
   ASSERT_THAT(sequence.Release(*pool), IsOk());
   EXPECT_EQ(pool->used_frames(), 0);
-  EXPECT_THAT(sequence.Release(*pool), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already closed")));
-  EXPECT_THAT(sequence.Append(1, *pool), StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("closed")));
+  EXPECT_THAT(sequence.Release(*pool),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("already closed")));
+  EXPECT_THAT(sequence.Append(1, *pool),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("closed")));
   EXPECT_EQ(pool->free_frames(), 16);
   EXPECT_THAT(pool->CheckInvariants(), IsOk());
 }
