@@ -109,6 +109,26 @@ absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
   return result;
 }
 
+absl::Status CacheState::SetHeadWeights(absl::string_view sequence_id, int32_t layer,
+                                        std::vector<double> weights) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  return it->second.SetHeadWeights(layer, std::move(weights));
+}
+
+absl::StatusOr<std::vector<double>> CacheState::GetHeadWeights(absl::string_view sequence_id,
+                                                               int32_t layer) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (layer < 0 || layer >= geometry_.layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
+  }
+  return it->second.head_weights(layer);
+}
+
 absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);

@@ -91,6 +91,13 @@ class CacheState {
   [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
       absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
       const std::vector<std::vector<int32_t>>& kept_pages_per_group);
+  // Caches the prefill head weights of one layer (see Sequence::SetHeadWeights), so a later
+  // decode-time decision reuses them. NOT_FOUND unknown id.
+  [[nodiscard]] absl::Status SetHeadWeights(absl::string_view sequence_id, int32_t layer,
+                                            std::vector<double> weights);
+  // The cached weights, empty when none. NOT_FOUND unknown id; FAILED_PRECONDITION bad layer.
+  [[nodiscard]] absl::StatusOr<std::vector<double>> GetHeadWeights(absl::string_view sequence_id,
+                                                                   int32_t layer) const;
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
 

@@ -136,6 +136,28 @@ TEST(CacheStateTest, ForkedFramesOutliveTheParent) {
   EXPECT_TRUE(list[0].block_tables.empty());
 }
 
+TEST(CacheStateTest, HeadWeightsAreCachedPerLayerAndInheritedByForks) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 64)));
+  ASSERT_THAT(state->OpenSequence("p", 4), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<double> none, state->GetHeadWeights("p", 1));
+  EXPECT_TRUE(none.empty());
+  const std::vector<double> weights = {0.1, 0.2, 0.3, 0.4, 0.5, 0.5, 0.0, 0.0};
+  ASSERT_THAT(state->SetHeadWeights("p", 1, weights), IsOk());
+  EXPECT_THAT(state->SetHeadWeights("p", 1, {1.0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("query heads")));
+  EXPECT_THAT(state->SetHeadWeights("p", 3, weights),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 3")));
+  EXPECT_THAT(state->SetHeadWeights("zz", 0, weights),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
+  EXPECT_THAT(state->GetHeadWeights("p", -1),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer -1")));
+  ASSERT_THAT(state->ForkSequence("c", "p", 1), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<double> inherited, state->GetHeadWeights("c", 1));
+  EXPECT_EQ(inherited, weights);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<double> other_layer, state->GetHeadWeights("c", 0));
+  EXPECT_TRUE(other_layer.empty());
+}
+
 TEST(CacheStateTest, ListIsSortedById) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 64)));
   for (const char* id : {"m", "b", "x", "a"}) ASSERT_THAT(state->OpenSequence(id, 1), IsOk());

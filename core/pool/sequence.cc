@@ -33,7 +33,8 @@ Sequence::Sequence(std::string id, const ModelGeometry& geometry, FrameLayout la
     : id_(std::move(id)),
       geometry_(geometry),
       layout_(layout),
-      tables_(static_cast<size_t>(geometry.layers) * geometry.kv_groups) {}
+      tables_(static_cast<size_t>(geometry.layers) * geometry.kv_groups),
+      head_weights_(geometry.layers) {}
 
 absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
                                         int64_t prefix_pages, PagePool& pool) {
@@ -48,6 +49,7 @@ absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
   }
   Sequence child(std::move(id), parent.geometry_, parent.layout_);
   child.length_ = std::min(parent.length_, prefix_pages * parent.geometry_.page_size);
+  child.head_weights_ = parent.head_weights_;
   for (size_t t = 0; t < parent.tables_.size(); ++t) {
     const std::vector<FrameId>& source = parent.tables_[t];
     child.tables_[t].assign(source.begin(), source.begin() + prefix_pages);
@@ -288,6 +290,20 @@ absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
   return result;
 }
 
+absl::Status Sequence::SetHeadWeights(int32_t layer, std::vector<double> weights) {
+  if (layer < 0 || layer >= geometry_.layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
+  }
+  if (weights.size() != static_cast<size_t>(geometry_.query_heads)) {
+    return absl::InvalidArgumentError(absl::StrCat("head weights: ", weights.size(),
+                                                   " values, the model has ", geometry_.query_heads,
+                                                   " query heads"));
+  }
+  head_weights_[layer] = std::move(weights);
+  return absl::OkStatus();
+}
+
 absl::Status Sequence::Release(PagePool& pool) {
   if (released_) {
     return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is already closed"));
@@ -305,6 +321,7 @@ absl::Status Sequence::Release(PagePool& pool) {
     entries.shrink_to_fit();
   }
   length_ = 0;
+  for (auto& weights : head_weights_) weights.clear();
   released_ = true;
   return first_error;
 }

@@ -104,6 +104,16 @@ class Sequence {
   [[nodiscard]] absl::Status Release(PagePool& pool);
   [[nodiscard]] bool released() const { return released_; }
 
+  // Head weights computed at prefill (ARCHITECTURE §3.4), kept per layer for decode-time
+  // decisions: query_heads values, group g's heads at [g * r, (g + 1) * r). A fork inherits the
+  // parent's. FAILED_PRECONDITION for a layer outside the geometry; INVALID_ARGUMENT when the
+  // count is not query_heads.
+  [[nodiscard]] absl::Status SetHeadWeights(int32_t layer, std::vector<double> weights);
+  // Empty when none were cached for the layer. REQUIRES: 0 <= layer < layers.
+  [[nodiscard]] const std::vector<double>& head_weights(int32_t layer) const {
+    return head_weights_[layer];
+  }
+
  private:
   struct TailPlan;  // what Append does to one unit's tail page
 
@@ -123,7 +133,8 @@ class Sequence {
   ModelGeometry geometry_;
   FrameLayout layout_;
   int64_t length_ = 0;
-  std::vector<std::vector<FrameId>> tables_;  // [layer * kv_groups + group][page]
+  std::vector<std::vector<FrameId>> tables_;       // [layer * kv_groups + group][page]
+  std::vector<std::vector<double>> head_weights_;  // [layer][query head], empty if not cached
   bool released_ = false;
 };
 
