@@ -150,6 +150,17 @@ grpc::ServerUnaryReactor* CacheManagerService::GetModel(grpc::CallbackServerCont
   return call.Finish(absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* CacheManagerService::ListModels(grpc::CallbackServerContext* context,
+                                                          const v1::ListModelsRequest* request,
+                                                          v1::ListModelsResponse* response) {
+  UnaryCall call(this, context, Method::kListModels);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  for (const std::shared_ptr<Model>& model : registry_.All()) {
+    FillPoolInfo(*model, response->add_pools());
+  }
+  return call.Finish(absl::OkStatus());
+}
+
 absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& request,
                                                  v1::OpenSequenceResponse* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));

@@ -58,6 +58,9 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   grpc::ServerUnaryReactor* GetPoolStats(grpc::CallbackServerContext* context,
                                          const v1::GetPoolStatsRequest* request,
                                          v1::PoolStats* response) override;
+  grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
+                                       const v1::ListModelsRequest* request,
+                                       v1::ListModelsResponse* response) override;
   grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
                                           const v1::ListSequencesRequest* request,
                                           v1::ListSequencesResponse* response) override;

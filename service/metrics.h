@@ -32,8 +32,9 @@ enum class Method : int {
   kCloseSequence,
   kGetPoolStats,
   kListSequences,
+  kListModels,
 };
-inline constexpr int kMethodCount = 9;
+inline constexpr int kMethodCount = 10;
 [[nodiscard]] absl::string_view MethodName(Method method);
 
 // Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and

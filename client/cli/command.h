@@ -27,6 +27,9 @@ int RunEval(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
 #ifdef ENTROKV_WITH_SERVER
 int RunReplay(const std::vector<std::string>& args);
+int RunStatus(const std::vector<std::string>& args);
+int RunModels(const std::vector<std::string>& args);
+int RunSequences(const std::vector<std::string>& args);
 #endif
 
 }  // namespace entrokv::cli

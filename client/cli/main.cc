@@ -14,6 +14,9 @@ constexpr Command kCommands[] = {
     {"eval", "the evaluation report: every policy x budget x page size", RunEval},
     {"bench", "benchmarks (bench core: the CPU scoring path)", RunBench},
 #ifdef ENTROKV_WITH_SERVER
+    {"status", "daemon health and every pool's occupancy", RunStatus},
+    {"models", "the registered models and their pools", RunModels},
+    {"sequences", "open sequences with their lengths and block tables", RunSequences},
     {"replay", "a simulated worker end to end against entrokvd", RunReplay},
 #endif
 };

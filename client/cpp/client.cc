@@ -2,6 +2,8 @@
 
 #include <thread>
 
+#include "grpc/health/v1/health.grpc.pb.h"
+
 
 namespace entrokv {
 
@@ -54,6 +56,10 @@ absl::StatusOr<v1::GetModelResponse> Client::GetModel(const v1::GetModelRequest&
   return Call<v1::GetModelRequest, v1::GetModelResponse>(&v1::CacheManager::Stub::GetModel,
                                                          request);
 }
+absl::StatusOr<v1::ListModelsResponse> Client::ListModels() {
+  return Call<v1::ListModelsRequest, v1::ListModelsResponse>(&v1::CacheManager::Stub::ListModels,
+                                                             v1::ListModelsRequest());
+}
 absl::StatusOr<v1::OpenSequenceResponse> Client::OpenSequence(
     const v1::OpenSequenceRequest& request) {
   return Call<v1::OpenSequenceRequest, v1::OpenSequenceResponse>(
@@ -80,6 +86,18 @@ absl::StatusOr<v1::ListSequencesResponse> Client::ListSequences(
     const v1::ListSequencesRequest& request) {
   return Call<v1::ListSequencesRequest, v1::ListSequencesResponse>(
       &v1::CacheManager::Stub::ListSequences, request);
+}
+
+absl::StatusOr<std::string> Client::Health(const std::string& service) {
+  auto health = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::ClientContext context;
+  Prepare(&context, options_.timeout);
+  grpc::health::v1::HealthCheckResponse response;
+  const grpc::Status status = health->Check(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status());
 }
 
 std::unique_ptr<Client::LayerStream> Client::OpenDecideStream(

@@ -38,6 +38,7 @@ class Client {
   [[nodiscard]] absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const v1::RegisterModelRequest& request);
   [[nodiscard]] absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ListModelsResponse> ListModels();
   [[nodiscard]] absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(
       const v1::OpenSequenceRequest& request);
   [[nodiscard]] absl::StatusOr<v1::AppendTokensResponse> AppendTokens(
@@ -68,6 +69,10 @@ class Client {
     bool writes_done_ = false;
   };
   // The stream's deadline is `stream_timeout` from now (a whole prefill).
+  // grpc.health.v1 Check of `service` ("" = readiness of the whole server): "SERVING",
+  // "NOT_SERVING", or "UNKNOWN"; the call's error when the daemon does not answer.
+  [[nodiscard]] absl::StatusOr<std::string> Health(const std::string& service = "");
+
   [[nodiscard]] std::unique_ptr<LayerStream> OpenDecideStream(
       std::chrono::milliseconds stream_timeout = std::chrono::minutes(5));
 

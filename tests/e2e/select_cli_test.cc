@@ -1,5 +1,4 @@
 // `entrokv select` as a user runs it: a real binary on real .npy files.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -14,30 +13,16 @@
 #include "core/io/npy.h"
 #include "core/scoring/decision.h"
 #include "core/testing/random_rows.h"
+#include "tests/e2e/cli_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace entrokv {
 namespace {
 
+using ::entrokv::testing::CliRun;
+using ::entrokv::testing::RunCli;
 using ::testing::HasSubstr;
-
-struct CliRun {
-  int exit_code;
-  std::string out;
-};
-
-CliRun RunCli(const std::string& arguments) {
-  const std::string command = absl::StrCat(ENTROKV_CLI_PATH, " ", arguments, " 2>&1");
-  FILE* pipe = popen(command.c_str(), "r");
-  CliRun run{-1, ""};
-  char buffer[4096];
-  size_t read;
-  while ((read = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, read);
-  const int status = pclose(pipe);
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return run;
-}
 
 class SelectCliTest : public ::testing::Test {
  protected:

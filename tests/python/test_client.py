@@ -66,6 +66,7 @@ class ClientTest(unittest.TestCase):
     def test_whole_lifecycle_with_decide(self):
         pool = self.register("lifecycle")
         self.assertEqual(pool.frame_bytes, FRAME_BYTES)
+        self.assertIn("lifecycle", [p.model_id for p in self.client.list_models()])
         self.client.open_sequence("lifecycle", "s1", initial_tokens=0)
         self.assertEqual(self.client.append_tokens("lifecycle", "s1", 500), 500)
         pages = -(-500 // 16)

@@ -176,6 +176,10 @@ class Client:
     def get_model(self, model_id: str):
         return self._call(self._stub.GetModel, pb.GetModelRequest(model_id=model_id)).pool
 
+    def list_models(self) -> list:
+        """Every registered model's PoolInfo, ordered by model id."""
+        return list(self._call(self._stub.ListModels, pb.ListModelsRequest()).pools)
+
     def open_sequence(self, model_id: str, sequence_id: str, initial_tokens: int = 0,
                       parent: Optional[str] = None, prefix_pages: int = 0):
         request = pb.OpenSequenceRequest(model_id=model_id, sequence_id=sequence_id,

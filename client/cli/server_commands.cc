@@ -1,0 +1,172 @@
+// entrokv status | models | sequences: what a running entrokvd holds, for people and scripts.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "client/cli/args.h"
+#include "client/cli/command.h"
+#include "client/cli/server_args.h"
+#include "client/cpp/client.h"
+#include "core/util/status_macros.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace entrokv::cli {
+namespace {
+
+std::string LayoutName(v1::FrameLayout layout) {
+  return layout == v1::FRAME_LAYOUT_LAYER ? "layer" : "group";
+}
+
+std::string BackendName(v1::Backend backend) {
+  return backend == v1::BACKEND_CUDA ? "cuda" : "host";
+}
+
+// Parses the shared options; returns a usage exit code, or -1 to go on.
+int Parse(ArgParser& args, const std::vector<std::string>& argv, const std::string& command,
+          ClientOptions* options) {
+  auto parsed = args.Parse(argv);
+  if (!parsed.ok()) return UsageError(command, parsed.status());
+  if (!*parsed) return kExitOk;
+  auto server = ServerOptions(args);
+  if (!server.ok()) return UsageError(command, server.status());
+  *options = *server;
+  return -1;
+}
+
+absl::StatusOr<std::string> StatusReport(Client& client, bool json) {
+  ASSIGN_OR_RETURN(const std::string ready, client.Health(""));
+  ASSIGN_OR_RETURN(const std::string live, client.Health("entrokv.v1.CacheManager.liveness"));
+  ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
+  std::vector<std::string> rows;
+  std::string text = absl::StrFormat("entrokvd: readiness %s, liveness %s, %d model(s)\n", ready,
+                                     live, models.pools_size());
+  if (!models.pools().empty()) {
+    absl::StrAppend(&text, absl::StrFormat("%-20s %-6s %-6s %12s %12s %9s %10s %12s\n", "model",
+                                           "layout", "pool", "used frames", "capacity",
+                                           "occupied", "sequences", "evicted pages"));
+  }
+  for (const v1::PoolInfo& pool : models.pools()) {
+    v1::GetPoolStatsRequest request;
+    request.set_model_id(pool.model_id());
+    ASSIGN_OR_RETURN(const v1::PoolStats stats, client.GetPoolStats(request));
+    const double occupied =
+        stats.capacity_frames() > 0
+            ? static_cast<double>(stats.used_frames()) / static_cast<double>(stats.capacity_frames())
+            : 0.0;
+    absl::StrAppend(&text, absl::StrFormat("%-20s %-6s %-6s %12d %12d %8.1f%% %10d %12d\n",
+                                           pool.model_id(), LayoutName(pool.frame_layout()),
+                                           BackendName(pool.backend()), stats.used_frames(),
+                                           stats.capacity_frames(), 100 * occupied,
+                                           stats.sequences_active(), stats.pages_evicted_total()));
+    rows.push_back(absl::StrFormat(
+        "{\"model\":\"%s\",\"used_frames\":%d,\"free_frames\":%d,\"capacity_frames\":%d,"
+        "\"sequences_active\":%d,\"pages_evicted_total\":%d,\"bytes_moved_total\":%d}",
+        pool.model_id(), stats.used_frames(), stats.free_frames(), stats.capacity_frames(),
+        stats.sequences_active(), stats.pages_evicted_total(), stats.bytes_moved_total()));
+  }
+  if (!json) return text;
+  return absl::StrFormat("{\"readiness\":\"%s\",\"liveness\":\"%s\",\"pools\":[%s]}\n", ready,
+                         live, absl::StrJoin(rows, ","));
+}
+
+absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
+  ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
+  if (json) {
+    std::string out;
+    google::protobuf::util::JsonPrintOptions options;
+    options.preserve_proto_field_names = true;
+    options.always_print_primitive_fields = true;
+    const auto status = google::protobuf::util::MessageToJsonString(models, &out, options);
+    if (!status.ok()) return absl::InternalError(std::string(status.message()));
+    return out + "\n";
+  }
+  std::string text = absl::StrFormat("%-20s %6s %9s %6s %6s %6s %-6s %-6s %14s %12s\n", "model",
+                                     "layers", "q heads", "kv", "dim", "page", "layout", "pool",
+                                     "capacity bytes", "frame bytes");
+  for (const v1::PoolInfo& pool : models.pools()) {
+    const v1::ModelGeometry& g = pool.geometry();
+    absl::StrAppend(&text, absl::StrFormat("%-20s %6d %9d %6d %6d %6d %-6s %-6s %14d %12d\n",
+                                           pool.model_id(), g.layers(), g.query_heads(),
+                                           g.kv_groups(), g.head_dim(), g.page_size(),
+                                           LayoutName(pool.frame_layout()),
+                                           BackendName(pool.backend()), pool.capacity_bytes(),
+                                           pool.frame_bytes()));
+  }
+  return text;
+}
+
+absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& only_model,
+                                            bool json) {
+  ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
+  std::vector<std::string> rows;
+  std::string text = absl::StrFormat("%-20s %-32s %12s %12s %13s %12s\n", "model", "sequence",
+                                     "tokens", "live frames", "block tables", "table pages");
+  for (const v1::PoolInfo& pool : models.pools()) {
+    if (!only_model.empty() && pool.model_id() != only_model) continue;
+    v1::ListSequencesRequest request;
+    request.set_model_id(pool.model_id());
+    request.set_include_block_tables(true);
+    ASSIGN_OR_RETURN(const v1::ListSequencesResponse sequences, client.ListSequences(request));
+    for (const v1::SequenceInfo& sequence : sequences.sequences()) {
+      // Every (layer, group) table has one entry per logical page; evicted entries are -1.
+      const int table_pages =
+          sequence.block_tables().empty() ? 0 : sequence.block_tables(0).frames_size();
+      absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n",
+                                             pool.model_id(), sequence.sequence_id(),
+                                             sequence.length_tokens(), sequence.live_frames(),
+                                             sequence.block_tables_size(), table_pages));
+      rows.push_back(absl::StrFormat(
+          "{\"model\":\"%s\",\"sequence_id\":\"%s\",\"length_tokens\":%d,\"live_frames\":%d,"
+          "\"block_tables\":%d,\"table_pages\":%d}",
+          pool.model_id(), sequence.sequence_id(), sequence.length_tokens(),
+          sequence.live_frames(), sequence.block_tables_size(), table_pages));
+    }
+  }
+  if (!json) return text;
+  return absl::StrCat("{\"sequences\":[", absl::StrJoin(rows, ","), "]}\n");
+}
+
+int Print(const std::string& command, const absl::StatusOr<std::string>& report) {
+  if (!report.ok()) return ServerError(command, report.status());
+  std::fputs(report->c_str(), stdout);
+  return kExitOk;
+}
+
+}  // namespace
+
+int RunStatus(const std::vector<std::string>& argv) {
+  ArgParser args("status", "[--server ADDR] [--json]");
+  AddServerOptions(&args);
+  args.Flag("json", false, "print one JSON object");
+  ClientOptions options;
+  if (const int code = Parse(args, argv, "status", &options); code >= 0) return code;
+  options.max_attempts = 1;  // status reports what is there now, without waiting
+  Client client(options);
+  return Print("status", StatusReport(client, args.GetFlag("json")));
+}
+
+int RunModels(const std::vector<std::string>& argv) {
+  ArgParser args("models", "[--server ADDR] [--json]");
+  AddServerOptions(&args);
+  args.Flag("json", false, "print the ListModels response as JSON");
+  ClientOptions options;
+  if (const int code = Parse(args, argv, "models", &options); code >= 0) return code;
+  Client client(options);
+  return Print("models", ModelsReport(client, args.GetFlag("json")));
+}
+
+int RunSequences(const std::vector<std::string>& argv) {
+  ArgParser args("sequences", "[--server ADDR] [--model ID] [--json]");
+  AddServerOptions(&args);
+  args.Option("model", "", "only this model's sequences");
+  args.Flag("json", false, "print one JSON object");
+  ClientOptions options;
+  if (const int code = Parse(args, argv, "sequences", &options); code >= 0) return code;
+  Client client(options);
+  return Print("sequences", SequencesReport(client, args.Get("model"), args.GetFlag("json")));
+}
+
+}  // namespace entrokv::cli

@@ -1,0 +1,33 @@
+// Runs the `entrokv` binary as a user would and captures what it prints.
+#ifndef ENTROKV_TESTS_E2E_CLI_RUNNER_H_
+#define ENTROKV_TESTS_E2E_CLI_RUNNER_H_
+
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <string>
+
+namespace entrokv::testing {
+
+struct CliRun {
+  int exit_code = -1;  // -1 when killed by a signal
+  std::string out;     // stdout and stderr together
+};
+
+// Runs `ENTROKV_CLI_PATH arguments` through the shell.
+inline CliRun RunCli(const std::string& arguments) {
+  const std::string command = std::string(ENTROKV_CLI_PATH) + " " + arguments + " 2>&1";
+  FILE* pipe = popen(command.c_str(), "r");
+  CliRun run;
+  if (pipe == nullptr) return run;
+  char buffer[4096];
+  size_t read;
+  while ((read = fread(buffer, 1, sizeof(buffer), pipe)) > 0) run.out.append(buffer, read);
+  const int status = pclose(pipe);
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return run;
+}
+
+}  // namespace entrokv::testing
+
+#endif  // ENTROKV_TESTS_E2E_CLI_RUNNER_H_
