@@ -195,8 +195,8 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     }
     FillFrames(appended->new_frames, response->mutable_new_frames());
   }
-  ASSIGN_OR_RETURN(SequenceInfo info, state.GetSequence(request.sequence_id()));
-  info.block_tables.clear();
+  ASSIGN_OR_RETURN(const SequenceInfo info,
+                   state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
   FillSequence(info, response->mutable_sequence());
   model->RefreshOccupancy();
   return absl::OkStatus();
@@ -267,12 +267,12 @@ grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
     return call.Finish(id);
   }
   CacheState& state = (*model)->state();
-  absl::StatusOr<SequenceInfo> info = state.GetSequence(request->sequence_id());
+  absl::StatusOr<SequenceInfo> info =
+      state.GetSequence(request->sequence_id(), /*with_block_tables=*/false);
   if (!info.ok()) return call.Finish(info.status());
   if (absl::Status closed = state.CloseSequence(request->sequence_id()); !closed.ok()) {
     return call.Finish(closed);
   }
-  (*model)->ForgetSequence(request->sequence_id());
   response->set_live_frames(info->live_frames);
   (*model)->RefreshOccupancy();
   return call.Finish(absl::OkStatus());

@@ -211,7 +211,8 @@ absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_bu
   RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
   const ModelGeometry& geometry = model.state().geometry();
   ASSIGN_OR_RETURN(*resolved, ResolvePolicy(policy, defaults, geometry.page_size));
-  ASSIGN_OR_RETURN(const SequenceInfo info, model.state().GetSequence(sequence_id));
+  ASSIGN_OR_RETURN(const SequenceInfo info,
+                   model.state().GetSequence(sequence_id, /*with_block_tables=*/false));
   *tokens = info.length;
   if (info.length < 1) {
     return absl::FailedPreconditionError(

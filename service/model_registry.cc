@@ -9,25 +9,14 @@ namespace entrokv::service {
 
 std::optional<std::vector<double>> Model::CachedWeights(absl::string_view sequence_id,
                                                         int layer) const {
-  absl::MutexLock lock(&mu_);
-  const auto it = weights_.find(sequence_id);
-  if (it == weights_.end() || layer >= static_cast<int>(it->second.size()) ||
-      it->second[layer].empty()) {
-    return std::nullopt;
-  }
-  return it->second[layer];
+  absl::StatusOr<std::vector<double>> weights = state_->GetHeadWeights(sequence_id, layer);
+  if (!weights.ok() || weights->empty()) return std::nullopt;
+  return *std::move(weights);
 }
 
 void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights) {
-  absl::MutexLock lock(&mu_);
-  std::vector<std::vector<double>>& layers = weights_[sequence_id];
-  if (static_cast<int>(layers.size()) <= layer) layers.resize(layer + 1);
-  layers[layer] = std::move(weights);
-}
-
-void Model::ForgetSequence(absl::string_view sequence_id) {
-  absl::MutexLock lock(&mu_);
-  weights_.erase(sequence_id);
+  // A sequence closed while its decision was being made has nothing left to cache for.
+  state_->SetHeadWeights(sequence_id, layer, std::move(weights)).IgnoreError();
 }
 
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string& model_id,

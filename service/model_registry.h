@@ -20,8 +20,8 @@
 
 namespace entrokv::service {
 
-// One registered model. The CacheState is thread-safe on its own; the weight cache has its own
-// mutex. Shared (std::shared_ptr) by the registry and the calls using it; never removed.
+// One registered model. Thread-safe: the CacheState is, and the rest is immutable. Shared
+// (std::shared_ptr) by the registry and the calls using it; never removed.
 class Model {
  public:
   Model(std::string id, Backend backend, std::unique_ptr<CacheState> state, PoolMetrics* metrics)
@@ -32,13 +32,12 @@ class Model {
   [[nodiscard]] CacheState& state() const { return *state_; }
   [[nodiscard]] PoolMetrics& metrics() const { return *metrics_; }
 
-  // The H_Q weights cached for (sequence, layer), if any.
+  // The H_Q weights the sequence's pool entry caches for `layer`, if any (forks inherit them;
+  // closing the sequence drops them).
   [[nodiscard]] std::optional<std::vector<double>> CachedWeights(absl::string_view sequence_id,
                                                                  int layer) const;
-  // Replaces the cached weights of (sequence, layer).
+  // Replaces the cached weights of (sequence, layer); a no-op once the sequence is closed.
   void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
-  // Drops everything cached for the sequence (it closed).
-  void ForgetSequence(absl::string_view sequence_id);
   // Copies the pool's occupancy into the gauges.
   void RefreshOccupancy() const { metrics_->UpdateOccupancy(state_->Stats()); }
 
@@ -47,9 +46,6 @@ class Model {
   const Backend backend_;
   const std::unique_ptr<CacheState> state_;
   PoolMetrics* const metrics_;
-  mutable absl::Mutex mu_;
-  // sequence id -> [layer] -> H_Q weights (empty: none cached for that layer).
-  absl::flat_hash_map<std::string, std::vector<std::vector<double>>> weights_ ABSL_GUARDED_BY(mu_);
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.

@@ -147,11 +147,12 @@ SequenceInfo CacheState::Describe(const Sequence& sequence, bool with_block_tabl
   return info;
 }
 
-absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_id) const {
+absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_id,
+                                                     bool with_block_tables) const {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return NotFound("sequence", sequence_id);
-  return Describe(it->second, /*with_block_tables=*/true);
+  return Describe(it->second, with_block_tables);
 }
 
 std::vector<SequenceInfo> CacheState::ListSequences(bool with_block_tables) const {

@@ -101,7 +101,10 @@ class CacheState {
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
 
-  [[nodiscard]] absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id) const;
+  // The sequence's length and live frames; its block tables only when asked (they are large:
+  // layers x groups x pages entries).
+  [[nodiscard]] absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id,
+                                                         bool with_block_tables = true) const;
   // Sorted by id.
   [[nodiscard]] std::vector<SequenceInfo> ListSequences(bool with_block_tables) const;
   [[nodiscard]] PoolStats Stats() const;
