@@ -7,6 +7,9 @@ import subprocess
 import sys
 import unittest
 
+import json
+import tempfile
+
 import numpy as np
 
 import entrokv
@@ -164,6 +167,29 @@ class ClientTest(unittest.TestCase):
         self.assertEqual([s.length_tokens for s in self.client.list_sequences("errors")], [64])
         with self.assertRaises(ValueError):
             entrokv.client.statistic_message(np.zeros((2, 3), dtype=np.float64))
+
+    def test_daemon_decides_like_entrokv_select(self):
+        """The same .npy statistic through the daemon and through the offline CLI."""
+        self.register("select")
+        stats = layer_stats(5, 777)
+        self.client.open_sequence("select", "s", initial_tokens=777)
+        through_daemon = self.client.decide("select", "s", stats, pages=7, tau=0.7, alpha=1.0,
+                                            protect_tail_page=False)
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "stats.npy")
+            np.save(path, stats)
+            result = subprocess.run(
+                [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
+                 "--page-size", "16", "--pages", "7", "--tau", "0.7", "--alpha", "1"],
+                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        offline = json.loads(result.stdout)["layers"]
+        self.assertEqual(len(offline), len(through_daemon))
+        for cli_layer, daemon_layer in zip(offline, through_daemon):
+            for cli_group, daemon_group in zip(cli_layer["groups"], daemon_layer.groups):
+                self.assertEqual(cli_group["kept_pages"], daemon_group.kept_pages.tolist())
+                np.testing.assert_allclose(cli_group["weights"], daemon_group.weights, rtol=1e-8)
+                self.assertAlmostEqual(cli_group["uor"], daemon_group.shadow_uor, places=8)
 
     def test_example_worker_loop_runs(self):
         result = subprocess.run(
