@@ -226,7 +226,6 @@ TEST(DecisionNeedleTest, AllSinkHeadGetsNoWeightNextToARetrievalHead) {
 
 TEST(DecisionValidationTest, RejectsBadInputNamingTheField) {
   std::vector<float> data(12 * 10, 0.1f);
-  Case c{12, 2, 10, 4, 1};
   const Policy& policy = **FindPolicy("page_entrokv");
   LayerRequest request;
   request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, 12, 10);
