@@ -1,5 +1,6 @@
 #include "client/cpp/client.h"
 
+#include <algorithm>
 #include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
@@ -15,6 +16,12 @@ Client::Client(const ClientOptions& options) : options_(options) {
   grpc::ChannelArguments arguments;
   arguments.SetMaxReceiveMessageSize(options.max_message_bytes);
   arguments.SetMaxSendMessageSize(options.max_message_bytes);
+  // Reconnect on our retry schedule: gRPC's default (1 s, growing) would make every retry of a
+  // daemon that is just starting fail fast until its own backoff elapses.
+  const int backoff_ms = static_cast<int>(options.initial_backoff.count());
+  arguments.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, backoff_ms);
+  arguments.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, backoff_ms);
+  arguments.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(backoff_ms * 8, 1000));
   channel_ = grpc::CreateCustomChannel(
       options.target,
       options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), arguments);
@@ -41,7 +48,9 @@ absl::StatusOr<Response> Client::Call(Method method, const Request& request) {
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options_.max_attempts) {
       break;
     }
-    std::this_thread::sleep_for(backoff);
+    // Back off, but drive the reconnect meanwhile: the retry goes as soon as the channel is
+    // connected again, or after the backoff.
+    (void)channel_->WaitForConnected(std::chrono::system_clock::now() + backoff);
     backoff *= 2;
   }
   return FromGrpcStatus(status);
