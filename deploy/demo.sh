@@ -38,7 +38,8 @@ echo "== entrokv replay: ${sequences} concurrent sequences x ${tokens} tokens, 2
 
 echo "== metrics are at http://${metrics}/metrics; a few of them:"
 curl -fsS "http://${metrics}/metrics" |
-  grep -E '^entrokv_(pool_frames|decisions_total|union_overhead_ratio_(sum|count))' | head -12
+  grep -E '^entrokv_(pool_frames|decisions_total|pages_evicted_total|union_overhead_ratio_(sum|count))' |
+  grep -v ' 0$' | head -14
 
 echo "== stopping entrokvd (SIGTERM, graceful drain)"
 kill -TERM "$daemon_pid"

@@ -31,9 +31,11 @@ if ((${#missing[@]})); then
 fi
 
 jobs="$(nproc)"
-echo "== configuring and building (${jobs} jobs)"
+targets=()
+[ "$mode" = demo ] && targets=(entrokvd entrokv)  # the main job needs only the two binaries
+echo "== configuring and building ${targets[*]:-everything} (${jobs} jobs)"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ENTROKV_CMAKE_ARGS:-} >/dev/null
-ninja -C build -j "$jobs"
+ninja -C build -j "$jobs" "${targets[@]}"
 
 case "$mode" in
   demo) exec bash deploy/demo.sh build ;;
