@@ -8,7 +8,7 @@ same pages in every (layer, group), and prints the ratios.
 
 Needs Debian's python3-torch and python3-numpy: run it with /usr/bin/python3.
 
-  /usr/bin/python3 bench/core/peer_torch.py --runner build/bench/core/entrokv_bench_dev \
+  /usr/bin/python3 bench/core/peer_torch.py --runner "build/client/cli/entrokv bench" \
       --out bench/results/core_peer_torch.json
 """
 
@@ -17,6 +17,7 @@ import json
 import math
 import os
 import platform
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -102,7 +103,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runner", required=True,
-                        help="entrokv_bench_dev (or a wrapper running `entrokv bench`)")
+                        help="the command before `core`: 'build/client/cli/entrokv bench' or "
+                             "build/bench/core/entrokv_bench_dev")
     parser.add_argument("--layers", type=int, default=28)
     parser.add_argument("--query-heads", type=int, default=12)
     parser.add_argument("--kv-heads", type=int, default=2)
@@ -122,7 +124,7 @@ def main():
         npy = os.path.join(tmp, "stat.npy")
         kept_path = os.path.join(tmp, "kept.txt")
         np.save(npy, stat)
-        command = [args.runner, "core", "--input", npy, "--kv-heads", str(args.kv_heads),
+        command = shlex.split(args.runner) + ["core", "--input", npy, "--kv-heads", str(args.kv_heads),
                    "--page-size", str(args.page_size), "--budget", str(args.budget),
                    "--runs", str(args.runs), "--threads", "1", "--json",
                    "--kept-out", kept_path]
