@@ -1,7 +1,8 @@
 // A decision runs in three steps so that a bad request never half-applies:
 //  1. resolve: ids, policy, budget, each layer's statistic (bytes or shared memory) checked
 //     against the model and the sequence's current length;
-//  2. score: the core's DecideLayer per layer (it also rejects NaN/negative values);
+//  2. score: the core's fused CPU scorer per layer (the same decisions, bit for bit, as the
+//     reference DecideLayer; it also rejects NaN/negative values);
 //  3. apply: CacheState::ApplyDecision per layer, then the weights cache and the metrics.
 // Only step 3 changes state. A concurrent AppendTokens on the same sequence between 2 and 3 is
 // caught by ApplyDecision (FAILED_PRECONDITION on the length) for the layer it hits.
@@ -15,6 +16,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/fused_scorer.h"
 #include "core/util/status_macros.h"
 #include "service/validation.h"
 
@@ -133,7 +135,9 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
 absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                           std::vector<v1::LayerDecision*>& outputs) const {
   const ModelGeometry& geometry = model.state().geometry();
-  // Step 2: score every layer.
+  // Step 2: score every layer. One scorer per job: it is not thread-safe, and its scratch
+  // buffers are reused across the job's layers.
+  FusedScorer scorer(job.policy.options);
   for (LayerWork& work : job.layers) {
     LayerRequest request;
     request.statistic = work.view;
@@ -143,8 +147,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     request.quota_pages = work.quota_pages;
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
     const auto start = Clock::now();
-    absl::StatusOr<LayerDecision> decision =
-        entrokv::DecideLayer(*job.policy.policy, job.policy.options, request);
+    absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
     metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);

@@ -1,7 +1,7 @@
 // Loopback load: N concurrent DecideStream workers send per-layer bfloat16 statistics of the
 // Qwen2.5-1.5B shape (28 layers, 12 query heads, 2 KV groups) at T = 32768 to an in-process
 // entrokvd on 127.0.0.1:0, inline (`bytes`) or by shared-memory reference. Reports decisions/s,
-// p50/p99 per-layer latency, and the ratio to the in-process core time (DecideLayer on the
+// p50/p99 per-layer latency, and the ratio to the in-process core time (the daemon's scorer on the
 // same statistic, same options, one thread).
 //
 // Usage: service_load_bench [seconds_per_run=2] [out_prefix=bench/results/service_load]
@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/fused_scorer.h"
 #include "core/util/dtype.h"
 #include "entrokv/v1/cache_manager.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -63,7 +64,8 @@ std::vector<std::string> MakeStatistics() {
   return layers;
 }
 
-// Median of several passes of DecideLayer over all layers, per layer, in ms.
+// Median of several passes over all layers of the scorer the daemon runs (FusedScorer, with
+// the measurements on), per layer, in ms.
 double CoreMsPerLayer(const std::vector<std::string>& layers) {
   entrokv::PolicyOptions options;
   options.page_size = kPageSize;
@@ -72,6 +74,7 @@ double CoreMsPerLayer(const std::vector<std::string>& layers) {
   const entrokv::Policy& policy = **entrokv::FindPolicy("page_entrokv");
   const int64_t quota = static_cast<int64_t>(kFraction * kTokens / kPageSize);
   std::vector<double> passes;
+  entrokv::FusedScorer scorer(options);
   for (int pass = 0; pass < 5; ++pass) {
     const auto start = Clock::now();
     for (const std::string& layer : layers) {
@@ -82,7 +85,7 @@ double CoreMsPerLayer(const std::vector<std::string>& layers) {
       request.kv_groups = kGroups;
       request.tokens = kTokens;
       request.quota_pages = quota;
-      if (!entrokv::DecideLayer(policy, options, request).ok()) std::abort();
+      if (!scorer.DecideLayer(policy, request).ok()) std::abort();
     }
     passes.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /
                      kLayers);
@@ -245,7 +248,7 @@ int main(int argc, char** argv) {
   std::string text = absl::StrFormat(
       "entrokvd loopback load: Qwen2.5-1.5B shape (L=%d, H_Q=%d, G=%d), T=%d, bf16, "
       "page_entrokv, budget fraction %.2f, %u hardware threads, %.1f s per run\n"
-      "in-process core (DecideLayer, one thread): %.3f ms per layer\n\n"
+      "in-process core (FusedScorer as the daemon runs it, one thread): %.3f ms per layer\n\n"
       "%-14s %7s %10s %12s %9s %9s %14s\n",
       kLayers, kHeads, kGroups, kTokens, kFraction, std::thread::hardware_concurrency(), seconds,
       core_ms, "source", "streams", "decisions", "decisions/s", "p50 ms", "p99 ms", "p50/core");
