@@ -11,6 +11,10 @@
 //    pages; the K largest keys are the protected pages and then exactly the pages the reference
 //    order (score desc, index asc) ranks first. nth_element finds the K-th key; one scan in page
 //    order emits the kept pages already ascending.
+//  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent,
+//    as above); the shadow is the same key selection without protections; the head-mean row is
+//    PoolChunk with weights float(1 / r), MeasureGroup's operations per token; its page sums
+//    and the retained mass use the shared PageSums and RetainedMassFromPageSums (metrics.h).
 #include "core/scoring/fused_scorer.h"
 
 #include <algorithm>
@@ -416,6 +420,68 @@ inline float MaxOf(const float* values, int64_t count) {
   return best;
 }
 
+// keys[b] = (score bits << 32) | ~b: larger keys rank first in (score desc, index asc) order.
+void FillKeys(const float* scores, int64_t pages, uint64_t* keys) {
+  for (int64_t page = 0; page < pages; ++page) {
+    const uint32_t bits = ScoreBits(scores[page]);
+    keys[page] = (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(page));
+  }
+}
+
+// The quota-th largest of keys[0, pages), found by an MSD radix select on the 32 high bits
+// (protection bit and score bits) in digits of 11, 11 and 10 bits: each level keeps, in page
+// order, the candidates whose digit is the boundary one. Candidates that share all 32 high bits
+// differ only in ~index, so in page order their keys descend and the rank left picks one
+// directly. Linear, and no data-dependent branch on the keys. `work` holds `pages` keys.
+// REQUIRES: 1 <= quota <= pages.
+uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work) {
+  constexpr int kShifts[3] = {53, 42, 32};
+  constexpr uint64_t kMasks[3] = {0x7ff, 0x7ff, 0x3ff};
+  uint32_t histogram[2048];
+  const uint64_t* candidates = keys;
+  int64_t count = pages;
+  int64_t rank = quota;  // among the candidates, 1 = the largest
+  for (int level = 0; level < 3 && count > 1; ++level) {
+    const int shift = kShifts[level];
+    const uint64_t mask = kMasks[level];
+    std::fill(histogram, histogram + mask + 1, 0u);
+    for (int64_t i = 0; i < count; ++i) ++histogram[(candidates[i] >> shift) & mask];
+    uint64_t digit = mask;
+    while (rank > histogram[digit]) rank -= histogram[digit--];
+    int64_t kept = 0;
+    for (int64_t i = 0; i < count; ++i) {  // in place when candidates == work: kept <= i
+      const uint64_t key = candidates[i];
+      work[kept] = key;
+      kept += ((key >> shift) & mask) == digit ? 1 : 0;
+    }
+    candidates = work;
+    count = kept;
+  }
+  return candidates[rank - 1];
+}
+
+// The `quota` largest of keys[0, pages), in page order, into *kept. `work` holds `pages` keys.
+// REQUIRES: 1 <= quota < pages.
+void KeepLargestKeys(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work,
+                     std::vector<int32_t>* kept) {
+  const uint64_t threshold = KthLargestKey(keys, pages, quota, work);
+  // Exactly `quota` keys are >= threshold (keys are distinct); the extra slot takes the
+  // unconditional store after the last kept page.
+  kept->resize(static_cast<size_t>(quota) + 1);
+  int32_t* out = kept->data();
+  int64_t emitted = 0;
+  for (int64_t page = 0; page < pages; ++page) {
+    out[emitted] = static_cast<int32_t>(page);
+    emitted += keys[page] >= threshold ? 1 : 0;
+  }
+  kept->resize(static_cast<size_t>(quota));
+}
+
+void KeepAllPages(int64_t pages, std::vector<int32_t>* kept) {
+  kept->resize(static_cast<size_t>(pages));
+  for (int64_t page = 0; page < pages; ++page) (*kept)[static_cast<size_t>(page)] = static_cast<int32_t>(page);
+}
+
 }  // namespace
 
 bool IsFusedPolicy(const Policy& policy) { return PoolingOf(policy) != Pooling::kNone; }
@@ -498,6 +564,20 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     float_weights_[static_cast<size_t>(i)] = static_cast<float>(weights[static_cast<size_t>(i)]);
   }
   row_pointers_.resize(static_cast<size_t>(r));
+  // With `measure`, the same pass also gives each head's page maxima and the page sums of the
+  // head-mean row, which MeasureGroup builds as mean[t] = ((0 + w x_0[t]) + w x_1[t]) + ... with
+  // w = float(1 / r): PoolChunk with equal weights (for mean and h2o it is the pooled row).
+  const bool measure = request.measure;
+  const bool mean_is_pooled = pooling == Pooling::kMean;
+  if (measure) {
+    head_max_.resize(static_cast<size_t>(r) * static_cast<size_t>(pages));
+    page_sums_.resize(static_cast<size_t>(pages));
+    if (!mean_is_pooled) {
+      mean_.resize(static_cast<size_t>(chunk));
+      mean_weights_.assign(static_cast<size_t>(r),
+                           static_cast<float>(1.0 / static_cast<double>(r)));
+    }
+  }
   bool ok = true;
   // Backwards, chunk by chunk: the end of the rows, read last by pass 1, is still in L2. Each
   // chunk holds whole pages and each token's arithmetic is the same in any chunk order.
@@ -516,49 +596,80 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     for (int64_t t = 0, page = first_page; t < count; t += page_size, ++page) {
       page_max_[static_cast<size_t>(page)] = MaxOf(pooled + t, std::min<int64_t>(page_size, count - t));
     }
+    if (measure) {
+      const int64_t chunk_pages = PageCount(count, page_size);
+      for (int i = 0; i < r; ++i) {
+        const float* row = row_pointers_[static_cast<size_t>(i)];
+        float* maxima = head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages) +
+                        first_page;
+        for (int64_t t = 0, page = 0; t < count; t += page_size, ++page) {
+          maxima[page] = MaxOf(row + t, std::min<int64_t>(page_size, count - t));
+        }
+      }
+      const float* mean = pooled;
+      if (!mean_is_pooled) {
+        PoolAnyChunk<false>(row_pointers_.data(), mean_weights_.data(), r, count, mean_.data());
+        mean = mean_.data();
+      }
+      PageSums(std::span<const float>(mean, static_cast<size_t>(count)), page_size,
+               std::span<double>(page_sums_.data() + first_page,
+                                 static_cast<size_t>(chunk_pages)));
+    }
   }
   if (!ok) return false;
 
   // Selection.
   const int64_t quota = std::min(request.quota_pages, pages);
   std::vector<int32_t>& kept = decision->kept_pages;
-  kept.clear();
-  if (quota == pages) {
-    kept.resize(static_cast<size_t>(pages));
-    for (int64_t page = 0; page < pages; ++page) kept[static_cast<size_t>(page)] = static_cast<int32_t>(page);
-    return true;
-  }
   keys_.resize(static_cast<size_t>(pages) * 2);
   uint64_t* keys = keys_.data();
-  for (int64_t page = 0; page < pages; ++page) {
-    const uint32_t bits = ScoreBits(page_max_[static_cast<size_t>(page)]);
-    keys[page] = (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(page));
+  if (quota == pages) {
+    KeepAllPages(pages, &kept);
+  } else {
+    FillKeys(page_max_.data(), pages, keys);
+    // Protections in the reference's order, each counted inside the quota.
+    const Protections protections = EffectiveProtections(options_);
+    int64_t protected_count = 0;
+    auto protect = [&](int64_t page) {
+      if (page < 0 || page >= pages || (keys[page] >> 63) != 0 || protected_count >= quota) {
+        return;
+      }
+      keys[page] |= uint64_t{1} << 63;
+      ++protected_count;
+    };
+    if (protections.tail_page) protect(pages - 1);
+    if (protections.sink_pages) {
+      const int64_t sink_pages =
+          (protections.sink_tokens + protections.page_size - 1) / protections.page_size;
+      for (int64_t page = 0; page < sink_pages; ++page) protect(page);
+    }
+    for (int64_t i = 0; i < protections.recent_pages; ++i) protect(pages - 1 - i);
+    KeepLargestKeys(keys, pages, quota, keys + pages, &kept);
   }
-  // Protections in the reference's order, each counted inside the quota.
-  const Protections protections = EffectiveProtections(options_);
-  int64_t protected_count = 0;
-  auto protect = [&](int64_t page) {
-    if (page < 0 || page >= pages || (keys[page] >> 63) != 0 || protected_count >= quota) return;
-    keys[page] |= uint64_t{1} << 63;
-    ++protected_count;
-  };
-  if (protections.tail_page) protect(pages - 1);
-  if (protections.sink_pages) {
-    const int64_t sink_pages =
-        (protections.sink_tokens + protections.page_size - 1) / protections.page_size;
-    for (int64_t page = 0; page < sink_pages; ++page) protect(page);
-  }
-  for (int64_t i = 0; i < protections.recent_pages; ++i) protect(pages - 1 - i);
-
-  uint64_t* work = keys + pages;
-  std::copy(keys, keys + pages, work);
-  std::nth_element(work, work + quota - 1, work + pages, std::greater<uint64_t>());
-  const uint64_t threshold = work[quota - 1];
-  kept.reserve(static_cast<size_t>(quota));
-  for (int64_t page = 0; page < pages; ++page) {
-    if (keys[page] >= threshold) kept.push_back(static_cast<int32_t>(page));
-  }
+  if (request.measure) Measure(r, pages, quota, decision);
   return true;
+}
+
+void FusedScorer::Measure(int r, int64_t pages, int64_t quota, GroupDecision* decision) {
+  // The head-independent shadow: each head's own top-K of its page maxima, no protections, as
+  // MeasureGroup selects them.
+  head_kept_.resize(static_cast<size_t>(r));
+  uint64_t* keys = keys_.data();
+  for (int i = 0; i < r; ++i) {
+    std::vector<int32_t>& kept = head_kept_[static_cast<size_t>(i)];
+    if (quota == pages) {
+      KeepAllPages(pages, &kept);
+      continue;
+    }
+    FillKeys(head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages), pages, keys);
+    KeepLargestKeys(keys, pages, quota, keys + pages, &kept);
+  }
+  const std::span<const std::vector<int32_t>> sets(head_kept_.data(), static_cast<size_t>(r));
+  decision->shadow_uor = UnionOverheadRatio(sets, quota);
+  decision->disagreement = PairwiseJaccard(sets).disagreement();
+  decision->retained_mass = RetainedMassFromPageSums(
+      std::span<const double>(page_sums_.data(), static_cast<size_t>(pages)),
+      decision->kept_pages);
 }
 
 absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
@@ -573,18 +684,6 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
     if (!DecideGroup(policy, request, g, &decision.groups[static_cast<size_t>(g)])) {
       RETURN_IF_ERROR(request.statistic->ValidateValues());
       return absl::InternalError("statistic: fused validation disagrees with ValidateValues");
-    }
-  }
-  if (request.measure) {
-    const int r = request.query_heads / request.kv_groups;
-    std::vector<std::vector<float>> scratch(static_cast<size_t>(r));
-    std::vector<std::span<const float>> rows(static_cast<size_t>(r));
-    for (int g = 0; g < request.kv_groups; ++g) {
-      for (int i = 0; i < r; ++i) {
-        rows[static_cast<size_t>(i)] =
-            request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
-      }
-      MeasureGroup(rows, options_, request.quota_pages, &decision.groups[static_cast<size_t>(g)]);
     }
   }
   return decision;

@@ -27,8 +27,9 @@ class FusedScorer {
   explicit FusedScorer(const PolicyOptions& options) : options_(options) {}
 
   // Same contract, errors and result as DecideLayer(policy, options, request); the decisions,
-  // weights and entropies are identical. `measure` is computed as DecideLayer does (shadow,
-  // disagreement, retained mass), after the fused selection.
+  // weights, entropies and, with `measure`, the shadow UOR, disagreement and retained mass are
+  // identical. The measurement's inputs (per-head page maxima, page sums of the head-mean row)
+  // come from the same pass over the statistic as the pooled page maxima.
   [[nodiscard]] absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy,
                                                           const LayerRequest& request);
 
@@ -39,6 +40,8 @@ class FusedScorer {
                    GroupDecision* decision);
   // Loads `count` tokens of `head` from `first` as float32: a view for float32, widened into
   // `buffer` otherwise.
+  // The measure fields of one group from head_max_ and page_sums_ (filled by DecideGroup).
+  void Measure(int r, int64_t pages, int64_t quota, GroupDecision* decision);
   const float* Tokens(const LayerRequest& request, int head, int64_t first, int64_t count,
                       float* buffer) const;
 
@@ -49,7 +52,12 @@ class FusedScorer {
   std::vector<float> pooled_;               // one chunk of the pooled row
   std::vector<float> page_max_;    // I_g[b] for the current group
   std::vector<uint64_t> keys_;     // selection keys, one per page
-  std::vector<int32_t> protected_;
+  // measure = true only:
+  std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
+  std::vector<float> mean_weights_;  // r copies of float(1 / r)
+  std::vector<float> mean_;          // one chunk of the head-mean row
+  std::vector<double> page_sums_;    // PageSums of the head-mean row
+  std::vector<std::vector<int32_t>> head_kept_;  // the head-independent shadow's pages
 };
 
 // Every layer of a model: requests[l] decided with its own quota. `threads` workers take whole

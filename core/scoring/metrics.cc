@@ -4,6 +4,8 @@
 #include <cmath>
 #include <iterator>
 
+#include "core/scoring/pages.h"
+
 namespace entrokv {
 
 double UnionOverheadRatio(std::span<const std::vector<int32_t>> sets, int64_t k) {
@@ -51,20 +53,34 @@ UorBounds SandwichBounds(int r, double mean_similarity, double max_similarity) {
   return {lower, upper};
 }
 
-double RetainedMass(std::span<const float> values, int page_size,
-                    std::span<const int32_t> kept_pages) {
+void PageSums(std::span<const float> values, int page_size, std::span<double> sums) {
+  const auto tokens = static_cast<int64_t>(values.size());
+  const float* data = values.data();
+  for (size_t page = 0; page < sums.size(); ++page) {
+    const int64_t begin = static_cast<int64_t>(page) * page_size;
+    const int64_t end = std::min<int64_t>(begin + page_size, tokens);
+    double sum = 0.0;
+    for (int64_t t = begin; t < end; ++t) sum += data[t];
+    sums[page] = sum;
+  }
+}
+
+double RetainedMassFromPageSums(std::span<const double> page_sums,
+                                std::span<const int32_t> kept_pages) {
   double total = 0.0;
-  for (const float value : values) total += value;
+  for (const double sum : page_sums) total += sum;
   if (!(total > 0.0)) return 1.0;
   double kept = 0.0;
-  const auto tokens = static_cast<int64_t>(values.size());
-  for (const int32_t page : kept_pages) {
-    const int64_t end = std::min<int64_t>((static_cast<int64_t>(page) + 1) * page_size, tokens);
-    for (int64_t t = static_cast<int64_t>(page) * page_size; t < end; ++t) {
-      kept += values[static_cast<size_t>(t)];
-    }
-  }
+  for (const int32_t page : kept_pages) kept += page_sums[static_cast<size_t>(page)];
   return kept / total;
+}
+
+double RetainedMass(std::span<const float> values, int page_size,
+                    std::span<const int32_t> kept_pages) {
+  std::vector<double> sums(
+      static_cast<size_t>(PageCount(static_cast<int64_t>(values.size()), page_size)));
+  PageSums(values, page_size, sums);
+  return RetainedMassFromPageSums(sums, kept_pages);
 }
 
 double NeedleBoundDelta(int64_t tokens, int r, double tau, double eta_ret, double needle_mass,

@@ -35,9 +35,21 @@ struct UorBounds {
   return UnionOverheadRatio(kept_per_group, k);
 }
 
-// Share of sum(values) that lies inside the kept pages; 1 when the values sum to 0.
+// Share of sum(values) that lies inside the kept pages; 1 when the values sum to 0. The sums
+// are taken page by page (PageSums), then over the pages in ascending order
+// (RetainedMassFromPageSums), so that a path that streams the values chunk by chunk (the fused
+// scorer) gets the same bits.
 [[nodiscard]] double RetainedMass(std::span<const float> values, int page_size,
                                   std::span<const int32_t> kept_pages);
+
+// sums[b] = the double sum of values over page b, from 0 in token order; the partial last page
+// counts with its real tokens. REQUIRES: sums.size() == PageCount(values.size(), page_size).
+void PageSums(std::span<const float> values, int page_size, std::span<double> sums);
+
+// RetainedMass from the page sums: (sum of the kept pages' sums) / (sum of all), each in
+// ascending page order; 1 when the total is not > 0. kept_pages: ascending, distinct.
+[[nodiscard]] double RetainedMassFromPageSums(std::span<const double> page_sums,
+                                              std::span<const int32_t> kept_pages);
 
 // The finite-context needle bound of METHOD §2.11 with c_j = 0 (r - 1 near-uniform siblings):
 // Delta(T) = (1 - eps) D / (C + D), C = exp(-eta / tau), D = (r - 1) (T - s)^(-1/tau).
