@@ -1,6 +1,10 @@
 #include "core/scoring/metrics.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <random>
+#include <set>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -42,6 +46,54 @@ TEST(MetricsTest, CertificateThresholdsForTwofoldInflation) {
   EXPECT_DOUBLE_EQ(SandwichBounds(8, 0.0, 0.0).lower, 8.0);
   EXPECT_DOUBLE_EQ(SandwichBounds(8, 1.0, 1.0).lower, 1.0);
   EXPECT_DOUBLE_EQ(SandwichBounds(8, 1.0, 1.0).upper, 7.0);
+}
+
+// UnionOverheadRatio and PairwiseJaccard count with bitmaps when the sets are dense and fall
+// back to merging otherwise (sparse indices, negative indices); both must give the counts of a
+// plain std::set computation, bit for bit.
+TEST(MetricsTest, UnionAndJaccardMatchPlainSetCounts) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 300; ++trial) {
+    const int count = static_cast<int>(pick(1, 9));
+    const int64_t range = std::vector<int64_t>{1, 64, 65, 1000, 1 << 24}[pick(0, 4)];
+    const int64_t low = pick(0, 5) == 0 ? -pick(1, 100) : 0;
+    std::vector<std::vector<int32_t>> sets(static_cast<size_t>(count));
+    for (auto& set : sets) {
+      std::set<int32_t> members;
+      const int64_t size = pick(0, std::min<int64_t>(range, 300));
+      for (int64_t i = 0; i < size; ++i) members.insert(static_cast<int32_t>(pick(low, range - 1)));
+      set.assign(members.begin(), members.end());
+    }
+    std::set<int32_t> all;
+    for (const auto& set : sets) all.insert(set.begin(), set.end());
+    const int64_t k = pick(1, 50);
+    EXPECT_EQ(UnionOverheadRatio(sets, k),
+              static_cast<double>(all.size()) / static_cast<double>(k));
+    if (count < 2) continue;
+    double sum = 0.0;
+    double max_similarity = 0.0;
+    int pairs = 0;
+    for (int i = 0; i < count; ++i) {
+      for (int j = i + 1; j < count; ++j) {
+        const std::set<int32_t> a(sets[i].begin(), sets[i].end());
+        double both = 0.0;
+        for (const int32_t index : sets[j]) both += a.count(index) > 0 ? 1.0 : 0.0;
+        const double either = static_cast<double>(sets[i].size() + sets[j].size()) - both;
+        const double similarity = either > 0.0 ? both / either : 1.0;
+        sum += similarity;
+        max_similarity = std::max(max_similarity, similarity);
+        ++pairs;
+      }
+    }
+    const JaccardSummary summary = PairwiseJaccard(sets);
+    EXPECT_EQ(summary.mean_similarity, sum / pairs) << "trial " << trial;
+    EXPECT_EQ(summary.max_similarity, max_similarity) << "trial " << trial;
+  }
 }
 
 TEST(MetricsTest, RetainedMassCountsThePartialLastPage) {
