@@ -9,12 +9,13 @@
 //    the maximum is the same value whatever the order in which it is taken.
 //  - Selection: a page's key is (score bits << 32 | ~index), with bit 63 set for protected
 //    pages; the K largest keys are the protected pages and then exactly the pages the reference
-//    order (score desc, index asc) ranks first. nth_element finds the K-th key; one scan in page
-//    order emits the kept pages already ascending.
-//  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent,
-//    as above); the shadow is the same key selection without protections; the head-mean row is
-//    PoolChunk with weights float(1 / r), MeasureGroup's operations per token; its page sums
-//    and the retained mass use the shared PageSums and RetainedMassFromPageSums (metrics.h).
+//    order (score desc, index asc) ranks first. A radix select finds the K-th key; one scan in
+//    page order emits the kept pages already ascending.
+//  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent;
+//    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same key selection without protections; the head-mean row is
+//    computed beside the pooled row from the same loads with MeasureGroup's operations per
+//    token (float(1 / r) * x added head by head from 0); its page sums and the retained mass
+//    use the shared PageSums and RetainedMassFromPageSums (metrics.h).
 #include "core/scoring/fused_scorer.h"
 
 #include <algorithm>
@@ -325,36 +326,45 @@ inline bool ValueOk(float x) { return x >= 0.0f && x < INFINITY; }
 // pooled[t] = ((0 + w_0 x_0[t]) + w_1 x_1[t]) + ..., head by head in head order, one IEEE
 // multiply and add per head as in PoolRows, but with the running value kept in a register and
 // every row read once. With `kMax`, pooled[t] = max(...max(0, x_0[t])..., x_r-1[t]) as
-// MaxPolicy computes it. Returns whether every value passed ValueOk.
-template <bool kMax>
+// MaxPolicy computes it. With `kMean`, also mean[t] = ((0 + m x_0[t]) + m x_1[t]) + ..., the
+// head-mean row of MeasureGroup (m = float(1 / r)), from the same loads. Returns whether every
+// value passed ValueOk.
+template <bool kMax, bool kMean>
 bool PoolChunk(const float* const* rows, const float* weights, int count_rows, int64_t begin,
-               int64_t count, float* pooled) {
+               int64_t count, float* pooled, float mean_weight, float* mean) {
   int64_t t = begin;
   bool ok = true;
 #if defined(__SSE2__)
   const __m128 zero = _mm_setzero_ps();
   const __m128 inf = _mm_set1_ps(INFINITY);
+  const __m128 m = _mm_set1_ps(mean_weight);
   __m128 all_ok = _mm_castsi128_ps(_mm_set1_epi32(-1));
   for (; t + 4 <= count; t += 4) {
     __m128 acc = _mm_setzero_ps();
+    __m128 mean_acc = _mm_setzero_ps();
     for (int i = 0; i < count_rows; ++i) {
       const __m128 v = _mm_loadu_ps(rows[i] + t);
       // maxps(v, acc) = v > acc ? v : acc, which is std::max(acc, v).
       acc = kMax ? _mm_max_ps(v, acc) : _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(weights[i]), v));
+      if (kMean) mean_acc = _mm_add_ps(mean_acc, _mm_mul_ps(m, v));
       all_ok = _mm_and_ps(all_ok, _mm_and_ps(_mm_cmpge_ps(v, zero), _mm_cmplt_ps(v, inf)));
     }
     _mm_storeu_ps(pooled + t, acc);
+    if (kMean) _mm_storeu_ps(mean + t, mean_acc);
   }
   ok = _mm_movemask_ps(all_ok) == 0xf;
 #endif
   for (; t < count; ++t) {
     float acc = 0.0f;
+    float mean_acc = 0.0f;
     for (int i = 0; i < count_rows; ++i) {
       const float x = rows[i][t];
       acc = kMax ? std::max(acc, x) : acc + weights[i] * x;
+      if (kMean) mean_acc = mean_acc + mean_weight * x;
       ok &= ValueOk(x);
     }
     pooled[t] = acc;
+    if (kMean) mean[t] = mean_acc;
   }
   return ok;
 }
@@ -362,42 +372,63 @@ bool PoolChunk(const float* const* rows, const float* weights, int count_rows, i
 #if defined(__x86_64__) && defined(__GNUC__)
 // PoolChunk eight tokens at a time; the same per-lane operations (VEX encodings of the same
 // IEEE multiply, add and max; no FMA is enabled, so nothing is contracted).
-template <bool kMax>
+template <bool kMax, bool kMean>
 __attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows,
                                                    const float* weights, int count_rows,
-                                                   int64_t count, float* pooled) {
+                                                   int64_t count, float* pooled,
+                                                   float mean_weight, float* mean) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256 inf = _mm256_set1_ps(INFINITY);
+  const __m256 m = _mm256_set1_ps(mean_weight);
   __m256 all_ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
   int64_t t = 0;
   for (; t + 8 <= count; t += 8) {
     __m256 acc = zero;
+    __m256 mean_acc = zero;
     for (int i = 0; i < count_rows; ++i) {
       const __m256 v = _mm256_loadu_ps(rows[i] + t);
       acc = kMax ? _mm256_max_ps(v, acc)
                  : _mm256_add_ps(acc, _mm256_mul_ps(_mm256_broadcast_ss(weights + i), v));
+      if (kMean) mean_acc = _mm256_add_ps(mean_acc, _mm256_mul_ps(m, v));
       all_ok = _mm256_and_ps(all_ok, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ),
                                                    _mm256_cmp_ps(v, inf, _CMP_LT_OQ)));
     }
     _mm256_storeu_ps(pooled + t, acc);
+    if (kMean) _mm256_storeu_ps(mean + t, mean_acc);
   }
   const bool ok = _mm256_movemask_ps(all_ok) == 0xff;
-  return PoolChunk<kMax>(rows, weights, count_rows, t, count, pooled) && ok;
+  return PoolChunk<kMax, kMean>(rows, weights, count_rows, t, count, pooled, mean_weight, mean) &&
+         ok;
 }
 
 #else
-template <bool kMax>
+template <bool kMax, bool kMean>
 bool PoolChunkAvx2(const float* const* rows, const float* weights, int count_rows,
-                   int64_t count, float* pooled) {
-  return PoolChunk<kMax>(rows, weights, count_rows, 0, count, pooled);
+                   int64_t count, float* pooled, float mean_weight, float* mean) {
+  return PoolChunk<kMax, kMean>(rows, weights, count_rows, 0, count, pooled, mean_weight, mean);
 }
 #endif
 
-template <bool kMax>
+template <bool kMax, bool kMean>
 bool PoolAnyChunk(const float* const* rows, const float* weights, int count_rows, int64_t count,
-                  float* pooled) {
-  return HaveAvx2() ? PoolChunkAvx2<kMax>(rows, weights, count_rows, count, pooled)
-                    : PoolChunk<kMax>(rows, weights, count_rows, 0, count, pooled);
+                  float* pooled, float mean_weight, float* mean) {
+  return HaveAvx2() ? PoolChunkAvx2<kMax, kMean>(rows, weights, count_rows, count, pooled,
+                                                 mean_weight, mean)
+                    : PoolChunk<kMax, kMean>(rows, weights, count_rows, 0, count, pooled,
+                                             mean_weight, mean);
+}
+
+// The pooled chunk (and, when `mean` is not null, the head-mean chunk) of count_rows rows.
+bool PoolRowsChunk(bool max, const float* const* rows, const float* weights, int count_rows,
+                   int64_t count, float* pooled, float mean_weight, float* mean) {
+  if (max) {
+    return mean != nullptr
+               ? PoolAnyChunk<true, true>(rows, weights, count_rows, count, pooled, mean_weight, mean)
+               : PoolAnyChunk<true, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
+  }
+  return mean != nullptr
+             ? PoolAnyChunk<false, true>(rows, weights, count_rows, count, pooled, mean_weight, mean)
+             : PoolAnyChunk<false, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
 }
 
 // Page keys want the same bits for +0 and -0 (the reference compares them equal).
@@ -566,18 +597,15 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   row_pointers_.resize(static_cast<size_t>(r));
   // With `measure`, the same pass also gives each head's page maxima and the page sums of the
   // head-mean row, which MeasureGroup builds as mean[t] = ((0 + w x_0[t]) + w x_1[t]) + ... with
-  // w = float(1 / r): PoolChunk with equal weights (for mean and h2o it is the pooled row).
+  // w = float(1 / r), computed by the pooling kernel from the same loads.
   const bool measure = request.measure;
   const bool mean_is_pooled = pooling == Pooling::kMean;
   if (measure) {
     head_max_.resize(static_cast<size_t>(r) * static_cast<size_t>(pages));
     page_sums_.resize(static_cast<size_t>(pages));
-    if (!mean_is_pooled) {
-      mean_.resize(static_cast<size_t>(chunk));
-      mean_weights_.assign(static_cast<size_t>(r),
-                           static_cast<float>(1.0 / static_cast<double>(r)));
-    }
+    if (!mean_is_pooled) mean_.resize(static_cast<size_t>(chunk));
   }
+  const auto mean_weight = static_cast<float>(1.0 / static_cast<double>(r));
   bool ok = true;
   // Backwards, chunk by chunk: the end of the rows, read last by pass 1, is still in L2. Each
   // chunk holds whole pages and each token's arithmetic is the same in any chunk order.
@@ -588,10 +616,10 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     for (int i = 0; i < r; ++i) {
       row_pointers_[static_cast<size_t>(i)] = Tokens(request, first_head + i, first, count, buffer(i));
     }
-    ok &= pooling == Pooling::kMax
-              ? PoolAnyChunk<true>(row_pointers_.data(), float_weights_.data(), r, count, pooled)
-              : PoolAnyChunk<false>(row_pointers_.data(), float_weights_.data(), r, count,
-                                    pooled);
+    // For mean and h2o the pooled row is the head-mean row already.
+    float* mean = measure && !mean_is_pooled ? mean_.data() : nullptr;
+    ok &= PoolRowsChunk(pooling == Pooling::kMax, row_pointers_.data(), float_weights_.data(), r,
+                        count, pooled, mean_weight, mean);
     const int64_t first_page = first / page_size;
     for (int64_t t = 0, page = first_page; t < count; t += page_size, ++page) {
       page_max_[static_cast<size_t>(page)] = MaxOf(pooled + t, std::min<int64_t>(page_size, count - t));
@@ -606,11 +634,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
           maxima[page] = MaxOf(row + t, std::min<int64_t>(page_size, count - t));
         }
       }
-      const float* mean = pooled;
-      if (!mean_is_pooled) {
-        PoolAnyChunk<false>(row_pointers_.data(), mean_weights_.data(), r, count, mean_.data());
-        mean = mean_.data();
-      }
+      const float* mean = mean_is_pooled ? pooled : mean_.data();
       PageSums(std::span<const float>(mean, static_cast<size_t>(count)), page_size,
                std::span<double>(page_sums_.data() + first_page,
                                  static_cast<size_t>(chunk_pages)));

@@ -54,7 +54,6 @@ class FusedScorer {
   std::vector<uint64_t> keys_;     // selection keys, one per page
   // measure = true only:
   std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
-  std::vector<float> mean_weights_;  // r copies of float(1 / r)
   std::vector<float> mean_;          // one chunk of the head-mean row
   std::vector<double> page_sums_;    // PageSums of the head-mean row
   std::vector<std::vector<int32_t>> head_kept_;  // the head-independent shadow's pages
