@@ -451,6 +451,52 @@ inline float MaxOf(const float* values, int64_t count) {
   return best;
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+// Page maxima of eight whole pages of `page_size` (a multiple of 8) floats: each page folds to
+// one register of eight lanes, then three transposing steps fold the eight registers to one
+// register holding the eight pages' maxima in page order.
+__attribute__((target("avx2"))) void EightPageMaximaAvx2(const float* values, int page_size,
+                                                        float* maxima) {
+  __m256 page[8];
+  for (int p = 0; p < 8; ++p) {
+    const float* first = values + static_cast<int64_t>(p) * page_size;
+    __m256 lanes = _mm256_loadu_ps(first);
+    for (int t = 8; t < page_size; t += 8) lanes = _mm256_max_ps(lanes, _mm256_loadu_ps(first + t));
+    page[p] = lanes;
+  }
+  __m256 pairs[4];  // per 128-bit half: [m_2q(0,2), m_2q+1(0,2), m_2q(1,3), m_2q+1(1,3)]
+  for (int q = 0; q < 4; ++q) {
+    pairs[q] = _mm256_max_ps(_mm256_unpacklo_ps(page[2 * q], page[2 * q + 1]),
+                             _mm256_unpackhi_ps(page[2 * q], page[2 * q + 1]));
+  }
+  __m256 quads[2];  // per 128-bit half: the maxima of pages 4h..4h+3 over that half
+  for (int h = 0; h < 2; ++h) {
+    quads[h] = _mm256_max_ps(
+        _mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+        _mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  }
+  _mm256_storeu_ps(maxima, _mm256_max_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
+                                         _mm256_permute2f128_ps(quads[0], quads[1], 0x31)));
+}
+#endif
+
+// maxima[b] = the max of values over page b of [0, count); the partial last page counts with
+// its real tokens. REQUIRES: no NaN (so the max is order-independent; -0 and +0 may swap).
+void PageMaximaOf(const float* values, int64_t count, int page_size, float* maxima) {
+  int64_t page = 0;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (page_size % 8 == 0 && HaveAvx2()) {
+    const int64_t whole_pages = count / page_size;
+    for (; page + 8 <= whole_pages; page += 8) {
+      EightPageMaximaAvx2(values + page * page_size, page_size, maxima + page);
+    }
+  }
+#endif
+  for (int64_t t = page * page_size; t < count; t += page_size, ++page) {
+    maxima[page] = MaxOf(values + t, std::min<int64_t>(page_size, count - t));
+  }
+}
+
 // keys[b] = (score bits << 32) | ~b: larger keys rank first in (score desc, index asc) order.
 void FillKeys(const float* scores, int64_t pages, uint64_t* keys) {
   for (int64_t page = 0; page < pages; ++page) {
@@ -621,18 +667,14 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     ok &= PoolRowsChunk(pooling == Pooling::kMax, row_pointers_.data(), float_weights_.data(), r,
                         count, pooled, mean_weight, mean);
     const int64_t first_page = first / page_size;
-    for (int64_t t = 0, page = first_page; t < count; t += page_size, ++page) {
-      page_max_[static_cast<size_t>(page)] = MaxOf(pooled + t, std::min<int64_t>(page_size, count - t));
-    }
+    PageMaximaOf(pooled, count, page_size, page_max_.data() + first_page);
     if (measure) {
       const int64_t chunk_pages = PageCount(count, page_size);
       for (int i = 0; i < r; ++i) {
         const float* row = row_pointers_[static_cast<size_t>(i)];
         float* maxima = head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages) +
                         first_page;
-        for (int64_t t = 0, page = 0; t < count; t += page_size, ++page) {
-          maxima[page] = MaxOf(row + t, std::min<int64_t>(page_size, count - t));
-        }
+        PageMaximaOf(row, count, page_size, maxima);
       }
       const float* mean = mean_is_pooled ? pooled : mean_.data();
       PageSums(std::span<const float>(mean, static_cast<size_t>(count)), page_size,

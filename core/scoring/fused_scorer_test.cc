@@ -102,7 +102,7 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
   // One scorer per options, reused across layers of every size, so scratch reuse is tested too.
   for (int trial = 0; trial < 400; ++trial) {
     PolicyOptions options;
-    options.page_size = std::vector<int>{1, 3, 4, 16, 17}[static_cast<size_t>(pick(0, 4))];
+    options.page_size = std::vector<int>{1, 3, 4, 8, 16, 17, 32}[static_cast<size_t>(pick(0, 6))];
     options.sink_tokens = pick(0, 6);
     options.alpha = alphas[static_cast<size_t>(pick(0, 4))];
     options.tau = std::vector<double>{0.5, 0.05, 4.0}[static_cast<size_t>(pick(0, 2))];
