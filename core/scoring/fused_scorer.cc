@@ -506,21 +506,26 @@ void FillKeys(const float* scores, int64_t pages, uint64_t* keys) {
 }
 
 // The quota-th largest of keys[0, pages), found by an MSD radix select on the 32 high bits
-// (protection bit and score bits) in digits of 11, 11 and 10 bits: each level keeps, in page
-// order, the candidates whose digit is the boundary one. Candidates that share all 32 high bits
-// differ only in ~index, so in page order their keys descend and the rank left picks one
-// directly. Linear, and no data-dependent branch on the keys. `work` holds `pages` keys.
-// REQUIRES: 1 <= quota <= pages.
+// (protection bit and score bits): the digits are 11-bit slices from the highest bit in which
+// the keys differ (so the first level spreads them even when the scores share their exponent),
+// and each level keeps, in page order, the candidates whose digit is the boundary one.
+// Candidates that share all 32 high bits differ only in ~index, so in page order their keys
+// descend and the rank left picks one directly. Linear, with no data-dependent branch on the
+// keys. `work` holds `pages` keys. REQUIRES: 1 <= quota <= pages.
 uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work) {
-  constexpr int kShifts[3] = {53, 42, 32};
-  constexpr uint64_t kMasks[3] = {0x7ff, 0x7ff, 0x3ff};
-  uint32_t histogram[2048];
+  constexpr int kDigitBits = 11;
+  const uint64_t first_high = keys[0] >> 32;
+  uint64_t differing = 0;
+  for (int64_t i = 0; i < pages; ++i) differing |= (keys[i] >> 32) ^ first_high;
+  uint32_t histogram[1 << kDigitBits];
   const uint64_t* candidates = keys;
   int64_t count = pages;
   int64_t rank = quota;  // among the candidates, 1 = the largest
-  for (int level = 0; level < 3 && count > 1; ++level) {
-    const int shift = kShifts[level];
-    const uint64_t mask = kMasks[level];
+  for (int high = differing == 0 ? -1 : std::bit_width(differing) - 1; high >= 0 && count > 1;
+       high -= kDigitBits) {
+    const int low = std::max(high - kDigitBits + 1, 0);
+    const int shift = 32 + low;
+    const uint64_t mask = (uint64_t{1} << (high - low + 1)) - 1;
     std::fill(histogram, histogram + mask + 1, 0u);
     for (int64_t i = 0; i < count; ++i) ++histogram[(candidates[i] >> shift) & mask];
     uint64_t digit = mask;
