@@ -103,6 +103,32 @@ TEST(MetricsTest, RetainedMassCountsThePartialLastPage) {
   EXPECT_DOUBLE_EQ(RetainedMass(std::vector<float>(5, 0.0f), 4, std::vector<int32_t>{}), 1.0);
 }
 
+// PageSums works on eight pages at a time; every page must still be the plain double sum of its
+// tokens in token order.
+TEST(MetricsTest, PageSumsAreThePlainPerPageSums) {
+  const uint64_t seed = std::random_device{}();
+  SCOPED_TRACE(::testing::Message() << "seed " << seed);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int page_size = std::uniform_int_distribution<int>(1, 40)(rng);
+    const auto tokens = std::uniform_int_distribution<int64_t>(1, 2000)(rng);
+    std::vector<float> values(static_cast<size_t>(tokens));
+    for (float& value : values) value = unit(rng) * std::pow(10.0f, unit(rng) * 12.0f - 6.0f);
+    std::vector<double> sums(static_cast<size_t>((tokens + page_size - 1) / page_size), -1.0);
+    PageSums(values, page_size, sums);
+    for (size_t page = 0; page < sums.size(); ++page) {
+      double want = 0.0;
+      for (int64_t t = static_cast<int64_t>(page) * page_size;
+           t < std::min<int64_t>(static_cast<int64_t>(page + 1) * page_size, tokens); ++t) {
+        want += values[static_cast<size_t>(t)];
+      }
+      ASSERT_EQ(sums[page], want) << "trial " << trial << " B " << page_size << " T " << tokens
+                                  << " page " << page;
+    }
+  }
+}
+
 TEST(MetricsTest, NeedleBoundClosedForm) {
   // r = 8, tau = 0.5, eta = ln 2, 1 - eps = 0.95, four sinks (METHOD §2.11).
   EXPECT_NEAR(NeedleBoundDelta(131072, 8, 0.5, std::log(2.0), 0.95, 4), 1.548e-9, 0.0005e-9);
