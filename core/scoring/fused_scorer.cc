@@ -517,7 +517,9 @@ uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint6
   const uint64_t first_high = keys[0] >> 32;
   uint64_t differing = 0;
   for (int64_t i = 0; i < pages; ++i) differing |= (keys[i] >> 32) ^ first_high;
-  uint32_t histogram[1 << kDigitBits];
+  // Four histograms, key i counted in histogram i % 4: keys that share a digit (scores of one
+  // binade) then do not serialize on one counter in memory.
+  uint32_t histogram[4][1 << kDigitBits];
   const uint64_t* candidates = keys;
   int64_t count = pages;
   int64_t rank = quota;  // among the candidates, 1 = the largest
@@ -526,10 +528,18 @@ uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint6
     const int low = std::max(high - kDigitBits + 1, 0);
     const int shift = 32 + low;
     const uint64_t mask = (uint64_t{1} << (high - low + 1)) - 1;
-    std::fill(histogram, histogram + mask + 1, 0u);
-    for (int64_t i = 0; i < count; ++i) ++histogram[(candidates[i] >> shift) & mask];
+    for (auto& part : histogram) std::fill(part, part + mask + 1, 0u);
+    int64_t i = 0;
+    for (; i + 4 <= count; i += 4) {
+      for (int part = 0; part < 4; ++part) ++histogram[part][(candidates[i + part] >> shift) & mask];
+    }
+    for (; i < count; ++i) ++histogram[0][(candidates[i] >> shift) & mask];
+    auto in_digit = [&](uint64_t digit) {
+      return int64_t{histogram[0][digit]} + histogram[1][digit] + histogram[2][digit] +
+             histogram[3][digit];
+    };
     uint64_t digit = mask;
-    while (rank > histogram[digit]) rank -= histogram[digit--];
+    while (rank > in_digit(digit)) rank -= in_digit(digit--);
     int64_t kept = 0;
     for (int64_t i = 0; i < count; ++i) {  // in place when candidates == work: kept <= i
       const uint64_t key = candidates[i];
