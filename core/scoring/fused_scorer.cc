@@ -508,12 +508,14 @@ void FillKeys(const float* scores, int64_t pages, uint64_t* keys) {
 // The quota-th largest of keys[0, pages), found by an MSD radix select on the 32 high bits
 // (protection bit and score bits): the digits are 11-bit slices from the highest bit in which
 // the keys differ (so the first level spreads them even when the scores share their exponent),
-// and each level keeps, in page order, the candidates whose digit is the boundary one.
-// Candidates that share all 32 high bits differ only in ~index, so in page order their keys
-// descend and the rank left picks one directly. Linear, with no data-dependent branch on the
-// keys. `work` holds `pages` keys. REQUIRES: 1 <= quota <= pages.
+// and each level keeps, in page order, the candidates whose digit is the boundary one. A few
+// candidates left are ranked by nth_element; candidates that share all 32 high bits differ only
+// in ~index, so in page order their keys descend and the rank left picks one directly. Linear,
+// with no data-dependent branch on the keys in the passes over all of them. `work` holds
+// `pages` keys. REQUIRES: 1 <= quota <= pages.
 uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work) {
   constexpr int kDigitBits = 11;
+  constexpr int64_t kFewCandidates = 64;
   const uint64_t first_high = keys[0] >> 32;
   uint64_t differing = 0;
   for (int64_t i = 0; i < pages; ++i) differing |= (keys[i] >> 32) ^ first_high;
@@ -523,8 +525,8 @@ uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint6
   const uint64_t* candidates = keys;
   int64_t count = pages;
   int64_t rank = quota;  // among the candidates, 1 = the largest
-  for (int high = differing == 0 ? -1 : std::bit_width(differing) - 1; high >= 0 && count > 1;
-       high -= kDigitBits) {
+  for (int high = differing == 0 ? -1 : std::bit_width(differing) - 1;
+       high >= 0 && count > kFewCandidates; high -= kDigitBits) {
     const int low = std::max(high - kDigitBits + 1, 0);
     const int shift = 32 + low;
     const uint64_t mask = (uint64_t{1} << (high - low + 1)) - 1;
@@ -540,14 +542,26 @@ uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint6
     };
     uint64_t digit = mask;
     while (rank > in_digit(digit)) rank -= in_digit(digit--);
+    // The candidates share every bit above `high`, so the boundary digit's keys are the range
+    // [base, base + 2^shift).
+    const int above = 33 + high;
+    const uint64_t prefix = above >= 64 ? 0 : (candidates[0] >> above) << above;
+    const uint64_t base = prefix | (digit << shift);
+    const uint64_t width = uint64_t{1} << shift;
     int64_t kept = 0;
     for (int64_t i = 0; i < count; ++i) {  // in place when candidates == work: kept <= i
       const uint64_t key = candidates[i];
       work[kept] = key;
-      kept += ((key >> shift) & mask) == digit ? 1 : 0;
+      kept += key - base < width ? 1 : 0;
     }
     candidates = work;
     count = kept;
+  }
+  if (count <= kFewCandidates && count > 1) {
+    // Few enough to rank directly (distinct keys, so any order-by-value gives the same one).
+    if (candidates != work) std::copy(candidates, candidates + count, work);
+    std::nth_element(work, work + rank - 1, work + count, std::greater<uint64_t>());
+    return work[rank - 1];
   }
   return candidates[rank - 1];
 }
