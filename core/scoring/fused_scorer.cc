@@ -7,10 +7,11 @@
 //    the pooled chunk stays in L1), never the operations on one token.
 //  - Page maxima: the pooled values hold no NaN and no -0 (validated inputs, sums from +0), so
 //    the maximum is the same value whatever the order in which it is taken.
-//  - Selection: a page's key is (score bits << 32 | ~index), with bit 63 set for protected
-//    pages; the K largest keys are the protected pages and then exactly the pages the reference
-//    order (score desc, index asc) ranks first. A radix select finds the K-th key; one scan in
-//    page order emits the kept pages already ascending.
+//  - Selection: a page's key is its score's bits (ordered as the scores, which are >= 0), with
+//    bit 31 set for protected pages; the protected pages and then the pages the reference order
+//    (score desc, index asc) ranks first are the pages above the K-th key plus the first pages
+//    in page order equal to it. A radix select finds the K-th key and how many of its equals
+//    are kept; one scan in page order emits the kept pages already ascending.
 //  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent;
 //    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same key selection without protections; the head-mean row is
 //    computed beside the pooled row from the same loads with MeasureGroup's operations per
@@ -497,88 +498,103 @@ void PageMaximaOf(const float* values, int64_t count, int page_size, float* maxi
   }
 }
 
-// keys[b] = (score bits << 32) | ~b: larger keys rank first in (score desc, index asc) order.
-void FillKeys(const float* scores, int64_t pages, uint64_t* keys) {
-  for (int64_t page = 0; page < pages; ++page) {
-    const uint32_t bits = ScoreBits(scores[page]);
-    keys[page] = (static_cast<uint64_t>(bits) << 32) | (0xffffffffu - static_cast<uint32_t>(page));
-  }
+// keys[b] = the score's bits (+0 for -0); scores are >= 0, so bit 31 is free for protected
+// pages. A larger key ranks first; equal keys rank by page index, lower first.
+void FillKeys(const float* scores, int64_t pages, uint32_t* keys) {
+  for (int64_t page = 0; page < pages; ++page) keys[page] = ScoreBits(scores[page]);
 }
 
-// The quota-th largest of keys[0, pages), found by an MSD radix select on the 32 high bits
-// (protection bit and score bits): the digits are 11-bit slices from the highest bit in which
-// the keys differ (so the first level spreads them even when the scores share their exponent),
-// and each level keeps, in page order, the candidates whose digit is the boundary one. A few
-// candidates left are ranked by nth_element; candidates that share all 32 high bits differ only
-// in ~index, so in page order their keys descend and the rank left picks one directly. Linear,
-// with no data-dependent branch on the keys in the passes over all of them. `work` holds
-// `pages` keys. REQUIRES: 1 <= quota <= pages.
-uint64_t KthLargestKey(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work) {
+// The quota-th largest key, counting repeats, and how many of the keys equal to it are kept
+// (the first ones in page order).
+struct Boundary {
+  uint32_t key;
+  int64_t equal_kept;
+  int64_t equal_total;  // keys equal to `key`
+};
+
+// Boundary of keys[0, pages) by an MSD radix select: the digits are 11-bit slices from the
+// highest bit in which the keys differ (so the first level spreads them even when the scores
+// share their exponent), and each level keeps the candidates whose digit is the boundary one.
+// A few candidates left are ranked by nth_element. Linear, with no data-dependent branch in the
+// passes over all the keys. `work` holds `pages` keys. REQUIRES: 1 <= quota <= pages.
+Boundary FindBoundary(const uint32_t* keys, int64_t pages, int64_t quota, uint32_t* work) {
   constexpr int kDigitBits = 11;
   constexpr int64_t kFewCandidates = 64;
-  const uint64_t first_high = keys[0] >> 32;
-  uint64_t differing = 0;
-  for (int64_t i = 0; i < pages; ++i) differing |= (keys[i] >> 32) ^ first_high;
+  uint32_t differing = 0;
+  for (int64_t i = 0; i < pages; ++i) differing |= keys[i] ^ keys[0];
   // Four histograms, key i counted in histogram i % 4: keys that share a digit (scores of one
   // binade) then do not serialize on one counter in memory.
   uint32_t histogram[4][1 << kDigitBits];
-  const uint64_t* candidates = keys;
+  const uint32_t* candidates = keys;
   int64_t count = pages;
   int64_t rank = quota;  // among the candidates, 1 = the largest
-  for (int high = differing == 0 ? -1 : std::bit_width(differing) - 1;
-       high >= 0 && count > kFewCandidates; high -= kDigitBits) {
+  int high = differing == 0 ? -1 : std::bit_width(differing) - 1;
+  for (; high >= 0 && count > kFewCandidates; high -= kDigitBits) {
     const int low = std::max(high - kDigitBits + 1, 0);
-    const int shift = 32 + low;
-    const uint64_t mask = (uint64_t{1} << (high - low + 1)) - 1;
+    const uint32_t mask = (uint32_t{1} << (high - low + 1)) - 1;
     for (auto& part : histogram) std::fill(part, part + mask + 1, 0u);
     int64_t i = 0;
     for (; i + 4 <= count; i += 4) {
-      for (int part = 0; part < 4; ++part) ++histogram[part][(candidates[i + part] >> shift) & mask];
+      for (int part = 0; part < 4; ++part) ++histogram[part][(candidates[i + part] >> low) & mask];
     }
-    for (; i < count; ++i) ++histogram[0][(candidates[i] >> shift) & mask];
-    auto in_digit = [&](uint64_t digit) {
+    for (; i < count; ++i) ++histogram[0][(candidates[i] >> low) & mask];
+    auto in_digit = [&](uint32_t digit) {
       return int64_t{histogram[0][digit]} + histogram[1][digit] + histogram[2][digit] +
              histogram[3][digit];
     };
-    uint64_t digit = mask;
+    uint32_t digit = mask;
     while (rank > in_digit(digit)) rank -= in_digit(digit--);
     // The candidates share every bit above `high`, so the boundary digit's keys are the range
-    // [base, base + 2^shift).
-    const int above = 33 + high;
-    const uint64_t prefix = above >= 64 ? 0 : (candidates[0] >> above) << above;
-    const uint64_t base = prefix | (digit << shift);
-    const uint64_t width = uint64_t{1} << shift;
+    // [base, base + 2^low).
+    const uint32_t prefix = high >= 31 ? 0 : (candidates[0] >> (high + 1)) << (high + 1);
+    const uint32_t base = prefix | (digit << low);
+    const uint32_t width_minus_one = (uint32_t{1} << low) - 1;
     int64_t kept = 0;
-    for (int64_t i = 0; i < count; ++i) {  // in place when candidates == work: kept <= i
-      const uint64_t key = candidates[i];
+    for (int64_t j = 0; j < count; ++j) {  // in place when candidates == work: kept <= j
+      const uint32_t key = candidates[j];
       work[kept] = key;
-      kept += key - base < width ? 1 : 0;
+      kept += key - base <= width_minus_one ? 1 : 0;
     }
     candidates = work;
     count = kept;
   }
-  if (count <= kFewCandidates && count > 1) {
-    // Few enough to rank directly (distinct keys, so any order-by-value gives the same one).
-    if (candidates != work) std::copy(candidates, candidates + count, work);
-    std::nth_element(work, work + rank - 1, work + count, std::greater<uint64_t>());
-    return work[rank - 1];
+  if (high < 0) return {candidates[0], rank, count};  // every candidate is the same key
+  if (candidates != work) std::copy(candidates, candidates + count, work);
+  std::nth_element(work, work + rank - 1, work + count, std::greater<uint32_t>());
+  const uint32_t key = work[rank - 1];
+  int64_t greater = 0;
+  int64_t equal = 0;
+  for (int64_t j = 0; j < count; ++j) {
+    greater += work[j] > key ? 1 : 0;
+    equal += work[j] == key ? 1 : 0;
   }
-  return candidates[rank - 1];
+  return {key, rank - greater, equal};
 }
 
-// The `quota` largest of keys[0, pages), in page order, into *kept. `work` holds `pages` keys.
-// REQUIRES: 1 <= quota < pages.
-void KeepLargestKeys(const uint64_t* keys, int64_t pages, int64_t quota, uint64_t* work,
+// The `quota` first pages in (key desc, index asc) order, in page order, into *kept. `work`
+// holds `pages` keys. REQUIRES: 1 <= quota < pages.
+void KeepLargestKeys(const uint32_t* keys, int64_t pages, int64_t quota, uint32_t* work,
                      std::vector<int32_t>* kept) {
-  const uint64_t threshold = KthLargestKey(keys, pages, quota, work);
-  // Exactly `quota` keys are >= threshold (keys are distinct); the extra slot takes the
-  // unconditional store after the last kept page.
+  const Boundary boundary = FindBoundary(keys, pages, quota, work);
+  // Exactly `quota` pages pass; the extra slot takes the unconditional store after the last.
   kept->resize(static_cast<size_t>(quota) + 1);
   int32_t* out = kept->data();
   int64_t emitted = 0;
+  if (boundary.equal_kept == boundary.equal_total) {  // no tie cut at the boundary
+    for (int64_t page = 0; page < pages; ++page) {
+      out[emitted] = static_cast<int32_t>(page);
+      emitted += keys[page] >= boundary.key ? 1 : 0;
+    }
+    kept->resize(static_cast<size_t>(quota));
+    return;
+  }
+  int64_t equal_left = boundary.equal_kept;
   for (int64_t page = 0; page < pages; ++page) {
+    const uint32_t key = keys[page];
+    const bool equal = key == boundary.key;
     out[emitted] = static_cast<int32_t>(page);
-    emitted += keys[page] >= threshold ? 1 : 0;
+    emitted += (key > boundary.key) | (equal & (equal_left > 0)) ? 1 : 0;
+    equal_left -= equal ? 1 : 0;
   }
   kept->resize(static_cast<size_t>(quota));
 }
@@ -717,7 +733,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const int64_t quota = std::min(request.quota_pages, pages);
   std::vector<int32_t>& kept = decision->kept_pages;
   keys_.resize(static_cast<size_t>(pages) * 2);
-  uint64_t* keys = keys_.data();
+  uint32_t* keys = keys_.data();
   if (quota == pages) {
     KeepAllPages(pages, &kept);
   } else {
@@ -726,10 +742,10 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     const Protections protections = EffectiveProtections(options_);
     int64_t protected_count = 0;
     auto protect = [&](int64_t page) {
-      if (page < 0 || page >= pages || (keys[page] >> 63) != 0 || protected_count >= quota) {
+      if (page < 0 || page >= pages || (keys[page] >> 31) != 0 || protected_count >= quota) {
         return;
       }
-      keys[page] |= uint64_t{1} << 63;
+      keys[page] |= uint32_t{1} << 31;
       ++protected_count;
     };
     if (protections.tail_page) protect(pages - 1);
@@ -749,7 +765,7 @@ void FusedScorer::Measure(int r, int64_t pages, int64_t quota, GroupDecision* de
   // The head-independent shadow: each head's own top-K of its page maxima, no protections, as
   // MeasureGroup selects them.
   head_kept_.resize(static_cast<size_t>(r));
-  uint64_t* keys = keys_.data();
+  uint32_t* keys = keys_.data();
   for (int i = 0; i < r; ++i) {
     std::vector<int32_t>& kept = head_kept_[static_cast<size_t>(i)];
     if (quota == pages) {

@@ -51,7 +51,7 @@ class FusedScorer {
   std::vector<float> float_weights_;        // float(w_h), as PoolRows rounds them
   std::vector<float> pooled_;               // one chunk of the pooled row
   std::vector<float> page_max_;    // I_g[b] for the current group
-  std::vector<uint64_t> keys_;     // selection keys, one per page
+  std::vector<uint32_t> keys_;     // selection keys, one per page, then as many of work
   // measure = true only:
   std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
   std::vector<float> mean_;          // one chunk of the head-mean row
