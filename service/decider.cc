@@ -214,14 +214,12 @@ absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_bu
   RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
   const ModelGeometry& geometry = model.state().geometry();
   ASSIGN_OR_RETURN(*resolved, ResolvePolicy(policy, defaults, geometry.page_size));
-  ASSIGN_OR_RETURN(const SequenceInfo info,
-                   model.state().GetSequence(sequence_id, /*with_block_tables=*/false));
-  *tokens = info.length;
-  if (info.length < 1) {
+  ASSIGN_OR_RETURN(*tokens, model.state().SequenceLength(sequence_id));
+  if (*tokens < 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence_id: '", sequence_id, "' holds no tokens to decide on"));
   }
-  ASSIGN_OR_RETURN(*quotas, ResolveBudget(budget, has_budget, geometry, info.length));
+  ASSIGN_OR_RETURN(*quotas, ResolveBudget(budget, has_budget, geometry, *tokens));
   return absl::OkStatus();
 }
 

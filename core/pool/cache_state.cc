@@ -155,6 +155,13 @@ absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_
   return Describe(it->second, with_block_tables);
 }
 
+absl::StatusOr<int64_t> CacheState::SequenceLength(absl::string_view sequence_id) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  return it->second.length();
+}
+
 std::vector<SequenceInfo> CacheState::ListSequences(bool with_block_tables) const {
   absl::MutexLock lock(&mu_);
   std::vector<SequenceInfo> infos;

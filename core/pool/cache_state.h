@@ -101,7 +101,10 @@ class CacheState {
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
 
-  // The sequence's length and live frames; its block tables only when asked (they are large:
+  // The sequence's length in tokens, O(1): what the decision path needs. NOT_FOUND unknown id.
+  [[nodiscard]] absl::StatusOr<int64_t> SequenceLength(absl::string_view sequence_id) const;
+  // The sequence's length and live frames (O(layers x groups x pages) to count); its block
+  // tables only when asked (they are large:
   // layers x groups x pages entries).
   [[nodiscard]] absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id,
                                                          bool with_block_tables = true) const;

@@ -73,6 +73,12 @@ TEST(CacheStateTest, LifecycleAndStats) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(SequenceInfo info, state->GetSequence("a"));
   EXPECT_EQ(info.length, 9);
   EXPECT_EQ(info.live_frames, 15);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const int64_t length, state->SequenceLength("a"));
+  EXPECT_EQ(length, 9);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(SequenceInfo brief,
+                               state->GetSequence("a", /*with_block_tables=*/false));
+  EXPECT_EQ(brief.live_frames, 15);
+  EXPECT_TRUE(brief.block_tables.empty());
   ASSERT_EQ(info.block_tables.size(), 3u);
   EXPECT_EQ(info.block_tables[2][0][0], kNoFrame);
   EXPECT_NE(info.block_tables[2][0][2], kNoFrame);
@@ -98,6 +104,8 @@ TEST(CacheStateTest, ErrorsNameTheProblemAndChangeNothing) {
   EXPECT_THAT(state->OpenSequence("b", 8),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("exhausted")));
   EXPECT_THAT(state->GetSequence("b"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"b\"")));
+  EXPECT_THAT(state->SequenceLength("b"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("\"b\"")));
   EXPECT_THAT(state->AppendTokens("a", 5),
               StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("needs 12 frames, 6 free")));
   EXPECT_THAT(state->AppendTokens("zz", 1), StatusIs(absl::StatusCode::kNotFound, HasSubstr("zz")));
