@@ -206,20 +206,22 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
 
 namespace {
 
-// Step 1 shared by both entry points.
-absl::Status PrepareJob(Model& model, absl::string_view sequence_id, bool has_budget,
-                        const v1::Budget& budget, const v1::PolicyParams& policy,
-                        const ServerOptions& defaults, int64_t* tokens, ResolvedPolicy* resolved,
+// Step 1 shared by both entry points (DecideRequest and DecideLayerRequest carry the same
+// sequence, budget and policy fields): the job's sequence, length and policy, and the quotas.
+template <typename Request>
+absl::Status PrepareJob(Model& model, const Request& request, const ServerOptions& defaults,
+                        std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
                         ResolvedBudget* quotas) {
-  RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
+  *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
-  ASSIGN_OR_RETURN(*resolved, ResolvePolicy(policy, defaults, geometry.page_size));
-  ASSIGN_OR_RETURN(*tokens, model.state().SequenceLength(sequence_id));
+  ASSIGN_OR_RETURN(*policy, ResolvePolicy(request.policy(), defaults, geometry.page_size));
+  ASSIGN_OR_RETURN(*tokens, model.state().SequenceLength(*sequence_id));
   if (*tokens < 1) {
     return absl::FailedPreconditionError(
-        absl::StrCat("sequence_id: '", sequence_id, "' holds no tokens to decide on"));
+        absl::StrCat("sequence_id: '", *sequence_id, "' holds no tokens to decide on"));
   }
-  ASSIGN_OR_RETURN(*quotas, ResolveBudget(budget, has_budget, geometry, *tokens));
+  ASSIGN_OR_RETURN(*quotas, ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
   return absl::OkStatus();
 }
 
@@ -253,10 +255,9 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
                              v1::DecideResponse* response) const {
   const auto start = Clock::now();
   Job job;
-  job.sequence_id = request.sequence_id();
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(), request.budget(),
-                             request.policy(), defaults_, &job.tokens, &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens,
+                             &job.policy, &quotas));
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -287,10 +288,9 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
                                   v1::LayerDecision* response) const {
   const auto start = Clock::now();
   Job job;
-  job.sequence_id = request.sequence_id();
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request.sequence_id(), request.has_budget(), request.budget(),
-                             request.policy(), defaults_, &job.tokens, &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens,
+                             &job.policy, &quotas));
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,

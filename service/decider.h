@@ -1,5 +1,5 @@
 // Runs eviction decisions for the service: checks a request against the model and sequence,
-// scores every layer with the core (DecideLayer), then applies the kept pages to the pool.
+// scores every layer with the core's fused CPU scorer, then applies the kept pages to the pool.
 #ifndef ENTROKV_SERVICE_DECIDER_H_
 #define ENTROKV_SERVICE_DECIDER_H_
 
