@@ -221,7 +221,8 @@ absl::Status PrepareJob(Model& model, const Request& request, const ServerOption
     return absl::FailedPreconditionError(
         absl::StrCat("sequence_id: '", *sequence_id, "' holds no tokens to decide on"));
   }
-  ASSIGN_OR_RETURN(*quotas, ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
+  ASSIGN_OR_RETURN(*quotas,
+                   ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
   return absl::OkStatus();
 }
 
@@ -256,8 +257,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens,
-                             &job.policy, &quotas));
+  RETURN_IF_ERROR(
+      PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy, &quotas));
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -289,8 +290,8 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens,
-                             &job.policy, &quotas));
+  RETURN_IF_ERROR(
+      PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy, &quotas));
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,

@@ -10,9 +10,8 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",      "OpenSequence", "AppendTokens", "Decide",
-    "DecideStream",  "CloseSequence", "GetPoolStats", "ListSequences",
-    "ListModels"};
+    "RegisterModel", "GetModel",      "OpenSequence", "AppendTokens",  "Decide",
+    "DecideStream",  "CloseSequence", "GetPoolStats", "ListSequences", "ListModels"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 // gRPC's canonical code names, indexed by code.

@@ -159,8 +159,8 @@ HeadFacts MeasureHeads(std::span<const float> layer, const ModelPreset& model, i
   const int r = model.group_size();
   facts.targets.resize(static_cast<size_t>(model.kv_groups));
   for (int h = 0; h < model.query_heads; ++h) {
-    const std::span<const float> row = layer.subspan(static_cast<size_t>(h * tokens),
-                                                     static_cast<size_t>(tokens));
+    const std::span<const float> row =
+        layer.subspan(static_cast<size_t>(h * tokens), static_cast<size_t>(tokens));
     double total = 0.0;
     for (const float value : row) total += value;
     total = std::max(total, 1e-300);
@@ -294,8 +294,8 @@ class WeightAnalysis {
 };
 
 // Head-independent per-head sets of one group: UOR and the certificates, checked.
-UorSample AnalyseHeadIndependent(const std::vector<std::vector<float>>& page_maxima, int g,
-                                 int r, int64_t quota, int64_t pages) {
+UorSample AnalyseHeadIndependent(const std::vector<std::vector<float>>& page_maxima, int g, int r,
+                                 int64_t quota, int64_t pages) {
   std::vector<std::vector<int32_t>> sets;
   for (int i = 0; i < r; ++i) {
     sets.push_back(SelectTopPages(page_maxima[static_cast<size_t>(g * r + i)], quota));
@@ -351,8 +351,7 @@ absl::Status ValidateEvalOptions(const EvalOptions& options) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
-                                     const EvalProgressFn& progress) {
+absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgressFn& progress) {
   RETURN_IF_ERROR(ValidateEvalOptions(options));
   const auto start = std::chrono::steady_clock::now();
   ASSIGN_OR_RETURN(const std::unique_ptr<LayerSource> source, LayerSource::Open(options));
@@ -387,8 +386,9 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
   }
   const bool use_accumulated = source->has_accumulated();
   if (!use_accumulated) {
-    results.notes.push_back("h2o scores the trace's own statistic: the trace has no "
-                            "accumulated.npy");
+    results.notes.push_back(
+        "h2o scores the trace's own statistic: the trace has no "
+        "accumulated.npy");
   }
 
   // Plans per (page size, budget), all from the core planner.
@@ -424,19 +424,16 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
   std::vector<std::vector<float>> group_mean(static_cast<size_t>(model.kv_groups));
   for (int l = 0; l < model.layers; ++l) {
     source->Load(l, &layer);
-    const bool any_h2o = std::any_of(policies.begin(), policies.end(), [](const Policy* p) {
-      return p->name() == "h2o";
-    });
+    const bool any_h2o = std::any_of(policies.begin(), policies.end(),
+                                     [](const Policy* p) { return p->name() == "h2o"; });
     if (any_h2o && use_accumulated) source->LoadAccumulated(l, &accumulated);
-    ASSIGN_OR_RETURN(const StatisticView view,
-                     StatisticView::Create(layer.data(), DType::kFloat32, model.query_heads,
-                                           tokens));
+    ASSIGN_OR_RETURN(const StatisticView view, StatisticView::Create(layer.data(), DType::kFloat32,
+                                                                     model.query_heads, tokens));
     RETURN_IF_ERROR(view.ValidateValues());
     std::optional<StatisticView> accumulated_view;
     if (any_h2o && use_accumulated) {
-      ASSIGN_OR_RETURN(accumulated_view,
-                       StatisticView::Create(accumulated.data(), DType::kFloat32,
-                                             model.query_heads, tokens));
+      ASSIGN_OR_RETURN(accumulated_view, StatisticView::Create(accumulated.data(), DType::kFloat32,
+                                                               model.query_heads, tokens));
     }
     const HeadFacts facts = MeasureHeads(layer, model, tokens, needles, options);
     for (const auto& group_targets : facts.targets) {
@@ -458,10 +455,10 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
       const int64_t pages = PageCount(tokens, page_size);
       std::vector<std::vector<float>> page_maxima;
       for (int h = 0; h < model.query_heads; ++h) {
-        page_maxima.push_back(PageMaxima(
-            std::span<const float>(layer).subspan(static_cast<size_t>(h * tokens),
-                                                  static_cast<size_t>(tokens)),
-            page_size));
+        page_maxima.push_back(
+            PageMaxima(std::span<const float>(layer).subspan(static_cast<size_t>(h * tokens),
+                                                             static_cast<size_t>(tokens)),
+                       page_size));
       }
       PolicyOptions policy_options;
       policy_options.page_size = page_size;
@@ -511,8 +508,8 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
               const bool needle_kept = NeedleKept(needles[j], page_size, kept);
               if (!needle_kept) cell.needle_all_layers[j] = 0;
               const auto& group_targets = facts.targets[static_cast<size_t>(g)];
-              if (std::find(group_targets.begin(), group_targets.end(),
-                            static_cast<int>(j)) != group_targets.end()) {
+              if (std::find(group_targets.begin(), group_targets.end(), static_cast<int>(j)) !=
+                  group_targets.end()) {
                 ++cell.targets;
                 cell.targets_kept += needle_kept ? 1 : 0;
                 if (!needle_kept) cell.needle_all_targets[j] = 0;
@@ -542,16 +539,15 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
     }
   }
 
-  const StatisticKind h2o_kind =
-      use_accumulated ? StatisticKind::kAccumulated : source->kind();
+  const StatisticKind h2o_kind = use_accumulated ? StatisticKind::kAccumulated : source->kind();
   for (size_t p = 0; p < policies.size(); ++p) {
     for (size_t b = 0; b < budget_count; ++b) {
       for (size_t s = 0; s < size_count; ++s) {
         const Cell& cell = cell_at(p, s, b);
         EvalRow row;
         row.policy = std::string(policies[p]->name());
-        row.statistic = std::string(StatisticKindName(
-            policies[p]->name() == "h2o" ? h2o_kind : source->kind()));
+        row.statistic = std::string(
+            StatisticKindName(policies[p]->name() == "h2o" ? h2o_kind : source->kind()));
         if (!policies[p]->needs_statistic()) row.statistic = "none";
         row.budget = options.budgets[b];
         row.page_size = options.page_sizes[s];
@@ -565,10 +561,9 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
         row.uor_max = cell.uor_max;
         row.uor_above_one = static_cast<double>(cell.uor_above_one) / n;
         row.retained_mass = cell.mass_sum / n;
-        row.needle_target_rate =
-            cell.targets == 0 ? 0.0
-                              : static_cast<double>(cell.targets_kept) /
-                                    static_cast<double>(cell.targets);
+        row.needle_target_rate = cell.targets == 0 ? 0.0
+                                                   : static_cast<double>(cell.targets_kept) /
+                                                         static_cast<double>(cell.targets);
         int64_t with_target = 0;
         int64_t all_targets = 0;
         int64_t all_layers = 0;
@@ -579,9 +574,9 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
             all_targets += cell.needle_all_targets[j];
           }
         }
-        row.needle_all_targets = with_target == 0 ? 0.0
-                                                  : static_cast<double>(all_targets) /
-                                                        static_cast<double>(with_target);
+        row.needle_all_targets =
+            with_target == 0 ? 0.0
+                             : static_cast<double>(all_targets) / static_cast<double>(with_target);
         row.needle_all_layers =
             needles.empty() ? 0.0
                             : static_cast<double>(all_layers) / static_cast<double>(needles.size());
@@ -600,8 +595,7 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options,
   if (options.closed_form_checks) {
     results.closed_form = ClosedFormChecks(options.tau, options.sink_tokens);
   }
-  results.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  results.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return results;
 }
 

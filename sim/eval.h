@@ -20,10 +20,10 @@ struct EvalOptions {
   // Exactly one source: a preset name (synthetic workload) or a trace directory.
   std::string model;
   std::string trace_dir;
-  std::string out_dir;      // created if missing
-  int64_t tokens = 8192;    // T of the synthetic workload (a trace brings its own)
+  std::string out_dir;    // created if missing
+  int64_t tokens = 8192;  // T of the synthetic workload (a trace brings its own)
   uint64_t seed = 1;
-  std::vector<std::string> policies;  // empty: every registered policy
+  std::vector<std::string> policies;                          // empty: every registered policy
   std::vector<double> budgets = {0.02, 0.05, 0.1, 0.2, 0.4};  // fractions of the sequence
   std::vector<int> page_sizes = {8, 16, 32, 64};
   int sink_tokens = 4;
@@ -57,8 +57,8 @@ struct EvalRow {
   double uor_mean = 0.0;       // |kept| / min(K_l, n), measured per decision
   double uor_min = 0.0;
   double uor_max = 0.0;
-  double uor_above_one = 0.0;  // share of decisions with UOR > 1
-  double retained_mass = 0.0;  // mean over decisions of the LAST_ROW group-mean mass kept
+  double uor_above_one = 0.0;       // share of decisions with UOR > 1
+  double retained_mass = 0.0;       // mean over decisions of the LAST_ROW group-mean mass kept
   double needle_target_rate = 0.0;  // share of (needle, layer, group) targets kept
   double needle_all_targets = 0.0;  // share of needles kept at every one of their targets
   double needle_all_layers = 0.0;   // share of needles kept in every group of every layer
@@ -101,12 +101,12 @@ struct ClosedFormRow {
   std::string check;
   int64_t tokens = 0;
   int r = 0;
-  double delta = 0.0;           // NeedleBoundDelta with the measured eta of the needle head
-  double pooled_bound = 0.0;    // (1 - eps) - Delta
+  double delta = 0.0;            // NeedleBoundDelta with the measured eta of the needle head
+  double pooled_bound = 0.0;     // (1 - eps) - Delta
   double pooled_measured = 0.0;  // page_entrokv's pooled value at the needle (NaN: none)
-  double mean_closed = 0.0;     // MeanPooledNeedle
-  double mean_measured = 0.0;   // the mean of the rows at the needle (NaN: none)
-  double eta = 0.0;  // eta_ret used in the bound
+  double mean_closed = 0.0;      // MeanPooledNeedle
+  double mean_measured = 0.0;    // the mean of the rows at the needle (NaN: none)
+  double eta = 0.0;              // eta_ret used in the bound
 };
 
 struct EvalResults {

@@ -86,15 +86,14 @@ TEST(EvalTest, TinyReportHasEveryCellAndPooledPoliciesAreExact) {
     } else {
       EXPECT_EQ(Field(header, row, "uor_min"), 1.0) << policy;
       EXPECT_EQ(Field(header, row, "uor_max"), 1.0) << policy;
-      EXPECT_EQ(Field(header, row, "kept_frames"), Field(header, row, "planned_frames"))
-          << policy;
+      EXPECT_EQ(Field(header, row, "kept_frames"), Field(header, row, "planned_frames")) << policy;
       EXPECT_EQ(Field(header, row, "exact_groups"), groups) << policy;
     }
     const double mass = Field(header, row, "retained_mass");
     EXPECT_GT(mass, 0.0);
     EXPECT_LE(mass, 1.0 + 1e-6);
-    EXPECT_EQ(row[4], policy == "h2o" ? "accumulated"
-                                      : (policy == "streaming" ? "none" : "last_row"));
+    EXPECT_EQ(row[4],
+              policy == "h2o" ? "accumulated" : (policy == "streaming" ? "none" : "last_row"));
   }
   EXPECT_EQ(head_independent_rows, 20);
 
@@ -110,9 +109,9 @@ TEST(EvalTest, TinyReportHasEveryCellAndPooledPoliciesAreExact) {
   std::ifstream report(std::filesystem::path(out) / "report.md");
   std::stringstream text;
   text << report.rdbuf();
-  for (const char* section : {"## 1. Union overhead", "## 2. Needle retention",
-                              "## 3. Retained attention mass", "## 4. Sink masquerade",
-                              "## 5. Exactness", "## 6. Closed forms"}) {
+  for (const char* section :
+       {"## 1. Union overhead", "## 2. Needle retention", "## 3. Retained attention mass",
+        "## 4. Sink masquerade", "## 5. Exactness", "## 6. Closed forms"}) {
     EXPECT_THAT(text.str(), HasSubstr(section));
   }
   EXPECT_THAT(text.str(), HasSubstr("plots: not drawn"));

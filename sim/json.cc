@@ -63,8 +63,8 @@ class Parser {
 
   absl::Status ParseNumber(JsonValue* value) {
     const size_t start = pos_;
-    while (pos_ < text_.size() && absl::string_view("+-0123456789.eE").find(text_[pos_]) !=
-                                      absl::string_view::npos) {
+    while (pos_ < text_.size() &&
+           absl::string_view("+-0123456789.eE").find(text_[pos_]) != absl::string_view::npos) {
       ++pos_;
     }
     if (start == pos_) return Error("expected a value");
@@ -84,11 +84,21 @@ class Parser {
         if (pos_ >= text_.size()) return Error("unterminated escape");
         const char e = text_[pos_++];
         switch (e) {
-          case 'n': c = '\n'; break;
-          case 't': c = '\t'; break;
-          case 'r': c = '\r'; break;
-          case 'b': c = '\b'; break;
-          case 'f': c = '\f'; break;
+          case 'n':
+            c = '\n';
+            break;
+          case 't':
+            c = '\t';
+            break;
+          case 'r':
+            c = '\r';
+            break;
+          case 'b':
+            c = '\b';
+            break;
+          case 'f':
+            c = '\f';
+            break;
           case 'u': {
             // Only the ASCII range is needed for metadata; others become '?'.
             if (pos_ + 4 > text_.size()) return Error("short \\u escape");
@@ -97,7 +107,8 @@ class Parser {
             c = code < 128 ? static_cast<char>(code) : '?';
             break;
           }
-          default: c = e;  // \" \\ \/
+          default:
+            c = e;  // \" \\ \/
         }
       }
       out->push_back(c);
@@ -167,10 +178,18 @@ std::string JsonQuote(absl::string_view text) {
   std::string out = "\"";
   for (const char c : text) {
     switch (c) {
-      case '"': out += "\\\""; break;
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\t': out += "\\t"; break;
+      case '"':
+        out += "\\\"";
+        break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           out += absl::StrCat("\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));

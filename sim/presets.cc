@@ -26,8 +26,8 @@ absl::StatusOr<ModelPreset> FindPreset(absl::string_view name) {
   for (const ModelPreset& preset : Presets()) {
     if (preset.name == name) return preset;
   }
-  return absl::NotFoundError(absl::StrCat("model: '", name, "' is not one of ",
-                                          absl::StrJoin(PresetNames(), ", ")));
+  return absl::NotFoundError(
+      absl::StrCat("model: '", name, "' is not one of ", absl::StrJoin(PresetNames(), ", ")));
 }
 
 std::vector<std::string> PresetNames() {

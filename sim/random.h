@@ -21,9 +21,7 @@ class Rng {
   explicit Rng(uint64_t seed) : engine_(seed) {}
 
   // Uniform in [0, 1) with 53 random bits.
-  [[nodiscard]] double Uniform() {
-    return static_cast<double>(engine_() >> 11) * 0x1.0p-53;
-  }
+  [[nodiscard]] double Uniform() { return static_cast<double>(engine_() >> 11) * 0x1.0p-53; }
   // Uniform in [lo, hi).
   [[nodiscard]] double Uniform(double lo, double hi) { return lo + (hi - lo) * Uniform(); }
   // Uniform integer in [0, n). REQUIRES: n > 0. The modulo bias is below 2^-40 for the sizes

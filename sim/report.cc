@@ -117,7 +117,8 @@ std::string UnionSection(const EvalResults& results, const Tables& tables) {
       "decision, for every policy alike. The certificates (METHOD §2.9) are computed from the "
       "measured pairwise Jaccard similarities of the per-head sets; *violations* counts "
       "decisions whose UOR falls outside them (must be 0). B = ",
-      page, ".\n\n| budget | head_independent UOR mean | median | max | share > 1 | "
+      page,
+      ".\n\n| budget | head_independent UOR mean | median | max | share > 1 | "
       "Bonferroni lower (mean) | sandwich lower (mean) | sandwich upper (mean) | violations | "
       "pooled policies: measured UOR (min - max) |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const double budget : tables.budgets()) {
@@ -146,10 +147,11 @@ std::string UnionSection(const EvalResults& results, const Tables& tables) {
     } else {
       absl::StrAppend(&out, "- | - | - | - | - | - | - | - | ");
     }
-    absl::StrAppend(&out, pooled_decisions == 0
-                              ? std::string("-")
-                              : absl::StrCat(Fixed(pooled_min), " - ", Fixed(pooled_max),
-                                             " over ", pooled_decisions, " decisions"),
+    absl::StrAppend(&out,
+                    pooled_decisions == 0
+                        ? std::string("-")
+                        : absl::StrCat(Fixed(pooled_min), " - ", Fixed(pooled_max), " over ",
+                                       pooled_decisions, " decisions"),
                     " |\n");
   }
   if (tables.HasPolicy("head_independent")) {
@@ -172,21 +174,23 @@ std::string UnionSection(const EvalResults& results, const Tables& tables) {
 }
 
 std::string NeedleSection(const EvalResults& results, const Tables& tables) {
-  std::string out = absl::StrCat(
-      "## 2. Needle retention\n\n", results.needles.size(),
-      " needles of ", results.needles.empty() ? 0 : results.needles[0].end - results.needles[0].begin,
-      " tokens at depths ");
+  std::string out =
+      absl::StrCat("## 2. Needle retention\n\n", results.needles.size(), " needles of ",
+                   results.needles.empty() ? 0 : results.needles[0].end - results.needles[0].begin,
+                   " tokens at depths ");
   std::vector<std::string> depths;
   for (const NeedleSpan& needle : results.needles) {
-    depths.push_back(absl::StrCat(Percent(needle.depth), " (tokens ", needle.begin, "-",
-                                  needle.end - 1, ")"));
+    depths.push_back(
+        absl::StrCat(Percent(needle.depth), " (tokens ", needle.begin, "-", needle.end - 1, ")"));
   }
   absl::StrAppend(
       &out, absl::StrJoin(depths, ", "),
       ". A needle is kept by a (layer, group) decision when every page its span touches is "
       "kept. Its *targets* are the (layer, group) pairs with a head that puts at least the "
       "retrieval share of its row on the needle (measured, so it works on real traces). "
-      "B = ", tables.reference_page(), ".\n\n"
+      "B = ",
+      tables.reference_page(),
+      ".\n\n"
       "Share of (needle, layer, group) targets kept:\n\n",
       tables.PolicyByBudget([](const EvalRow& row) { return row.needle_target_rate; }),
       "\nShare of needles kept at every one of their targets (all layers that look at them):\n\n",
@@ -219,9 +223,9 @@ std::string SinkSection(const EvalResults& results, const EvalOptions& options) 
   const int r = results.model.group_size();
   std::string out = absl::StrCat(
       "## 4. Sink masquerade\n\n"
-      "Heads are classed by measurement: *sink* puts at least ", options.sink_head_mass,
-      " of its row on the first ", options.sink_tokens, " tokens, *retrieval* at least ",
-      options.retrieval_head_mass,
+      "Heads are classed by measurement: *sink* puts at least ",
+      options.sink_head_mass, " of its row on the first ", options.sink_tokens,
+      " tokens, *retrieval* at least ", options.retrieval_head_mass,
       " on one needle. Mean head weight (tau = ", options.tau, ", alpha = ", options.alpha,
       ", uniform = 1/r = ", Fixed(1.0 / r),
       ") with raw entropy (raw_entropy) and sink-isolated entropy (page_entrokv):\n\n"
@@ -236,9 +240,11 @@ std::string SinkSection(const EvalResults& results, const EvalOptions& options) 
                     Fixed(value["mixed_group_weight/" + c + "/raw/mean_weight"]), " | ",
                     Fixed(value["mixed_group_weight/" + c + "/isolated/mean_weight"]), " |\n");
   }
-  absl::StrAppend(&out, "\n*Mixed groups* hold at least one sink and one retrieval head.\n\n"
-                        "Temperature sweep: mean over groups of the largest head weight "
-                        "(alpha = ", options.alpha, "):\n\n| tau | raw | isolated |\n|---|---|---|\n");
+  absl::StrAppend(&out,
+                  "\n*Mixed groups* hold at least one sink and one retrieval head.\n\n"
+                  "Temperature sweep: mean over groups of the largest head weight "
+                  "(alpha = ",
+                  options.alpha, "):\n\n| tau | raw | isolated |\n|---|---|---|\n");
   for (const double tau : options.tau_sweep) {
     const std::string x = absl::StrCat(tau);
     absl::StrAppend(&out, "| ", x, " | ", Fixed(value["tau_sweep/" + x + "/raw/max_weight_mean"]),
@@ -253,8 +259,7 @@ std::string SinkSection(const EvalResults& results, const EvalOptions& options) 
     absl::StrAppend(&out, "| ", x, " | ", Fixed(value["alpha_sweep/" + x + "/raw/max_weight_mean"]),
                     " | ", Fixed(value["alpha_sweep/" + x + "/isolated/max_weight_mean"]), " | ",
                     Fixed(value["alpha_sweep/" + x + "/raw/retrieval_weight_mixed"]), " | ",
-                    Fixed(value["alpha_sweep/" + x + "/isolated/retrieval_weight_mixed"]),
-                    " |\n");
+                    Fixed(value["alpha_sweep/" + x + "/isolated/retrieval_weight_mixed"]), " |\n");
   }
   absl::StrAppend(&out, "\n![sink masquerade](masquerade.png)\n\n");
   return out;
@@ -381,14 +386,15 @@ absl::StatusOr<std::vector<std::string>> WriteEvalCsv(const EvalResults& results
                     row.policy, ",", row.statistic, ",", Num(row.budget), ",", row.page_size, ",",
                     row.planned_frames, ",", row.kept_frames, ",", row.groups, ",",
                     row.exact_groups, ",", Num(row.uor_mean), ",", Num(row.uor_min), ",",
-                    Num(row.uor_max), ",", Num(row.uor_above_one), ",", Num(row.retained_mass),
-                    ",", Num(row.needle_target_rate), ",", Num(row.needle_all_targets), ",",
+                    Num(row.uor_max), ",", Num(row.uor_above_one), ",", Num(row.retained_mass), ",",
+                    Num(row.needle_target_rate), ",", Num(row.needle_all_targets), ",",
                     Num(row.needle_all_layers), ",", Num(row.jaccard_mean), ",",
                     Num(row.bonferroni_mean), ",", Num(row.sandwich_lower_mean), ",",
                     Num(row.sandwich_upper_mean), ",", row.bound_violations, "\n");
   }
-  std::string uor = "budget,page_size,layer,group,uor,jaccard_mean,jaccard_max,bonferroni,"
-                    "sandwich_lower,sandwich_upper\n";
+  std::string uor =
+      "budget,page_size,layer,group,uor,jaccard_mean,jaccard_max,bonferroni,"
+      "sandwich_lower,sandwich_upper\n";
   for (const UorSample& s : results.uor_samples) {
     absl::StrAppend(&uor, Num(s.budget), ",", s.page_size, ",", s.layer, ",", s.group, ",",
                     Num(s.uor), ",", Num(s.jaccard_mean), ",", Num(s.jaccard_max), ",",
@@ -400,15 +406,18 @@ absl::StatusOr<std::vector<std::string>> WriteEvalCsv(const EvalResults& results
     absl::StrAppend(&heads, row.analysis, ",", row.x, ",", row.variant, ",", row.metric, ",",
                     Num(row.value), "\n");
   }
-  std::string closed = "check,tokens,r,eta,delta,pooled_bound,pooled_measured,mean_closed,"
-                       "mean_measured\n";
+  std::string closed =
+      "check,tokens,r,eta,delta,pooled_bound,pooled_measured,mean_closed,"
+      "mean_measured\n";
   for (const ClosedFormRow& row : results.closed_form) {
     absl::StrAppend(&closed, row.check, ",", row.tokens, ",", row.r, ",", Num(row.eta), ",",
-                    Num(row.delta), ",", Num(row.pooled_bound), ",", Num(row.pooled_measured),
-                    ",", Num(row.mean_closed), ",", Num(row.mean_measured), "\n");
+                    Num(row.delta), ",", Num(row.pooled_bound), ",", Num(row.pooled_measured), ",",
+                    Num(row.mean_closed), ",", Num(row.mean_measured), "\n");
   }
   const std::vector<std::pair<std::string, const std::string*>> files = {
-      {"results.csv", &csv}, {"uor_groups.csv", &uor}, {"heads.csv", &heads},
+      {"results.csv", &csv},
+      {"uor_groups.csv", &uor},
+      {"heads.csv", &heads},
       {"closed_form.csv", &closed}};
   std::vector<std::string> names;
   for (const auto& [name, text] : files) {
@@ -425,16 +434,23 @@ absl::Status WriteReportMarkdown(const EvalResults& results, const EvalOptions& 
   std::vector<std::string> budgets;
   for (const double budget : tables.budgets()) budgets.push_back(Percent(budget));
   std::string md = absl::StrCat(
-      "# entrokv evaluation: ", model.name, ", T = ", results.tokens, "\n\n"
-      "- source: ", results.source, "\n"
-      "- geometry: ", model.layers, " layers, ", model.query_heads, " query heads, ",
-      model.kv_groups, " KV groups (r = ", model.group_size(), "), head dim ", model.head_dim,
-      "\n- policies: ", absl::StrJoin(tables.policies(), ", "), "\n- budgets (share of T x L): ",
-      absl::StrJoin(budgets, ", "), "; page sizes: ",
-      absl::StrJoin(tables.page_sizes(), ", "), "; uniform layer allocation\n"
-      "- scoring: tau = ", options.tau, ", alpha = ", options.alpha, ", sink tokens = ",
-      options.sink_tokens, "; h2o is given an ACCUMULATED statistic, the others LAST_ROW\n"
-      "- run time: ", absl::StrFormat("%.1f", results.seconds), " s\n");
+      "# entrokv evaluation: ", model.name, ", T = ", results.tokens,
+      "\n\n"
+      "- source: ",
+      results.source,
+      "\n"
+      "- geometry: ",
+      model.layers, " layers, ", model.query_heads, " query heads, ", model.kv_groups,
+      " KV groups (r = ", model.group_size(), "), head dim ", model.head_dim,
+      "\n- policies: ", absl::StrJoin(tables.policies(), ", "),
+      "\n- budgets (share of T x L): ", absl::StrJoin(budgets, ", "),
+      "; page sizes: ", absl::StrJoin(tables.page_sizes(), ", "),
+      "; uniform layer allocation\n"
+      "- scoring: tau = ",
+      options.tau, ", alpha = ", options.alpha, ", sink tokens = ", options.sink_tokens,
+      "; h2o is given an ACCUMULATED statistic, the others LAST_ROW\n"
+      "- run time: ",
+      absl::StrFormat("%.1f", results.seconds), " s\n");
   for (const std::string& note : results.notes) absl::StrAppend(&md, "- note: ", note, "\n");
   if (!plot_note.empty()) absl::StrAppend(&md, "- plots: not drawn: ", plot_note, "\n");
   absl::StrAppend(&md,
@@ -463,8 +479,7 @@ absl::Status RunPlotScript(const std::string& python, const std::string& script,
   pid_t pid = 0;
   if (const int error = posix_spawn(&pid, python.c_str(), nullptr, nullptr, argv.data(), environ);
       error != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cannot start ", python, ": error ", error));
+    return absl::FailedPreconditionError(absl::StrCat("cannot start ", python, ": error ", error));
   }
   int status = 0;
   if (waitpid(pid, &status, 0) < 0) {
@@ -472,8 +487,7 @@ absl::Status RunPlotScript(const std::string& python, const std::string& script,
   }
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     return absl::FailedPreconditionError(absl::StrCat(
-        python, " ", script, " failed with status ",
-        WIFEXITED(status) ? WEXITSTATUS(status) : -1));
+        python, " ", script, " failed with status ", WIFEXITED(status) ? WEXITSTATUS(status) : -1));
   }
   return absl::OkStatus();
 }
@@ -485,12 +499,12 @@ std::string DefaultPlotScript() {
 absl::StatusOr<EvalOutcome> RunEvaluation(const EvalOptions& options,
                                           const EvalProgressFn& progress) {
   RETURN_IF_ERROR(ValidateEvalOptions(options));
-  if (options.out_dir.empty()) return absl::InvalidArgumentError("out: an output directory is needed");
+  if (options.out_dir.empty())
+    return absl::InvalidArgumentError("out: an output directory is needed");
   std::error_code error;
   std::filesystem::create_directories(options.out_dir, error);
   if (error) {
-    return absl::InternalError(
-        absl::StrCat(options.out_dir, ": cannot create: ", error.message()));
+    return absl::InternalError(absl::StrCat(options.out_dir, ": cannot create: ", error.message()));
   }
   EvalOutcome outcome;
   ASSIGN_OR_RETURN(outcome.results, Evaluate(options, progress));
@@ -508,8 +522,8 @@ absl::StatusOr<EvalOutcome> RunEvaluation(const EvalOptions& options,
   } else {
     outcome.plot_message = "disabled (--no-plots)";
   }
-  RETURN_IF_ERROR(WriteReportMarkdown(outcome.results, options, outcome.plot_message,
-                                      options.out_dir));
+  RETURN_IF_ERROR(
+      WriteReportMarkdown(outcome.results, options, outcome.plot_message, options.out_dir));
   outcome.files.push_back("report.md");
   return outcome;
 }

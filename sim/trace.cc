@@ -36,8 +36,8 @@ std::string MetaJson(const TraceMeta& meta, bool has_accumulated) {
     absl::StrAppend(&json, i == 0 ? "\n    " : ",\n    ", "{\"begin\": ", needle.begin,
                     ", \"end\": ", needle.end, ", \"depth\": ", needle.depth, "}");
   }
-  absl::StrAppend(&json, meta.needles.empty() ? "" : "\n  ", "],\n  \"source\": ",
-                  JsonQuote(meta.source), "\n}\n");
+  absl::StrAppend(&json, meta.needles.empty() ? "" : "\n  ",
+                  "],\n  \"source\": ", JsonQuote(meta.source), "\n}\n");
   return json;
 }
 
@@ -104,9 +104,9 @@ absl::StatusOr<TraceMeta> ParseMeta(const JsonValue& root) {
         ASSIGN_OR_RETURN(span.depth, NumberField(item, "depth", "needles[]."));
       }
       if (span.begin < 0 || span.end <= span.begin || span.end > meta.tokens) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "trace.json: needles[]: span [", span.begin, ", ", span.end,
-            ") is not inside [0, ", meta.tokens, ")"));
+        return absl::InvalidArgumentError(absl::StrCat("trace.json: needles[]: span [", span.begin,
+                                                       ", ", span.end, ") is not inside [0, ",
+                                                       meta.tokens, ")"));
       }
       meta.needles.push_back(span);
     }
@@ -130,12 +130,11 @@ absl::Status WriteArray(const std::string& path, const TraceMeta& meta,
 
 absl::StatusOr<std::vector<float>> ReadArray(const std::string& path, const TraceMeta& meta) {
   ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
-  const std::vector<int64_t> expected = {meta.model.layers, meta.model.query_heads,
-                                         meta.tokens};
+  const std::vector<int64_t> expected = {meta.model.layers, meta.model.query_heads, meta.tokens};
   if (array.shape != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path, ": shape does not match trace.json's [layers, query_heads, tokens] = [",
-        expected[0], ", ", expected[1], ", ", expected[2], "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": shape does not match trace.json's [layers, query_heads, tokens] = [",
+                     expected[0], ", ", expected[1], ", ", expected[2], "]"));
   }
   std::vector<float> values(static_cast<size_t>(array.element_count()));
   const DType dtype = array.type == NpyType::kFloat32   ? DType::kFloat32
@@ -149,9 +148,12 @@ absl::StatusOr<std::vector<float>> ReadArray(const std::string& path, const Trac
 
 absl::string_view StatisticKindName(StatisticKind kind) {
   switch (kind) {
-    case StatisticKind::kLastRow: return "last_row";
-    case StatisticKind::kWindowMean: return "window_mean";
-    case StatisticKind::kAccumulated: return "accumulated";
+    case StatisticKind::kLastRow:
+      return "last_row";
+    case StatisticKind::kWindowMean:
+      return "window_mean";
+    case StatisticKind::kAccumulated:
+      return "accumulated";
   }
   return "unknown";
 }
@@ -161,8 +163,8 @@ absl::StatusOr<StatisticKind> ParseStatisticKind(absl::string_view name) {
        {StatisticKind::kLastRow, StatisticKind::kWindowMean, StatisticKind::kAccumulated}) {
     if (StatisticKindName(kind) == name) return kind;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "statistic: '", name, "' is not one of last_row, window_mean, accumulated"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("statistic: '", name, "' is not one of last_row, window_mean, accumulated"));
 }
 
 std::span<const float> Trace::Layer(int layer) const {
@@ -176,8 +178,8 @@ std::span<const float> Trace::AccumulatedLayer(int layer) const {
   return std::span<const float>(accumulated).subspan(static_cast<size_t>(layer) * size, size);
 }
 
-absl::Status WriteTrace(const std::string& dir, const TraceMeta& meta,
-                        std::span<const float> stats, std::span<const float> accumulated) {
+absl::Status WriteTrace(const std::string& dir, const TraceMeta& meta, std::span<const float> stats,
+                        std::span<const float> accumulated) {
   RETURN_IF_ERROR(ValidatePreset(meta.model));
   const int64_t count = ElementCount(meta);
   if (meta.tokens <= 0 || static_cast<int64_t>(stats.size()) != count) {
@@ -185,8 +187,8 @@ absl::Status WriteTrace(const std::string& dir, const TraceMeta& meta,
         "stats: has ", stats.size(), " values, layers x query_heads x tokens is ", count));
   }
   if (!accumulated.empty() && static_cast<int64_t>(accumulated.size()) != count) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "accumulated: has ", accumulated.size(), " values, expected ", count));
+    return absl::InvalidArgumentError(
+        absl::StrCat("accumulated: has ", accumulated.size(), " values, expected ", count));
   }
   std::error_code error;
   std::filesystem::create_directories(dir, error);

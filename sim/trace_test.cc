@@ -96,8 +96,7 @@ TEST(TraceTest, ErrorsNameTheProblem) {
   EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("shape")));
   std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
       << "{\"model\": {\"layers\": 2, \"query_heads\": 2}, \"tokens\": 4}";
-  EXPECT_THAT(ReadTrace(dir),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_groups")));
+  EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("kv_groups")));
   std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
       << "{\"model\": {\"layers\": 2, \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4, "
          "\"needles\": [{\"begin\": 3, \"end\": 9}]}";
@@ -111,7 +110,8 @@ TEST(TraceTest, StatisticKindNamesRoundTrip) {
                                  ParseStatisticKind(StatisticKindName(kind)));
     EXPECT_EQ(parsed, kind);
   }
-  EXPECT_THAT(ParseStatisticKind("column"), StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
+  EXPECT_THAT(ParseStatisticKind("column"),
+              StatusIs(absl::StatusCode::kInvalidArgument, ::testing::_));
 }
 
 }  // namespace

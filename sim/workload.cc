@@ -22,11 +22,11 @@ namespace {
 HeadArchetype DrawArchetype(double depth, Rng& rng) {
   const bool retrieval_band = depth >= 0.2 && depth <= 0.9;
   const double shares[kArchetypeCount] = {
-      0.10 + 0.30 * depth,            // sink
-      0.40 - 0.25 * depth,            // local
-      0.20,                           // diffuse
-      0.15 + 0.05 * depth,            // heavy hitter
-      retrieval_band ? 0.15 : 0.03,   // retrieval
+      0.10 + 0.30 * depth,           // sink
+      0.40 - 0.25 * depth,           // local
+      0.20,                          // diffuse
+      0.15 + 0.05 * depth,           // heavy hitter
+      retrieval_band ? 0.15 : 0.03,  // retrieval
   };
   double total = 0.0;
   for (const double share : shares) total += share;
@@ -48,11 +48,16 @@ double SinkShare(int64_t t, int64_t sinks) {
 
 absl::string_view ArchetypeName(HeadArchetype archetype) {
   switch (archetype) {
-    case HeadArchetype::kSink: return "sink";
-    case HeadArchetype::kLocal: return "local";
-    case HeadArchetype::kDiffuse: return "diffuse";
-    case HeadArchetype::kHeavyHitter: return "heavy_hitter";
-    case HeadArchetype::kRetrieval: return "retrieval";
+    case HeadArchetype::kSink:
+      return "sink";
+    case HeadArchetype::kLocal:
+      return "local";
+    case HeadArchetype::kDiffuse:
+      return "diffuse";
+    case HeadArchetype::kHeavyHitter:
+      return "heavy_hitter";
+    case HeadArchetype::kRetrieval:
+      return "retrieval";
   }
   return "unknown";
 }
@@ -68,9 +73,9 @@ absl::Status ValidateWorkloadOptions(const WorkloadOptions& options) {
   }
   const int64_t minimum = options.sink_tokens + 2 * int64_t{options.needle_tokens};
   if (options.tokens < minimum) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokens: must be at least sink_tokens + 2 * needle_tokens = ", minimum, ", got ",
-        options.tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: must be at least sink_tokens + 2 * needle_tokens = ", minimum,
+                     ", got ", options.tokens));
   }
   for (const double depth : options.needle_depths) {
     if (!(depth >= 0.0 && depth <= 1.0)) {
@@ -79,12 +84,11 @@ absl::Status ValidateWorkloadOptions(const WorkloadOptions& options) {
     }
   }
   if (options.window < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("window: must be >= 1, got ", options.window));
+    return absl::InvalidArgumentError(absl::StrCat("window: must be >= 1, got ", options.window));
   }
   if (options.question_tokens < 1 || options.question_tokens > options.tokens) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "question_tokens: must be in [1, tokens], got ", options.question_tokens));
+    return absl::InvalidArgumentError(
+        absl::StrCat("question_tokens: must be in [1, tokens], got ", options.question_tokens));
   }
   return absl::OkStatus();
 }
@@ -98,8 +102,8 @@ WorkloadGenerator::WorkloadGenerator(const ModelPreset& preset, const WorkloadOp
   for (const double depth : options_.needle_depths) {
     NeedleSpan span;
     span.depth = depth;
-    span.begin = sinks + static_cast<int64_t>(std::floor(depth * static_cast<double>(
-                                                                    last_start - sinks)));
+    span.begin =
+        sinks + static_cast<int64_t>(std::floor(depth * static_cast<double>(last_start - sinks)));
     span.end = std::min(options_.tokens, span.begin + options_.needle_tokens);
     needles_.push_back(span);
   }
@@ -111,10 +115,9 @@ WorkloadGenerator::WorkloadGenerator(const ModelPreset& preset, const WorkloadOp
 }
 
 HeadPlan WorkloadGenerator::Plan(int layer, int head) const {
-  Rng rng(MixSeed({options_.seed, 0x91a4ULL, static_cast<uint64_t>(layer),
-                   static_cast<uint64_t>(head)}));
-  const double depth =
-      preset_.layers > 1 ? static_cast<double>(layer) / (preset_.layers - 1) : 0.5;
+  Rng rng(MixSeed(
+      {options_.seed, 0x91a4ULL, static_cast<uint64_t>(layer), static_cast<uint64_t>(head)}));
+  const double depth = preset_.layers > 1 ? static_cast<double>(layer) / (preset_.layers - 1) : 0.5;
   HeadPlan plan;
   plan.archetype = DrawArchetype(depth, rng);
   if (plan.archetype == HeadArchetype::kRetrieval && needles_.empty()) {
@@ -144,10 +147,9 @@ HeadPlan WorkloadGenerator::Plan(int layer, int head) const {
       for (int64_t i = 0; i < count; ++i) {
         // Heads of a layer share part of their hitters, as real heads share salient tokens.
         const bool shared = rng.Uniform() < 0.6;
-        plan.hitters.push_back(
-            shared ? salient_[static_cast<size_t>(
-                         rng.UniformInt(static_cast<int64_t>(salient_.size())))]
-                   : sinks + rng.UniformInt(options_.tokens - sinks));
+        plan.hitters.push_back(shared ? salient_[static_cast<size_t>(
+                                            rng.UniformInt(static_cast<int64_t>(salient_.size())))]
+                                      : sinks + rng.UniformInt(options_.tokens - sinks));
         plan.hitter_weights.push_back(rng.Exponential());
         total += plan.hitter_weights.back();
       }
@@ -175,13 +177,11 @@ void WorkloadGenerator::GenerateLayer(int layer, std::span<float> out) const {
   GenerateLayer(layer, options_.kind, out);
 }
 
-void WorkloadGenerator::GenerateLayer(int layer, StatisticKind kind,
-                                      std::span<float> out) const {
+void WorkloadGenerator::GenerateLayer(int layer, StatisticKind kind, std::span<float> out) const {
   const auto tokens = static_cast<size_t>(options_.tokens);
   for (int head = 0; head < preset_.query_heads; ++head) {
-    const uint64_t noise_seed =
-        MixSeed({options_.seed, 0x4015eULL, static_cast<uint64_t>(layer),
-                 static_cast<uint64_t>(head), static_cast<uint64_t>(kind)});
+    const uint64_t noise_seed = MixSeed({options_.seed, 0x4015eULL, static_cast<uint64_t>(layer),
+                                         static_cast<uint64_t>(head), static_cast<uint64_t>(kind)});
     FillRow(Plan(layer, head), kind, noise_seed,
             out.subspan(static_cast<size_t>(head) * tokens, tokens));
   }
@@ -210,10 +210,10 @@ void WorkloadGenerator::FillRow(const HeadPlan& plan, StatisticKind kind, uint64
   const double residual_mass = 1.0 - plan.sink_mass - plan.focus_mass;
   const double queries = static_cast<double>(tokens);
   const double residual_scale =
-      (accumulated ? queries * (residual_mass +
-                                (plan.archetype == HeadArchetype::kRetrieval ? plan.focus_mass
-                                                                             : 0.0))
-                   : residual_mass) /
+      (accumulated
+           ? queries * (residual_mass +
+                        (plan.archetype == HeadArchetype::kRetrieval ? plan.focus_mass : 0.0))
+           : residual_mass) /
       std::max(residual_sum, 1e-300);
   for (int64_t t = sinks; t < tokens; ++t) {
     row[static_cast<size_t>(t)] =
@@ -234,16 +234,16 @@ void WorkloadGenerator::FillRow(const HeadPlan& plan, StatisticKind kind, uint64
       std::vector<double> weights(static_cast<size_t>(tokens - sinks));
       for (int64_t t = sinks; t < tokens; ++t) {
         const double distance = static_cast<double>(tokens - 1 - t);
-        const double weight =
-            accumulated ? 1.0 - std::exp(-(distance + 1.0) * inverse_lambda)
-                        : std::exp(-std::max(0.0, distance - shift) * inverse_lambda);
+        const double weight = accumulated
+                                  ? 1.0 - std::exp(-(distance + 1.0) * inverse_lambda)
+                                  : std::exp(-std::max(0.0, distance - shift) * inverse_lambda);
         weights[static_cast<size_t>(t - sinks)] = weight;
         total += weight;
       }
       const double scale = plan.focus_mass * (accumulated ? queries : 1.0) / total;
       for (int64_t t = sinks; t < tokens; ++t) {
-        row[static_cast<size_t>(t)] += static_cast<float>(weights[static_cast<size_t>(t - sinks)] *
-                                                          scale);
+        row[static_cast<size_t>(t)] +=
+            static_cast<float>(weights[static_cast<size_t>(t - sinks)] * scale);
       }
       break;
     }

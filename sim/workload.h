@@ -36,9 +36,9 @@ struct WorkloadOptions {
   uint64_t seed = 1;
   StatisticKind kind = StatisticKind::kLastRow;
   std::vector<double> needle_depths = {0.1, 0.3, 0.5, 0.7, 0.9};  // each in [0, 1]
-  int needle_tokens = 16;  // length of every needle span
-  int sink_tokens = 4;     // where sink heads put their mass; needles start after them
-  int window = 16;         // W of WINDOW_MEAN
+  int needle_tokens = 16;                                         // length of every needle span
+  int sink_tokens = 4;  // where sink heads put their mass; needles start after them
+  int window = 16;      // W of WINDOW_MEAN
   // Queries that ask for the needles (the question at the end of the prompt): retrieval heads
   // look at the needle only from these, which is what an ACCUMULATED statistic sees.
   int question_tokens = 64;
@@ -50,13 +50,13 @@ struct WorkloadOptions {
 // The structural parameters of one head; the same for every statistic kind of a seed.
 struct HeadPlan {
   HeadArchetype archetype = HeadArchetype::kDiffuse;
-  double sink_mass = 0.0;     // share of the last row on the sink tokens
-  double focus_mass = 0.0;    // share on the archetype's focus (needle, hitters, local window)
-  double decay_tokens = 0.0;  // local heads: e-folding distance from the end
-  int needle = -1;            // retrieval heads: index into needles()
+  double sink_mass = 0.0;        // share of the last row on the sink tokens
+  double focus_mass = 0.0;       // share on the archetype's focus (needle, hitters, local window)
+  double decay_tokens = 0.0;     // local heads: e-folding distance from the end
+  int needle = -1;               // retrieval heads: index into needles()
   std::vector<int64_t> hitters;  // heavy-hitter heads: positions
   std::vector<double> hitter_weights;  // sum 1
-  double noise_sigma = 0.0;   // log-normal jitter of every token
+  double noise_sigma = 0.0;            // log-normal jitter of every token
 };
 
 // Generates the statistic of any layer on demand, deterministically per seed: layer l head h

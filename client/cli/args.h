@@ -28,7 +28,7 @@ class ArgParser {
   // false (OK) when --help was given and the help text was printed to stdout.
   [[nodiscard]] absl::StatusOr<bool> Parse(const std::vector<std::string>& args);
 
-  [[nodiscard]] bool Has(const std::string& name) const;  // given or defaulted
+  [[nodiscard]] bool Has(const std::string& name) const;    // given or defaulted
   [[nodiscard]] bool Given(const std::string& name) const;  // given on the command line
   [[nodiscard]] std::string Get(const std::string& name) const;
   [[nodiscard]] bool GetFlag(const std::string& name) const;

@@ -184,10 +184,10 @@ absl::Status Run(const ArgParser& parser) {
   std::vector<LayerRequest> requests(static_cast<size_t>(setup.layers));
   for (int l = 0; l < setup.layers; ++l) {
     LayerRequest& request = requests[static_cast<size_t>(l)];
-    ASSIGN_OR_RETURN(request.statistic,
-                     StatisticView::Create(setup.bytes.data() + l * layer_elements *
-                                                                    DTypeBytes(setup.dtype),
-                                           setup.dtype, setup.query_heads, setup.tokens));
+    ASSIGN_OR_RETURN(
+        request.statistic,
+        StatisticView::Create(setup.bytes.data() + l * layer_elements * DTypeBytes(setup.dtype),
+                              setup.dtype, setup.query_heads, setup.tokens));
     request.query_heads = setup.query_heads;
     request.kv_groups = setup.kv_groups;
     request.tokens = setup.tokens;
@@ -237,24 +237,24 @@ absl::Status Run(const ArgParser& parser) {
   const double read_once_ms = Median(read_ms);
   if (parser.GetFlag("json")) {
     std::string json = absl::StrCat(
-        "{\"median_ms\":", median_ms, ",\"min_ms\":",
-        *std::min_element(fused_ms.begin(), fused_ms.end()), ",\"read_once_ms\":", read_once_ms,
+        "{\"median_ms\":", median_ms,
+        ",\"min_ms\":", *std::min_element(fused_ms.begin(), fused_ms.end()),
+        ",\"read_once_ms\":", read_once_ms,
         ",\"read_once_min_ms\":", *std::min_element(read_ms.begin(), read_ms.end()),
-        ",\"ratio_median\":", Median(ratios),
-        ",\"bytes\":", setup.bytes.size(), ",\"runs\":", runs, ",\"threads\":", threads,
-        ",\"layers\":", setup.layers, ",\"query_heads\":", setup.query_heads,
-        ",\"kv_heads\":", setup.kv_groups, ",\"tokens\":", setup.tokens,
-        ",\"page_size\":", page_size, ",\"budget\":", budget, ",\"dtype\":\"",
-        DTypeName(setup.dtype), "\",\"policy\":\"", policy->name(), "\",\"measure\":",
-        parser.GetFlag("measure") ? "true" : "false");
+        ",\"ratio_median\":", Median(ratios), ",\"bytes\":", setup.bytes.size(), ",\"runs\":", runs,
+        ",\"threads\":", threads, ",\"layers\":", setup.layers,
+        ",\"query_heads\":", setup.query_heads, ",\"kv_heads\":", setup.kv_groups,
+        ",\"tokens\":", setup.tokens, ",\"page_size\":", page_size, ",\"budget\":", budget,
+        ",\"dtype\":\"", DTypeName(setup.dtype), "\",\"policy\":\"", policy->name(),
+        "\",\"measure\":", parser.GetFlag("measure") ? "true" : "false");
     if (!reference_ms.empty()) absl::StrAppend(&json, ",\"reference_ms\":", Median(reference_ms));
     std::printf("%s}\n", json.c_str());
   } else {
-    std::printf("fused:     median %.3f ms, min %.3f ms over %lld runs, %d thread(s)\n",
-                median_ms, *std::min_element(fused_ms.begin(), fused_ms.end()),
-                static_cast<long long>(runs), static_cast<int>(threads));
-    std::printf("read once: median %.3f ms over %zu bytes (paired ratio %.2fx)\n",
-                read_once_ms, setup.bytes.size(), Median(ratios));
+    std::printf("fused:     median %.3f ms, min %.3f ms over %lld runs, %d thread(s)\n", median_ms,
+                *std::min_element(fused_ms.begin(), fused_ms.end()), static_cast<long long>(runs),
+                static_cast<int>(threads));
+    std::printf("read once: median %.3f ms over %zu bytes (paired ratio %.2fx)\n", read_once_ms,
+                setup.bytes.size(), Median(ratios));
     if (!reference_ms.empty()) {
       std::printf("reference: median %.3f ms (DecideLayer per layer)\n", Median(reference_ms));
     }

@@ -21,14 +21,12 @@ namespace {
 
 constexpr char kCommand[] = "eval";
 
-absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag,
-                                                 const std::string& text) {
+absl::StatusOr<std::vector<double>> ParseDoubles(const std::string& flag, const std::string& text) {
   std::vector<double> values;
   for (const absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
     double value = 0.0;
     if (!absl::SimpleAtod(part, &value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--", flag, ": '", part, "' is not a number"));
+      return absl::InvalidArgumentError(absl::StrCat("--", flag, ": '", part, "' is not a number"));
     }
     values.push_back(value);
   }
@@ -96,8 +94,9 @@ int RunEval(const std::vector<std::string>& args) {
                    "--model PRESET|--trace DIR --out DIR [options]\n"
                    "Runs every policy x budget x page size and writes results.csv, "
                    "uor_groups.csv, heads.csv, closed_form.csv, report.md and PNG plots.");
-  parser.Option("model", "",
-                absl::StrCat("synthetic workload preset: ", absl::StrJoin(sim::PresetNames(), ", ")));
+  parser.Option(
+      "model", "",
+      absl::StrCat("synthetic workload preset: ", absl::StrJoin(sim::PresetNames(), ", ")));
   parser.Option("trace", "", "trace directory (stats.npy + trace.json) instead of --model");
   parser.Option("out", "", "output directory (created)");
   parser.Option("tokens", "8192", "sequence length T of the synthetic workload");
@@ -150,8 +149,8 @@ int RunEval(const std::vector<std::string>& args) {
   const absl::StatusOr<sim::EvalOutcome> outcome =
       sim::RunEvaluation(*options, [&](const sim::EvalProgress& progress) {
         if (!show_progress) return;
-        std::fprintf(stderr, "\rentrokv eval: layer %d/%d  %.1f s", progress.layer,
-                     progress.layers, progress.seconds);
+        std::fprintf(stderr, "\rentrokv eval: layer %d/%d  %.1f s", progress.layer, progress.layers,
+                     progress.seconds);
         if (progress.layer == progress.layers) std::fprintf(stderr, "\n");
         std::fflush(stderr);
       });

@@ -55,21 +55,20 @@ struct PolicyReport {
   int64_t planned_frames = 0;        // baseline + sequences * G * sum_l K_l
   int64_t frames_freed = 0;          // reported by the decisions
   int64_t group_decisions = 0;
-  int64_t kept_pages = 0;            // summed over every (sequence, layer, group)
+  int64_t kept_pages = 0;  // summed over every (sequence, layer, group)
   double shadow_uor_sum = 0;
   double retained_mass_sum = 0;
   // A needle target: a (sequence, layer, group, needle) whose group has a retrieval head that
   // looks at that needle, the cells where keeping the needle matters.
   int64_t needle_targets = 0;
-  int64_t needle_targets_kept = 0;   // ... whose every page was kept
-  int64_t needles = 0;               // (sequence, needle) with at least one target
+  int64_t needle_targets_kept = 0;      // ... whose every page was kept
+  int64_t needles = 0;                  // (sequence, needle) with at least one target
   int64_t needles_kept_everywhere = 0;  // ... kept at every one of its targets
   double seconds = 0;
 };
 
-absl::Status ReplaySequence(Client& client, const ReplayOptions& options,
-                            const std::string& policy, int index, std::mutex& mutex,
-                            PolicyReport& report) {
+absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const std::string& policy,
+                            int index, std::mutex& mutex, PolicyReport& report) {
   const sim::ModelPreset& preset = options.preset;
   sim::WorkloadOptions workload;
   workload.tokens = options.tokens;
@@ -222,9 +221,8 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
   budget.fraction = options.budget;
   ASSIGN_OR_RETURN(const BudgetPlan plan, PlanBudget(budget));
   ASSIGN_OR_RETURN(report.frames_used_baseline, UsedFrames(client, options.model_id));
-  report.planned_frames = report.frames_used_baseline +
-                          static_cast<int64_t>(options.sequences) * preset.kv_groups *
-                              plan.layer_pages;
+  report.planned_frames = report.frames_used_baseline + static_cast<int64_t>(options.sequences) *
+                                                            preset.kv_groups * plan.layer_pages;
   auto progress = [&](absl::string_view phase) {
     return [&, phase](int done) {
       if (options.progress) {
@@ -254,8 +252,7 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
       options.sequences, options.concurrency,
       [&](int i) { return ReplaySequence(client, options, policy, i, mutex, report); },
       progress("decide")));
-  report.seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   ASSIGN_OR_RETURN(report.frames_used_after, UsedFrames(client, options.model_id));
   if (!options.keep_open) {
     RETURN_IF_ERROR(ParallelFor(
@@ -285,15 +282,16 @@ void PrintTable(const ReplayOptions& options, const std::vector<PolicyReport>& r
     std::printf("%-17s %13lld %13lld %13lld %12.1f %11.3f %14.1f%% %10.1f%% %9.2f\n",
                 r.policy.c_str(), static_cast<long long>(r.frames_used_before),
                 static_cast<long long>(r.frames_used_after),
-                static_cast<long long>(r.planned_frames),
-                Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
+                static_cast<long long>(r.planned_frames), Ratio(r.kept_pages, r.group_decisions),
+                Ratio(r.shadow_uor_sum, r.group_decisions),
                 100 * Ratio(r.needle_targets_kept, r.needle_targets),
                 100 * Ratio(r.retained_mass_sum, r.group_decisions), r.seconds);
   }
   std::printf(
       "frames: pool frames in use; planned: what the budget allows (an exact policy ends there).\n"
       "needle targets: share of (sequence, layer, group, needle) cells with a retrieval head on\n"
-      "that needle whose needle pages were kept; retained: share of the head-mean attention kept.\n");
+      "that needle whose needle pages were kept; retained: share of the head-mean attention "
+      "kept.\n");
 }
 
 void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
@@ -308,8 +306,7 @@ void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& re
         r.policy, options.sequences, options.tokens, options.budget, r.frames_used_baseline,
         r.frames_used_before, r.frames_used_after, r.planned_frames, r.frames_freed,
         Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
-        Ratio(r.needle_targets_kept, r.needle_targets),
-        Ratio(r.needles_kept_everywhere, r.needles),
+        Ratio(r.needle_targets_kept, r.needle_targets), Ratio(r.needles_kept_everywhere, r.needles),
         Ratio(r.retained_mass_sum, r.group_decisions), r.seconds));
   }
   std::printf("{\"model\":\"%s\",\"policies\":[%s]}\n", options.preset.name.c_str(),
@@ -357,8 +354,8 @@ absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
 int RunReplay(const std::vector<std::string>& argv) {
   ArgParser args("replay", "--model PRESET --tokens T --budget F --policy P[,P...] [options]");
   AddServerOptions(&args);
-  args.Option("model", "qwen2.5-1.5b", "simulator preset: " +
-                                           absl::StrJoin(sim::PresetNames(), ", "));
+  args.Option("model", "qwen2.5-1.5b",
+              "simulator preset: " + absl::StrJoin(sim::PresetNames(), ", "));
   args.Option("model-id", "", "id to register the model under (default: the preset name)");
   args.Option("tokens", "8192", "tokens T per sequence");
   args.Option("budget", "0.2", "fraction of each sequence to keep, planned per layer");

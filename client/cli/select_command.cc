@@ -31,8 +31,8 @@ absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
   LoadedStatistic loaded{};
   if (array.type == NpyType::kUInt16) {
     if (dtype_flag != "bf16") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": uint16 data is read as bfloat16 only with --dtype bf16"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": uint16 data is read as bfloat16 only with --dtype bf16"));
     }
     loaded.dtype = DType::kBFloat16;
   } else {
@@ -62,9 +62,12 @@ absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
 }
 
 std::string JsonNumbers(const std::vector<double>& values) {
-  return absl::StrCat("[", absl::StrJoin(values, ",", [](std::string* out, double value) {
-                        absl::StrAppend(out, absl::StrFormat("%.9g", value));
-                      }), "]");
+  return absl::StrCat("[",
+                      absl::StrJoin(values, ",",
+                                    [](std::string* out, double value) {
+                                      absl::StrAppend(out, absl::StrFormat("%.9g", value));
+                                    }),
+                      "]");
 }
 
 void PrintJson(const std::vector<LayerDecision>& layers) {
@@ -74,8 +77,9 @@ void PrintJson(const std::vector<LayerDecision>& layers) {
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {
       const GroupDecision& group = layers[l].groups[g];
       absl::StrAppend(&out, g ? "," : "", "{\"group\":", g, ",\"kept_pages\":[",
-                      absl::StrJoin(group.kept_pages, ","), "],\"weights\":",
-                      JsonNumbers(group.weights), ",\"entropies\":", JsonNumbers(group.entropies),
+                      absl::StrJoin(group.kept_pages, ","),
+                      "],\"weights\":", JsonNumbers(group.weights),
+                      ",\"entropies\":", JsonNumbers(group.entropies),
                       ",\"uor\":", absl::StrFormat("%.9g", group.shadow_uor.value_or(1.0)), "}");
     }
     absl::StrAppend(&out, "]}");
@@ -87,8 +91,7 @@ void PrintJson(const std::vector<LayerDecision>& layers) {
 void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view policy) {
   std::printf("policy %s, %lld pages per group in all\n", std::string(policy).c_str(),
               static_cast<long long>(layers.front().page_count));
-  std::printf("%5s %5s %5s %8s %9s  %s\n", "layer", "group", "kept", "uor", "retained",
-              "weights");
+  std::printf("%5s %5s %5s %8s %9s  %s\n", "layer", "group", "kept", "uor", "retained", "weights");
   for (size_t l = 0; l < layers.size(); ++l) {
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {
       const GroupDecision& group = layers[l].groups[g];
@@ -153,10 +156,10 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   const int element_bytes = DTypeBytes(loaded.dtype);
   std::vector<LayerDecision> decisions;
   for (int layer = 0; layer < loaded.layers; ++layer) {
-    ASSIGN_OR_RETURN(StatisticView view,
-                     StatisticView::Create(loaded.array.bytes.data() +
-                                               layer * layer_elements * element_bytes,
-                                           loaded.dtype, loaded.query_heads, loaded.tokens));
+    ASSIGN_OR_RETURN(
+        StatisticView view,
+        StatisticView::Create(loaded.array.bytes.data() + layer * layer_elements * element_bytes,
+                              loaded.dtype, loaded.query_heads, loaded.tokens));
     LayerRequest request;
     request.statistic = view;
     request.query_heads = loaded.query_heads;

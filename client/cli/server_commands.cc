@@ -45,22 +45,22 @@ absl::StatusOr<std::string> StatusReport(Client& client, bool json) {
                                      live, models.pools_size());
   if (!models.pools().empty()) {
     absl::StrAppend(&text, absl::StrFormat("%-20s %-6s %-6s %12s %12s %9s %10s %12s\n", "model",
-                                           "layout", "pool", "used frames", "capacity",
-                                           "occupied", "sequences", "evicted pages"));
+                                           "layout", "pool", "used frames", "capacity", "occupied",
+                                           "sequences", "evicted pages"));
   }
   for (const v1::PoolInfo& pool : models.pools()) {
     v1::GetPoolStatsRequest request;
     request.set_model_id(pool.model_id());
     ASSIGN_OR_RETURN(const v1::PoolStats stats, client.GetPoolStats(request));
-    const double occupied =
-        stats.capacity_frames() > 0
-            ? static_cast<double>(stats.used_frames()) / static_cast<double>(stats.capacity_frames())
-            : 0.0;
-    absl::StrAppend(&text, absl::StrFormat("%-20s %-6s %-6s %12d %12d %8.1f%% %10d %12d\n",
-                                           pool.model_id(), LayoutName(pool.frame_layout()),
-                                           BackendName(pool.backend()), stats.used_frames(),
-                                           stats.capacity_frames(), 100 * occupied,
-                                           stats.sequences_active(), stats.pages_evicted_total()));
+    const double occupied = stats.capacity_frames() > 0
+                                ? static_cast<double>(stats.used_frames()) /
+                                      static_cast<double>(stats.capacity_frames())
+                                : 0.0;
+    absl::StrAppend(
+        &text, absl::StrFormat("%-20s %-6s %-6s %12d %12d %8.1f%% %10d %12d\n", pool.model_id(),
+                               LayoutName(pool.frame_layout()), BackendName(pool.backend()),
+                               stats.used_frames(), stats.capacity_frames(), 100 * occupied,
+                               stats.sequences_active(), stats.pages_evicted_total()));
     rows.push_back(absl::StrFormat(
         "{\"model\":\"%s\",\"used_frames\":%d,\"free_frames\":%d,\"capacity_frames\":%d,"
         "\"sequences_active\":%d,\"pages_evicted_total\":%d,\"bytes_moved_total\":%d}",
@@ -68,8 +68,8 @@ absl::StatusOr<std::string> StatusReport(Client& client, bool json) {
         stats.sequences_active(), stats.pages_evicted_total(), stats.bytes_moved_total()));
   }
   if (!json) return text;
-  return absl::StrFormat("{\"readiness\":\"%s\",\"liveness\":\"%s\",\"pools\":[%s]}\n", ready,
-                         live, absl::StrJoin(rows, ","));
+  return absl::StrFormat("{\"readiness\":\"%s\",\"liveness\":\"%s\",\"pools\":[%s]}\n", ready, live,
+                         absl::StrJoin(rows, ","));
 }
 
 absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
@@ -88,12 +88,12 @@ absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
                                      "capacity bytes", "frame bytes");
   for (const v1::PoolInfo& pool : models.pools()) {
     const v1::ModelGeometry& g = pool.geometry();
-    absl::StrAppend(&text, absl::StrFormat("%-20s %6d %9d %6d %6d %6d %-6s %-6s %14d %12d\n",
-                                           pool.model_id(), g.layers(), g.query_heads(),
-                                           g.kv_groups(), g.head_dim(), g.page_size(),
-                                           LayoutName(pool.frame_layout()),
-                                           BackendName(pool.backend()), pool.capacity_bytes(),
-                                           pool.frame_bytes()));
+    absl::StrAppend(
+        &text,
+        absl::StrFormat("%-20s %6d %9d %6d %6d %6d %-6s %-6s %14d %12d\n", pool.model_id(),
+                        g.layers(), g.query_heads(), g.kv_groups(), g.head_dim(), g.page_size(),
+                        LayoutName(pool.frame_layout()), BackendName(pool.backend()),
+                        pool.capacity_bytes(), pool.frame_bytes()));
   }
   return text;
 }
@@ -114,15 +114,15 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
       // Every (layer, group) table has one entry per logical page; evicted entries are -1.
       const int table_pages =
           sequence.block_tables().empty() ? 0 : sequence.block_tables(0).frames_size();
-      absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n",
-                                             pool.model_id(), sequence.sequence_id(),
-                                             sequence.length_tokens(), sequence.live_frames(),
-                                             sequence.block_tables_size(), table_pages));
+      absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n", pool.model_id(),
+                                             sequence.sequence_id(), sequence.length_tokens(),
+                                             sequence.live_frames(), sequence.block_tables_size(),
+                                             table_pages));
       rows.push_back(absl::StrFormat(
           "{\"model\":\"%s\",\"sequence_id\":\"%s\",\"length_tokens\":%d,\"live_frames\":%d,"
           "\"block_tables\":%d,\"table_pages\":%d}",
-          pool.model_id(), sequence.sequence_id(), sequence.length_tokens(),
-          sequence.live_frames(), sequence.block_tables_size(), table_pages));
+          pool.model_id(), sequence.sequence_id(), sequence.length_tokens(), sequence.live_frames(),
+          sequence.block_tables_size(), table_pages));
     }
   }
   if (!json) return text;

@@ -5,7 +5,6 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 
-
 namespace entrokv {
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

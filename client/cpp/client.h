@@ -19,12 +19,12 @@
 namespace entrokv {
 
 struct ClientOptions {
-  std::string target = "127.0.0.1:50051";     // host:port of entrokvd
-  std::chrono::milliseconds timeout{10000};   // deadline of each attempt
-  int max_attempts = 4;                       // first try included; UNAVAILABLE only
+  std::string target = "127.0.0.1:50051";         // host:port of entrokvd
+  std::chrono::milliseconds timeout{10000};       // deadline of each attempt
+  int max_attempts = 4;                           // first try included; UNAVAILABLE only
   std::chrono::milliseconds initial_backoff{50};  // doubles per retry
-  std::string bearer_token;                   // sent as "authorization: Bearer ..." when set
-  int max_message_bytes = 256 << 20;          // receive and send limit of the channel
+  std::string bearer_token;                       // sent as "authorization: Bearer ..." when set
+  int max_message_bytes = 256 << 20;              // receive and send limit of the channel
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure (loopback)
 };
 

@@ -96,9 +96,10 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& contents) {
   } else if (*descr == "'<u2'") {
     array.type = NpyType::kUInt16;
   } else {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "npy: dtype ", *descr, " is not supported; use little-endian float32 ('<f4'), "
-        "float16 ('<f2') or bfloat16 stored as uint16 ('<u2')"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("npy: dtype ", *descr,
+                     " is not supported; use little-endian float32 ('<f4'), "
+                     "float16 ('<f2') or bfloat16 stored as uint16 ('<u2')"));
   }
   auto fortran = HeaderValue(header, "fortran_order");
   if (!fortran.ok()) return fortran.status();
@@ -136,8 +137,7 @@ absl::StatusOr<NpyArray> ReadNpy(const std::string& path) {
   contents << file.rdbuf();
   auto array = ParseNpy(contents.str());
   if (!array.ok()) {
-    return absl::Status(array.status().code(),
-                        absl::StrCat(path, ": ", array.status().message()));
+    return absl::Status(array.status().code(), absl::StrCat(path, ": ", array.status().message()));
   }
   return array;
 }

@@ -83,7 +83,8 @@ TEST(NpyTest, RejectsMalformedFilesWithAReason) {
   EXPECT_THAT(ParseNpy(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
                                    std::string(4, '\0'))),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
-  EXPECT_THAT(ReadNpy("/nonexistent/file.npy"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
+  EXPECT_THAT(ReadNpy("/nonexistent/file.npy"),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }
 
 }  // namespace

@@ -73,15 +73,15 @@ absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request) {
       return absl::InvalidArgumentError(
           absl::StrCat("tokens: must be positive with a fraction budget, got ", request.tokens));
     }
-    const double exact_pages = fraction * static_cast<double>(request.tokens) *
-                               request.layers / request.page_size;
+    const double exact_pages =
+        fraction * static_cast<double>(request.tokens) * request.layers / request.page_size;
     layer_pages = static_cast<int64_t>(std::floor(exact_pages));
     asked_slots = exact_pages * static_cast<double>(slots_per_layer_page);
   }
   if (layer_pages < request.layers) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "budget: ", layer_pages, " layer-pages is below one page per layer (", request.layers,
-        "); raise the budget"));
+    return absl::InvalidArgumentError(absl::StrCat("budget: ", layer_pages,
+                                                   " layer-pages is below one page per layer (",
+                                                   request.layers, "); raise the budget"));
   }
 
   // One page per layer first (the floor every cell needs), the rest by the allocator's shares.
@@ -100,8 +100,7 @@ absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request) {
   for (int64_t& quota : plan.pages_per_layer) ++quota;
   plan.layer_pages = layer_pages;
   plan.planned_slots = layer_pages * slots_per_layer_page;
-  plan.residual_slots =
-      static_cast<int64_t>(std::llround(asked_slots)) - plan.planned_slots;
+  plan.residual_slots = static_cast<int64_t>(std::llround(asked_slots)) - plan.planned_slots;
   return plan;
 }
 

@@ -47,9 +47,9 @@ TEST(BudgetTest, QuotasAlwaysSumToThePlannedPages) {
       request.allocator = allocator;
       request.token_slots = slots;
       ENTROKV_ASSERT_OK_AND_ASSIGN(BudgetPlan plan, PlanBudget(request));
-      EXPECT_EQ(std::accumulate(plan.pages_per_layer.begin(), plan.pages_per_layer.end(),
-                                int64_t{0}),
-                slots / 128);
+      EXPECT_EQ(
+          std::accumulate(plan.pages_per_layer.begin(), plan.pages_per_layer.end(), int64_t{0}),
+          slots / 128);
       EXPECT_GE(plan.residual_slots, 0);
       EXPECT_LT(plan.residual_slots, 128);
       EXPECT_GE(*std::min_element(plan.pages_per_layer.begin(), plan.pages_per_layer.end()), 1);

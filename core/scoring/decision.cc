@@ -20,18 +20,18 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
         absl::StrCat("kv_groups: must be positive, got ", request.kv_groups));
   }
   if (request.query_heads % request.kv_groups != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("query_heads: ", request.query_heads, " is not a multiple of kv_groups ",
-                     request.kv_groups));
+    return absl::InvalidArgumentError(absl::StrCat("query_heads: ", request.query_heads,
+                                                   " is not a multiple of kv_groups ",
+                                                   request.kv_groups));
   }
   if (request.tokens <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: must be positive, got ", request.tokens));
   }
   if (request.quota_pages < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quota_pages: the budget must give at least one page per (layer, group), got ",
-        request.quota_pages));
+    return absl::InvalidArgumentError(
+        absl::StrCat("quota_pages: the budget must give at least one page per (layer, group), got ",
+                     request.quota_pages));
   }
   if (!request.statistic.has_value()) {
     if (policy.needs_statistic()) {
@@ -41,14 +41,13 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
   } else {
     const StatisticView& statistic = *request.statistic;
     if (statistic.query_heads() != request.query_heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "statistic: has ", statistic.query_heads(), " rows, the model has ",
-          request.query_heads, " query heads; the shape must be [H_Q, T]"));
+      return absl::InvalidArgumentError(absl::StrCat("statistic: has ", statistic.query_heads(),
+                                                     " rows, the model has ", request.query_heads,
+                                                     " query heads; the shape must be [H_Q, T]"));
     }
     if (statistic.tokens() != request.tokens) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "statistic: covers ", statistic.tokens(), " tokens, the sequence has ",
-          request.tokens));
+          "statistic: covers ", statistic.tokens(), " tokens, the sequence has ", request.tokens));
     }
   }
   if (!request.cached_weights.empty() &&
@@ -73,9 +72,8 @@ void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOpti
     per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
     for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
   }
-  const int64_t effective_k =
-      std::min<int64_t>(quota_pages, PageCount(static_cast<int64_t>(mean.size()),
-                                               options.page_size));
+  const int64_t effective_k = std::min<int64_t>(
+      quota_pages, PageCount(static_cast<int64_t>(mean.size()), options.page_size));
   decision->shadow_uor = UnionOverheadRatio(per_head, effective_k);
   decision->disagreement = PairwiseJaccard(per_head).disagreement();
   decision->retained_mass = RetainedMass(mean, options.page_size, decision->kept_pages);
@@ -104,8 +102,8 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
       input.rows = rows;
     }
     if (!request.cached_weights.empty()) {
-      input.cached_weights = request.cached_weights.subspan(static_cast<size_t>(g * r),
-                                                            static_cast<size_t>(r));
+      input.cached_weights =
+          request.cached_weights.subspan(static_cast<size_t>(g * r), static_cast<size_t>(r));
     }
     GroupSelection selection = policy.SelectGroup(input, options);
     GroupDecision& group = decision.groups[static_cast<size_t>(g)];

@@ -29,7 +29,7 @@ struct GroupDecision {
   std::vector<double> entropies;    // per head, when computed by this call
   // Head-independent shadow at the same K (needs the statistic and `measure`).
   std::optional<double> shadow_uor;
-  std::optional<double> disagreement;  // mean pairwise Jaccard disagreement of the shadow
+  std::optional<double> disagreement;   // mean pairwise Jaccard disagreement of the shadow
   std::optional<double> retained_mass;  // share of the group's mean statistic kept
 };
 

@@ -52,8 +52,7 @@ absl::StatusOr<LayerDecision> Decide(absl::string_view policy, const std::vector
   PolicyOptions with_page = options;
   with_page.page_size = c.page_size;
   LayerRequest request;
-  request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, c.query_heads,
-                                             c.tokens);
+  request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, c.query_heads, c.tokens);
   request.query_heads = c.query_heads;
   request.kv_groups = c.kv_groups;
   request.tokens = c.tokens;
@@ -77,9 +76,8 @@ TEST(DecisionPropertyTest, PooledPoliciesKeepExactlyTheQuota) {
         ASSERT_EQ(std::adjacent_find(group.kept_pages.begin(), group.kept_pages.end()),
                   group.kept_pages.end());
         // Measured, not assumed: the pooled group is one selection, so its UOR is 1.
-        EXPECT_DOUBLE_EQ(UnionOverheadRatio(std::vector<std::vector<int32_t>>{group.kept_pages},
-                                            expected),
-                         1.0);
+        EXPECT_DOUBLE_EQ(
+            UnionOverheadRatio(std::vector<std::vector<int32_t>>{group.kept_pages}, expected), 1.0);
       }
     }
   }
@@ -91,8 +89,7 @@ TEST(DecisionPropertyTest, ShadowUnionOverheadStaysInsideItsBounds) {
     const Case c = RandomCase(rng);
     const std::vector<float> data = testing::MixedRows(c.query_heads, c.tokens, rng);
     ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision decision, Decide("page_entrokv", data, c));
-    ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision independent,
-                                 Decide("head_independent", data, c));
+    ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision independent, Decide("head_independent", data, c));
     const int r = c.query_heads / c.kv_groups;
     const int64_t n = PageCount(c.tokens, c.page_size);
     const int64_t k = std::min(c.quota, n);
@@ -100,12 +97,10 @@ TEST(DecisionPropertyTest, ShadowUnionOverheadStaysInsideItsBounds) {
       const double uor = *decision.groups[g].shadow_uor;
       const double mean_j = 1.0 - *decision.groups[g].disagreement;
       EXPECT_GE(uor, 1.0 - 1e-12) << "trial " << trial;
-      EXPECT_LE(uor, std::min<double>(r, static_cast<double>(n) / k) + 1e-12)
-          << "trial " << trial;
+      EXPECT_LE(uor, std::min<double>(r, static_cast<double>(n) / k) + 1e-12) << "trial " << trial;
       EXPECT_GE(uor, BonferroniLowerBound(r, mean_j) - 1e-9) << "trial " << trial;
       if (r == 2) {
-        EXPECT_NEAR(uor, 2.0 / (2.0 - *decision.groups[g].disagreement), 1e-9)
-            << "trial " << trial;
+        EXPECT_NEAR(uor, 2.0 / (2.0 - *decision.groups[g].disagreement), 1e-9) << "trial " << trial;
       }
       if (r >= 2) {
         EXPECT_GE(uor, SandwichBounds(r, mean_j, mean_j).lower - 1e-9) << "trial " << trial;

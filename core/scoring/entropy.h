@@ -17,8 +17,7 @@ inline constexpr double kAlphaInfinity = std::numeric_limits<double>::infinity()
 // non-sink mass is 0 is degenerate and gets the maximal entropy ln(max(T - s, 1)).
 // alpha = 1 is Shannon, alpha = +inf min-entropy, other alpha > 0 the general order.
 // REQUIRES: entries finite and >= 0; alpha > 0; sink_tokens >= 0.
-[[nodiscard]] double SinkIsolatedEntropy(std::span<const float> row, int sink_tokens,
-                                         double alpha);
+[[nodiscard]] double SinkIsolatedEntropy(std::span<const float> row, int sink_tokens, double alpha);
 
 // Sufficient statistics of a non-sink row for the orders that need one pass (1, 2, inf):
 // total = sum x, and power = sum x^2 (alpha 2), sum x ln x (alpha 1) or max x (alpha inf).

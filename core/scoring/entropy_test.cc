@@ -50,7 +50,8 @@ TEST(EntropyTest, DegenerateAllSinkHeadGetsMaximalEntropy) {
   }
   // All-zero rows and rows shorter than the sink window are degenerate too.
   EXPECT_DOUBLE_EQ(SinkIsolatedEntropy(std::vector<float>(10, 0.0f), 4, 2.0), std::log(6.0));
-  EXPECT_DOUBLE_EQ(SinkIsolatedEntropy(std::vector<float>(3, 1.0f), 4, 2.0), 0.0);  // ln(max(T-s,1))
+  EXPECT_DOUBLE_EQ(SinkIsolatedEntropy(std::vector<float>(3, 1.0f), 4, 2.0),
+                   0.0);  // ln(max(T-s,1))
 }
 
 TEST(EntropyTest, ClosedFormsOfEachOrder) {

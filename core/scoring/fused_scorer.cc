@@ -13,10 +13,11 @@
 //    in page order equal to it. A radix select finds the K-th key and how many of its equals
 //    are kept; one scan in page order emits the kept pages already ascending.
 //  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent;
-//    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same key selection without protections; the head-mean row is
-//    computed beside the pooled row from the same loads with MeasureGroup's operations per
-//    token (float(1 / r) * x added head by head from 0); its page sums and the retained mass
-//    use the shared PageSums and RetainedMassFromPageSums (metrics.h).
+//    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same
+//    key selection without protections; the head-mean row is computed beside the pooled row from
+//    the same loads with MeasureGroup's operations per token (float(1 / r) * x added head by head
+//    from 0); its page sums and the retained mass use the shared PageSums and
+//    RetainedMassFromPageSums (metrics.h).
 #include "core/scoring/fused_scorer.h"
 
 #include <algorithm>
@@ -160,10 +161,18 @@ void AccumulatePairBlocks(const float* const* rows, int pairs, int64_t count, En
   while (pairs > 0) {
     const int block = std::min(pairs, 4);
     switch (block) {
-      case 4: AccumulatePairs<4, kSquares>(rows, count, sums); break;
-      case 3: AccumulatePairs<3, kSquares>(rows, count, sums); break;
-      case 2: AccumulatePairs<2, kSquares>(rows, count, sums); break;
-      default: AccumulatePairs<1, kSquares>(rows, count, sums); break;
+      case 4:
+        AccumulatePairs<4, kSquares>(rows, count, sums);
+        break;
+      case 3:
+        AccumulatePairs<3, kSquares>(rows, count, sums);
+        break;
+      case 2:
+        AccumulatePairs<2, kSquares>(rows, count, sums);
+        break;
+      default:
+        AccumulatePairs<1, kSquares>(rows, count, sums);
+        break;
     }
     rows += 2 * block;
     sums += 2 * block;
@@ -194,19 +203,19 @@ __attribute__((target("avx2"))) void AccumulateQuads(const float* const* rows, i
     pair_total = _mm_set_pd(pair_sums[1].total, pair_sums[0].total);
     pair_power = _mm_set_pd(pair_sums[1].power, pair_sums[0].power);
   }
-#define ENTROKV_QUAD_STEP(q, x)                                                  \
-  do {                                                                           \
-    const __m256d value = (x);                                                   \
-    total[q] = _mm256_add_pd(total[q], value);                                   \
-    power[q] = kSquares ? _mm256_add_pd(power[q], _mm256_mul_pd(value, value))   \
-                        : _mm256_max_pd(value, power[q]);                        \
+#define ENTROKV_QUAD_STEP(q, x)                                                \
+  do {                                                                         \
+    const __m256d value = (x);                                                 \
+    total[q] = _mm256_add_pd(total[q], value);                                 \
+    power[q] = kSquares ? _mm256_add_pd(power[q], _mm256_mul_pd(value, value)) \
+                        : _mm256_max_pd(value, power[q]);                      \
   } while (0)
-#define ENTROKV_PAIR_STEP(x)                                                     \
-  do {                                                                           \
-    const __m128d value = (x);                                                   \
-    pair_total = _mm_add_pd(pair_total, value);                                  \
-    pair_power = kSquares ? _mm_add_pd(pair_power, _mm_mul_pd(value, value))     \
-                          : _mm_max_pd(value, pair_power);                       \
+#define ENTROKV_PAIR_STEP(x)                                                 \
+  do {                                                                       \
+    const __m128d value = (x);                                               \
+    pair_total = _mm_add_pd(pair_total, value);                              \
+    pair_power = kSquares ? _mm_add_pd(pair_power, _mm_mul_pd(value, value)) \
+                          : _mm_max_pd(value, pair_power);                   \
   } while (0)
   int64_t t = 0;
   for (; t + 4 <= count; t += 4) {
@@ -235,7 +244,7 @@ __attribute__((target("avx2"))) void AccumulateQuads(const float* const* rows, i
   for (; t < count; ++t) {
     for (int q = 0; q < kQuads; ++q) {
       ENTROKV_QUAD_STEP(q, _mm256_set_pd(rows[4 * q + 3][t], rows[4 * q + 2][t], rows[4 * q + 1][t],
-                            rows[4 * q][t]));
+                                         rows[4 * q][t]));
     }
     if (kPairs == 1) ENTROKV_PAIR_STEP(_mm_set_pd(pair_rows[1][t], pair_rows[0][t]));
   }
@@ -267,13 +276,27 @@ int AccumulateQuadBlocks(const float* const* rows, int count_rows, int64_t count
     const int quads = std::min(left / 4, 3);
     const int pairs = quads < 3 && (left - 4 * quads) >= 2 ? 1 : 0;
     switch (quads * 2 + pairs) {
-      case 7: AccumulateQuads<3, 1, kSquares>(rows + done, count, sums + done); break;
-      case 6: AccumulateQuads<3, 0, kSquares>(rows + done, count, sums + done); break;
-      case 5: AccumulateQuads<2, 1, kSquares>(rows + done, count, sums + done); break;
-      case 4: AccumulateQuads<2, 0, kSquares>(rows + done, count, sums + done); break;
-      case 3: AccumulateQuads<1, 1, kSquares>(rows + done, count, sums + done); break;
-      case 2: AccumulateQuads<1, 0, kSquares>(rows + done, count, sums + done); break;
-      default: AccumulateQuads<0, 1, kSquares>(rows + done, count, sums + done); break;
+      case 7:
+        AccumulateQuads<3, 1, kSquares>(rows + done, count, sums + done);
+        break;
+      case 6:
+        AccumulateQuads<3, 0, kSquares>(rows + done, count, sums + done);
+        break;
+      case 5:
+        AccumulateQuads<2, 1, kSquares>(rows + done, count, sums + done);
+        break;
+      case 4:
+        AccumulateQuads<2, 0, kSquares>(rows + done, count, sums + done);
+        break;
+      case 3:
+        AccumulateQuads<1, 1, kSquares>(rows + done, count, sums + done);
+        break;
+      case 2:
+        AccumulateQuads<1, 0, kSquares>(rows + done, count, sums + done);
+        break;
+      default:
+        AccumulateQuads<0, 1, kSquares>(rows + done, count, sums + done);
+        break;
     }
     done += 4 * quads + 2 * pairs;
   }
@@ -309,10 +332,18 @@ void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count,
   while (count_rows > 0) {
     const int block = std::min(count_rows, 4);
     switch (block) {
-      case 4: AccumulateRows<4>(rows, count, alpha, sums); break;
-      case 3: AccumulateRows<3>(rows, count, alpha, sums); break;
-      case 2: AccumulateRows<2>(rows, count, alpha, sums); break;
-      default: AccumulateRows<1>(rows, count, alpha, sums); break;
+      case 4:
+        AccumulateRows<4>(rows, count, alpha, sums);
+        break;
+      case 3:
+        AccumulateRows<3>(rows, count, alpha, sums);
+        break;
+      case 2:
+        AccumulateRows<2>(rows, count, alpha, sums);
+        break;
+      default:
+        AccumulateRows<1>(rows, count, alpha, sums);
+        break;
     }
     rows += block;
     sums += block;
@@ -374,9 +405,8 @@ bool PoolChunk(const float* const* rows, const float* weights, int count_rows, i
 // PoolChunk eight tokens at a time; the same per-lane operations (VEX encodings of the same
 // IEEE multiply, add and max; no FMA is enabled, so nothing is contracted).
 template <bool kMax, bool kMean>
-__attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows,
-                                                   const float* weights, int count_rows,
-                                                   int64_t count, float* pooled,
+__attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows, const float* weights,
+                                                   int count_rows, int64_t count, float* pooled,
                                                    float mean_weight, float* mean) {
   const __m256 zero = _mm256_setzero_ps();
   const __m256 inf = _mm256_set1_ps(INFINITY);
@@ -404,8 +434,8 @@ __attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows,
 
 #else
 template <bool kMax, bool kMean>
-bool PoolChunkAvx2(const float* const* rows, const float* weights, int count_rows,
-                   int64_t count, float* pooled, float mean_weight, float* mean) {
+bool PoolChunkAvx2(const float* const* rows, const float* weights, int count_rows, int64_t count,
+                   float* pooled, float mean_weight, float* mean) {
   return PoolChunk<kMax, kMean>(rows, weights, count_rows, 0, count, pooled, mean_weight, mean);
 }
 #endif
@@ -424,16 +454,20 @@ bool PoolRowsChunk(bool max, const float* const* rows, const float* weights, int
                    int64_t count, float* pooled, float mean_weight, float* mean) {
   if (max) {
     return mean != nullptr
-               ? PoolAnyChunk<true, true>(rows, weights, count_rows, count, pooled, mean_weight, mean)
+               ? PoolAnyChunk<true, true>(rows, weights, count_rows, count, pooled, mean_weight,
+                                          mean)
                : PoolAnyChunk<true, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
   }
   return mean != nullptr
-             ? PoolAnyChunk<false, true>(rows, weights, count_rows, count, pooled, mean_weight, mean)
+             ? PoolAnyChunk<false, true>(rows, weights, count_rows, count, pooled, mean_weight,
+                                         mean)
              : PoolAnyChunk<false, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
 }
 
 // Page keys want the same bits for +0 and -0 (the reference compares them equal).
-inline uint32_t ScoreBits(float value) { return value == 0.0f ? 0u : std::bit_cast<uint32_t>(value); }
+inline uint32_t ScoreBits(float value) {
+  return value == 0.0f ? 0u : std::bit_cast<uint32_t>(value);
+}
 
 // Max of values[0, count); REQUIRES count >= 1, no NaN.
 inline float MaxOf(const float* values, int64_t count) {
@@ -457,7 +491,7 @@ inline float MaxOf(const float* values, int64_t count) {
 // one register of eight lanes, then three transposing steps fold the eight registers to one
 // register holding the eight pages' maxima in page order.
 __attribute__((target("avx2"))) void EightPageMaximaAvx2(const float* values, int page_size,
-                                                        float* maxima) {
+                                                         float* maxima) {
   __m256 page[8];
   for (int p = 0; p < 8; ++p) {
     const float* first = values + static_cast<int64_t>(p) * page_size;
@@ -472,9 +506,9 @@ __attribute__((target("avx2"))) void EightPageMaximaAvx2(const float* values, in
   }
   __m256 quads[2];  // per 128-bit half: the maxima of pages 4h..4h+3 over that half
   for (int h = 0; h < 2; ++h) {
-    quads[h] = _mm256_max_ps(
-        _mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
-        _mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+    quads[h] =
+        _mm256_max_ps(_mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                      _mm256_shuffle_ps(pairs[2 * h], pairs[2 * h + 1], _MM_SHUFFLE(3, 2, 3, 2)));
   }
   _mm256_storeu_ps(maxima, _mm256_max_ps(_mm256_permute2f128_ps(quads[0], quads[1], 0x20),
                                          _mm256_permute2f128_ps(quads[0], quads[1], 0x31)));
@@ -601,7 +635,8 @@ void KeepLargestKeys(const uint32_t* keys, int64_t pages, int64_t quota, uint32_
 
 void KeepAllPages(int64_t pages, std::vector<int32_t>* kept) {
   kept->resize(static_cast<size_t>(pages));
-  for (int64_t page = 0; page < pages; ++page) (*kept)[static_cast<size_t>(page)] = static_cast<int32_t>(page);
+  for (int64_t page = 0; page < pages; ++page)
+    (*kept)[static_cast<size_t>(page)] = static_cast<int32_t>(page);
 }
 
 }  // namespace
@@ -631,8 +666,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const bool widen = request.statistic->dtype() != DType::kFloat32;
   if (widen) widened_.resize(static_cast<size_t>(chunk) * static_cast<size_t>(r));
   auto buffer = [&](int i) {
-    return widen ? widened_.data() + static_cast<size_t>(i) * static_cast<size_t>(chunk)
-                 : nullptr;
+    return widen ? widened_.data() + static_cast<size_t>(i) * static_cast<size_t>(chunk) : nullptr;
   };
 
   // Weights (pass 1 for the entropy policies).
@@ -641,12 +675,12 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     weights.assign(static_cast<size_t>(r), 1.0 / static_cast<double>(r));
   } else if (pooling == Pooling::kEntropy || pooling == Pooling::kRawEntropy) {
     if (!request.cached_weights.empty()) {
-      const auto cached = request.cached_weights.subspan(static_cast<size_t>(first_head),
-                                                         static_cast<size_t>(r));
+      const auto cached =
+          request.cached_weights.subspan(static_cast<size_t>(first_head), static_cast<size_t>(r));
       weights.assign(cached.begin(), cached.end());
     } else {
-      const int64_t sinks = std::min<int64_t>(
-          pooling == Pooling::kEntropy ? options_.sink_tokens : 0, tokens);
+      const int64_t sinks =
+          std::min<int64_t>(pooling == Pooling::kEntropy ? options_.sink_tokens : 0, tokens);
       decision->entropies.resize(static_cast<size_t>(r));
       if (IsOnePassOrder(options_.alpha)) {
         std::vector<EntropySums> sums(static_cast<size_t>(r));
@@ -667,8 +701,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
         // The general order reads each row twice (normalise, then powers): the shared function.
         std::vector<float> row_buffer;
         for (int i = 0; i < r; ++i) {
-          const std::span<const float> row =
-              request.statistic->Row(first_head + i, &row_buffer);
+          const std::span<const float> row = request.statistic->Row(first_head + i, &row_buffer);
           decision->entropies[static_cast<size_t>(i)] =
               SinkIsolatedEntropy(row, static_cast<int>(sinks), options_.alpha);
         }
@@ -705,7 +738,8 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     const int64_t count = std::min(chunk, tokens - first);
     float* pooled = pooled_.data();
     for (int i = 0; i < r; ++i) {
-      row_pointers_[static_cast<size_t>(i)] = Tokens(request, first_head + i, first, count, buffer(i));
+      row_pointers_[static_cast<size_t>(i)] =
+          Tokens(request, first_head + i, first, count, buffer(i));
     }
     // For mean and h2o the pooled row is the head-mean row already.
     float* mean = measure && !mean_is_pooled ? mean_.data() : nullptr;
@@ -717,14 +751,13 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
       const int64_t chunk_pages = PageCount(count, page_size);
       for (int i = 0; i < r; ++i) {
         const float* row = row_pointers_[static_cast<size_t>(i)];
-        float* maxima = head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages) +
-                        first_page;
+        float* maxima =
+            head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages) + first_page;
         PageMaximaOf(row, count, page_size, maxima);
       }
       const float* mean = mean_is_pooled ? pooled : mean_.data();
       PageSums(std::span<const float>(mean, static_cast<size_t>(count)), page_size,
-               std::span<double>(page_sums_.data() + first_page,
-                                 static_cast<size_t>(chunk_pages)));
+               std::span<double>(page_sums_.data() + first_page, static_cast<size_t>(chunk_pages)));
     }
   }
   if (!ok) return false;
@@ -779,8 +812,7 @@ void FusedScorer::Measure(int r, int64_t pages, int64_t quota, GroupDecision* de
   decision->shadow_uor = UnionOverheadRatio(sets, quota);
   decision->disagreement = PairwiseJaccard(sets).disagreement();
   decision->retained_mass = RetainedMassFromPageSums(
-      std::span<const double>(page_sums_.data(), static_cast<size_t>(pages)),
-      decision->kept_pages);
+      std::span<const double>(page_sums_.data(), static_cast<size_t>(pages)), decision->kept_pages);
 }
 
 absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
@@ -812,8 +844,8 @@ absl::StatusOr<std::vector<LayerDecision>> DecideModel(const Policy& policy,
       results[l] = scorer.DecideLayer(policy, requests[l]);
     }
   };
-  const int workers =
-      static_cast<int>(std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), requests.size()));
+  const int workers = static_cast<int>(
+      std::min<size_t>(static_cast<size_t>(std::max(threads, 1)), requests.size()));
   if (workers <= 1) {
     work();
   } else {

@@ -46,16 +46,16 @@ class FusedScorer {
                       float* buffer) const;
 
   PolicyOptions options_;
-  std::vector<float> widened_;     // chunk buffers for half-precision rows
+  std::vector<float> widened_;              // chunk buffers for half-precision rows
   std::vector<const float*> row_pointers_;  // the group's rows at the current chunk
   std::vector<float> float_weights_;        // float(w_h), as PoolRows rounds them
   std::vector<float> pooled_;               // one chunk of the pooled row
-  std::vector<float> page_max_;    // I_g[b] for the current group
-  std::vector<uint32_t> keys_;     // selection keys, one per page, then as many of work
+  std::vector<float> page_max_;             // I_g[b] for the current group
+  std::vector<uint32_t> keys_;              // selection keys, one per page, then as many of work
   // measure = true only:
-  std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
-  std::vector<float> mean_;          // one chunk of the head-mean row
-  std::vector<double> page_sums_;    // PageSums of the head-mean row
+  std::vector<float> head_max_;                  // [r][n] page maxima of each head of the group
+  std::vector<float> mean_;                      // one chunk of the head-mean row
+  std::vector<double> page_sums_;                // PageSums of the head-mean row
   std::vector<std::vector<int32_t>> head_kept_;  // the head-independent shadow's pages
 };
 

@@ -53,13 +53,27 @@ std::vector<float> RandomValues(std::mt19937_64& rng, int heads, int64_t tokens,
     const int kind = shape(rng);
     for (int64_t t = 0; t < tokens; ++t) {
       switch (kind) {
-        case 0: row[t] = unit(rng); break;
-        case 1: row[t] = std::floor(unit(rng) * 3.0f) * 0.25f; break;  // ties
-        case 2: row[t] = 0.0f; break;
-        case 3: row[t] = t < sinks ? unit(rng) + 1.0f : 0.0f; break;  // all-sink head
-        case 4: row[t] = t == tokens / 2 ? 1.0f : 1e-6f * unit(rng); break;
-        case 5: row[t] = 1.0f / static_cast<float>(tokens); break;  // uniform: all ties
-        default: row[t] = unit(rng) * unit(rng) * 1e3f; break;
+        case 0:
+          row[t] = unit(rng);
+          break;
+        case 1:
+          row[t] = std::floor(unit(rng) * 3.0f) * 0.25f;
+          break;  // ties
+        case 2:
+          row[t] = 0.0f;
+          break;
+        case 3:
+          row[t] = t < sinks ? unit(rng) + 1.0f : 0.0f;
+          break;  // all-sink head
+        case 4:
+          row[t] = t == tokens / 2 ? 1.0f : 1e-6f * unit(rng);
+          break;
+        case 5:
+          row[t] = 1.0f / static_cast<float>(tokens);
+          break;  // uniform: all ties
+        default:
+          row[t] = unit(rng) * unit(rng) * 1e3f;
+          break;
       }
     }
   }
@@ -131,10 +145,10 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     request.measure = pick(0, 1) == 1;
     const Policy& policy = **FindPolicy(names[static_cast<size_t>(trial) % names.size()]);
     SCOPED_TRACE(::testing::Message()
-                 << "trial " << trial << " policy " << policy.name() << " B "
-                 << options.page_size << " s " << options.sink_tokens << " alpha "
-                 << options.alpha << " G " << groups << " r " << r << " T " << tokens << " K "
-                 << quota << " dtype " << DTypeName(statistic.dtype));
+                 << "trial " << trial << " policy " << policy.name() << " B " << options.page_size
+                 << " s " << options.sink_tokens << " alpha " << options.alpha << " G " << groups
+                 << " r " << r << " T " << tokens << " K " << quota << " dtype "
+                 << DTypeName(statistic.dtype));
     const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, options, request);
     ASSERT_TRUE(expected.ok()) << expected.status();
     FusedScorer scorer(options);

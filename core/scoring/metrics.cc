@@ -145,8 +145,7 @@ double BonferroniLowerBound(int r, double mean_similarity) {
 }
 
 UorBounds SandwichBounds(int r, double mean_similarity, double max_similarity) {
-  const double lower =
-      r / (1.0 + 2.0 * (r - 1) * mean_similarity / (1.0 + mean_similarity));
+  const double lower = r / (1.0 + 2.0 * (r - 1) * mean_similarity / (1.0 + mean_similarity));
   const double upper =
       std::min(static_cast<double>(r), r - 2.0 * max_similarity / (1.0 + max_similarity));
   return {lower, upper};

@@ -14,7 +14,7 @@ namespace entrokv {
 
 // Pairwise Jaccard similarities of the sets: mean over i < j, and the max.
 struct JaccardSummary {
-  double mean_similarity = 1.0;   // J-bar; 1 for fewer than two sets
+  double mean_similarity = 1.0;  // J-bar; 1 for fewer than two sets
   double max_similarity = 1.0;
   [[nodiscard]] double disagreement() const { return 1.0 - mean_similarity; }  // D
 };

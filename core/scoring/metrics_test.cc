@@ -24,12 +24,12 @@ TEST(MetricsTest, UnionOverheadOfIdenticalAndDisjointSets) {
 
 TEST(MetricsTest, TwoHeadIdentityAtTheMethodsReferencePoints) {
   // phi(D) = 2 / (2 - D): D = 0.5 -> 4/3, D = 2/3 -> 1.5, D = 1 -> 2.
-  const std::vector<std::vector<int32_t>> half = {{0, 1, 2}, {1, 2, 3}};       // J = 2/4
-  const std::vector<std::vector<int32_t>> third = {{0, 1}, {1, 2}};            // J = 1/3
+  const std::vector<std::vector<int32_t>> half = {{0, 1, 2}, {1, 2, 3}};  // J = 2/4
+  const std::vector<std::vector<int32_t>> third = {{0, 1}, {1, 2}};       // J = 1/3
   for (const auto* sets : {&half, &third}) {
     const double d = PairwiseJaccard(*sets).disagreement();
-    EXPECT_NEAR(UnionOverheadRatio(*sets, static_cast<int64_t>((*sets)[0].size())),
-                2.0 / (2.0 - d), 1e-12);
+    EXPECT_NEAR(UnionOverheadRatio(*sets, static_cast<int64_t>((*sets)[0].size())), 2.0 / (2.0 - d),
+                1e-12);
   }
   EXPECT_NEAR(2.0 / (2.0 - PairwiseJaccard(half).disagreement()), 4.0 / 3.0, 1e-12);
   EXPECT_NEAR(2.0 / (2.0 - PairwiseJaccard(third).disagreement()), 1.5, 1e-12);

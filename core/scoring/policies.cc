@@ -30,8 +30,7 @@ class EntropyWeightedPolicy final : public Policy {
       : name_(name), isolate_sinks_(isolate_sinks) {}
   absl::string_view name() const override { return name_; }
 
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     if (!input.cached_weights.empty()) {
       selection.weights.assign(input.cached_weights.begin(), input.cached_weights.end());
@@ -58,8 +57,7 @@ class MeanPolicy final : public Policy {
  public:
   explicit MeanPolicy(absl::string_view name) : name_(name) {}
   absl::string_view name() const override { return name_; }
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
     std::vector<float> pooled(static_cast<size_t>(input.tokens));
@@ -75,8 +73,7 @@ class MeanPolicy final : public Policy {
 class MaxPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "max"; }
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
     for (const std::span<const float> row : input.rows) {
       for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = std::max(pooled[t], row[t]);
@@ -92,8 +89,7 @@ class MaxPolicy final : public Policy {
 class SnapKvPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "snapkv"; }
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const auto tokens = static_cast<int64_t>(input.tokens);
     const int64_t half = options.snapkv_kernel / 2;
     const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(input.rows.size()));
@@ -104,8 +100,8 @@ class SnapKvPolicy final : public Policy {
       int64_t next = 0;  // next index to enter the window
       for (int64_t t = 0; t < tokens; ++t) {
         for (; next <= std::min(t + half, tokens - 1); ++next) {
-          while (!window.empty() && row[static_cast<size_t>(window.back())] <=
-                                        row[static_cast<size_t>(next)]) {
+          while (!window.empty() &&
+                 row[static_cast<size_t>(window.back())] <= row[static_cast<size_t>(next)]) {
             window.pop_back();
           }
           window.push_back(next);
@@ -126,8 +122,7 @@ class HeadIndependentPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "head_independent"; }
   bool exact_budget() const override { return false; }
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const Protections protections = EffectiveProtections(options);
     GroupSelection selection;
     for (const std::span<const float> row : input.rows) {
@@ -148,11 +143,9 @@ class StreamingPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "streaming"; }
   bool needs_statistic() const override { return false; }
-  GroupSelection SelectGroup(const GroupInput& input,
-                             const PolicyOptions& options) const override {
-    const std::vector<float> no_scores(static_cast<size_t>(PageCount(input.tokens,
-                                                                     options.page_size)),
-                                       0.0f);
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
+    const std::vector<float> no_scores(
+        static_cast<size_t>(PageCount(input.tokens, options.page_size)), 0.0f);
     Protections protections = EffectiveProtections(options);
     protections.sink_pages = true;
     protections.recent_pages = static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
@@ -218,8 +211,8 @@ absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {
   for (const auto& policy : GetRegistry().policies) {
     if (policy->name() == name) return policy.get();
   }
-  return absl::NotFoundError(absl::StrCat("policy: '", name, "' is not one of ",
-                                          absl::StrJoin(PolicyNames(), ", ")));
+  return absl::NotFoundError(
+      absl::StrCat("policy: '", name, "' is not one of ", absl::StrJoin(PolicyNames(), ", ")));
 }
 
 std::vector<absl::string_view> PolicyNames() {

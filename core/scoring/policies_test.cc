@@ -44,8 +44,8 @@ TEST(PolicyRegistryTest, KnowsEveryPolicyOfTheDesign) {
 TEST(PolicyOptionsTest, RejectsEachBadOptionByName) {
   PolicyOptions options;
   options.page_size = 0;
-  EXPECT_THAT(ValidatePolicyOptions(options), StatusIs(absl::StatusCode::kInvalidArgument,
-                                                       HasSubstr("page_size")));
+  EXPECT_THAT(ValidatePolicyOptions(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("page_size")));
   options = {};
   options.tau = 0;
   EXPECT_THAT(ValidatePolicyOptions(options),

@@ -5,8 +5,8 @@
 
 #include <cstdint>
 #include <span>
-#include "absl/strings/string_view.h"
 #include <vector>
+#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -16,11 +16,11 @@ namespace entrokv {
 
 // Parameters of the scoring pipeline, validated once by ValidatePolicyOptions.
 struct PolicyOptions {
-  int page_size = 16;     // B, tokens per page
-  int sink_tokens = 4;    // s, left out of the entropy (and the sink pages of `streaming`)
-  double alpha = 2.0;     // Renyi order, > 0; +inf allowed
-  double tau = 0.5;       // softmax temperature of the head weights, > 0
-  int snapkv_kernel = 7;  // width of snapkv's 1-D max-pool along tokens, odd, >= 1
+  int page_size = 16;       // B, tokens per page
+  int sink_tokens = 4;      // s, left out of the entropy (and the sink pages of `streaming`)
+  double alpha = 2.0;       // Renyi order, > 0; +inf allowed
+  double tau = 0.5;         // softmax temperature of the head weights, > 0
+  int snapkv_kernel = 7;    // width of snapkv's 1-D max-pool along tokens, odd, >= 1
   Protections protections;  // page_size and sink_tokens here are overwritten from above
 };
 

@@ -22,8 +22,8 @@ struct RanksBefore {
 
 absl::Status ValidateProtections(const Protections& protections) {
   if (protections.recent_pages < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "protect_recent_pages: must be >= 0, got ", protections.recent_pages));
+    return absl::InvalidArgumentError(
+        absl::StrCat("protect_recent_pages: must be >= 0, got ", protections.recent_pages));
   }
   if (protections.sink_tokens < 0) {
     return absl::InvalidArgumentError(

@@ -6,8 +6,8 @@
 
 namespace entrokv {
 
-absl::StatusOr<StatisticView> StatisticView::Create(const void* data, DType dtype,
-                                                    int query_heads, int64_t tokens) {
+absl::StatusOr<StatisticView> StatisticView::Create(const void* data, DType dtype, int query_heads,
+                                                    int64_t tokens) {
   if (data == nullptr) return absl::InvalidArgumentError("statistic: no data");
   if (query_heads <= 0) {
     return absl::InvalidArgumentError(
@@ -38,9 +38,9 @@ absl::Status StatisticView::ValidateValues() const {
       const float value = row[static_cast<size_t>(t)];
       // One comparison catches NaN, infinities and negatives together.
       if (!(value >= 0.0f && value < INFINITY)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "statistic: value at head ", h, ", token ", t, " is ", value,
-            "; entries must be finite and non-negative"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("statistic: value at head ", h, ", token ", t, " is ", value,
+                         "; entries must be finite and non-negative"));
       }
     }
   }

@@ -47,8 +47,8 @@ TEST(StatisticViewTest, RejectsBadShapes) {
 }
 
 TEST(StatisticViewTest, ValidateValuesNamesTheBadEntry) {
-  for (const float bad : {-1.0f, std::numeric_limits<float>::quiet_NaN(),
-                          std::numeric_limits<float>::infinity()}) {
+  for (const float bad :
+       {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::vector<float> data = {0, 1, 2, 3, 4, 5};
     data[4] = bad;
     ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
@@ -59,8 +59,8 @@ TEST(StatisticViewTest, ValidateValuesNamesTheBadEntry) {
   std::vector<uint16_t> half = {FloatToFloat16(1.0f), 0x7e00};  // NaN in float16
   ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
                                StatisticView::Create(half.data(), DType::kFloat16, 1, 2));
-  EXPECT_THAT(view.ValidateValues(), StatusIs(absl::StatusCode::kInvalidArgument,
-                                              HasSubstr("head 0, token 1")));
+  EXPECT_THAT(view.ValidateValues(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head 0, token 1")));
 }
 
 }  // namespace

@@ -17,8 +17,7 @@ const absl::Status& GetStatus(const absl::StatusOr<T>& status_or) {
 }
 
 // EXPECT_THAT(status, StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tau")))
-MATCHER_P2(StatusIs, code, message_matcher,
-           "has code " + absl::StatusCodeToString(code)) {
+MATCHER_P2(StatusIs, code, message_matcher, "has code " + absl::StatusCodeToString(code)) {
   const absl::Status& status = GetStatus(arg);
   *result_listener << "status is " << status.ToString();
   return status.code() == code &&
@@ -33,8 +32,8 @@ MATCHER(IsOk, "is OK") {
 
 }  // namespace entrokv::testing
 
-#define ENTROKV_ASSERT_OK_AND_ASSIGN(lhs, expr)           \
-  auto ENTROKV_CONCAT_(_status_or_, __LINE__) = (expr);   \
+#define ENTROKV_ASSERT_OK_AND_ASSIGN(lhs, expr)            \
+  auto ENTROKV_CONCAT_(_status_or_, __LINE__) = (expr);    \
   ASSERT_TRUE(ENTROKV_CONCAT_(_status_or_, __LINE__).ok()) \
       << ENTROKV_CONCAT_(_status_or_, __LINE__).status();  \
   lhs = std::move(*ENTROKV_CONCAT_(_status_or_, __LINE__))

@@ -43,7 +43,7 @@ uint16_t FloatToFloat16(float value) {
     return static_cast<uint16_t>(sign | 0x7c00u | (abs_bits > 0x7f800000u ? 0x200u : 0));
   }
   if (abs_bits >= 0x477ff000u) return sign | 0x7c00u;  // rounds past 65504: inf
-  if (abs_bits < 0x33000001u) return sign;               // below half the smallest subnormal
+  if (abs_bits < 0x33000001u) return sign;             // below half the smallest subnormal
   int exponent = static_cast<int>(abs_bits >> 23) - 127;
   uint32_t mantissa = (abs_bits & 0x7fffffu) | 0x800000u;
   int shift;  // how far the 24-bit mantissa moves right to become 11 (or fewer) bits

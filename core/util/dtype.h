@@ -13,9 +13,7 @@ namespace entrokv {
 enum class DType : uint8_t { kFloat32, kFloat16, kBFloat16 };
 
 // Bytes per element.
-[[nodiscard]] constexpr int DTypeBytes(DType dtype) {
-  return dtype == DType::kFloat32 ? 4 : 2;
-}
+[[nodiscard]] constexpr int DTypeBytes(DType dtype) { return dtype == DType::kFloat32 ? 4 : 2; }
 [[nodiscard]] absl::string_view DTypeName(DType dtype);
 // Accepts "f32"/"float32", "f16"/"float16", "bf16"/"bfloat16".
 [[nodiscard]] absl::StatusOr<DType> ParseDType(absl::string_view name);

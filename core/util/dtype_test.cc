@@ -48,8 +48,7 @@ TEST(DTypeTest, ParseNamesEveryTypeAndRejectsOthers) {
   EXPECT_EQ(*ParseDType("f32"), DType::kFloat32);
   EXPECT_EQ(*ParseDType("float16"), DType::kFloat16);
   EXPECT_EQ(*ParseDType("bf16"), DType::kBFloat16);
-  EXPECT_THAT(ParseDType("int8"),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
+  EXPECT_THAT(ParseDType("int8"), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("dtype")));
 }
 
 }  // namespace

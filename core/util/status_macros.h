@@ -11,9 +11,9 @@
 #define ENTROKV_MACRO_CONCAT_(a, b) ENTROKV_MACRO_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function when `expr` is not OK.
-#define RETURN_IF_ERROR(expr)                  \
-  do {                                         \
-    const absl::Status _entrokv_status = (expr); \
+#define RETURN_IF_ERROR(expr)                          \
+  do {                                                 \
+    const absl::Status _entrokv_status = (expr);       \
     if (!_entrokv_status.ok()) return _entrokv_status; \
   } while (0)
 

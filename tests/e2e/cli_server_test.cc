@@ -101,8 +101,8 @@ TEST_F(CliServerTest, ServerErrorsExitOneWithTheStatusAndUsageErrorsExitTwo) {
   EXPECT_EQ(bad_budget.exit_code, 2);
   EXPECT_THAT(bad_budget.out, HasSubstr("--budget"));
   // Far too many tokens for the pool the replay registers: the daemon refuses.
-  const CliRun too_big = RunCli(absl::StrCat("replay ", server_,
-                                             " --model tiny --tokens 1000000000 --budget 0.5"));
+  const CliRun too_big =
+      RunCli(absl::StrCat("replay ", server_, " --model tiny --tokens 1000000000 --budget 0.5"));
   EXPECT_EQ(too_big.exit_code, 1) << too_big.out;
   EXPECT_THAT(too_big.out, MatchesRegex("(.|\n)*(RESOURCE_EXHAUSTED|INVALID_ARGUMENT)(.|\n)*"));
   const CliRun dead = RunCli("status --server 127.0.0.1:1 --timeout-ms 500");

@@ -58,8 +58,8 @@ TEST(ClientRetryTest, GivesUpAfterMaxAttemptsWithUnavailable) {
 }
 
 TEST(ClientRetryTest, OtherErrorsAreNotRetried) {
-  service::testing::DaemonProcess daemon(
-      ENTROKVD_PATH, {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"});
+  service::testing::DaemonProcess daemon(ENTROKVD_PATH,
+                                         {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"});
   ASSERT_TRUE(daemon.WaitListening(20000)) << daemon.Stderr();
   ClientOptions options;
   options.target = absl::StrCat("127.0.0.1:", daemon.port());

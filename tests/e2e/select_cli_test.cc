@@ -13,9 +13,9 @@
 #include "core/io/npy.h"
 #include "core/scoring/decision.h"
 #include "core/testing/random_rows.h"
-#include "tests/e2e/cli_runner.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/e2e/cli_runner.h"
 
 namespace entrokv {
 namespace {
@@ -39,7 +39,8 @@ class SelectCliTest : public ::testing::Test {
     NpyArray array;
     array.type = type;
     array.shape = std::move(shape);
-    array.bytes.assign(static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + bytes);
+    array.bytes.assign(static_cast<const uint8_t*>(data),
+                       static_cast<const uint8_t*>(data) + bytes);
     const std::string path = (dir_ / name).string();
     EXPECT_TRUE(WriteNpy(path, array).ok());
     return path;
@@ -79,8 +80,8 @@ TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
   }
   const std::string path = Write("stats.npy", NpyType::kFloat32, {layers, heads, tokens},
                                  data.data(), data.size() * sizeof(float));
-  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
-                                      " --kv-heads 2 --page-size 16 --pages 5"));
+  const CliRun run =
+      RunCli(absl::StrCat("select --stats ", path, " --kv-heads 2 --page-size 16 --pages 5"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("{\"layers\":[{\"layer\":0,\"groups\":[{\"group\":0,"));
   EXPECT_THAT(run.out, HasSubstr("\"weights\":["));
@@ -106,8 +107,8 @@ TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {
   const std::string path =
       Write("flat.npy", NpyType::kFloat32, {2, 4, 160}, data.data(), data.size() * 4);
   // F = 0.25 of 160 tokens x 2 layers / 16 = 5 layer-pages: 3 for layer 0, 2 for layer 1.
-  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
-                                      " --kv-heads 2 --page-size 16 --budget 0.25"));
+  const CliRun run =
+      RunCli(absl::StrCat("select --stats ", path, " --kv-heads 2 --page-size 16 --budget 0.25"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_EQ(ActualKeptPages(run.out),
             "\"kept_pages\":[0,1,2]|\"kept_pages\":[0,1,2]|\"kept_pages\":[0,1]|"
@@ -126,20 +127,20 @@ TEST_F(SelectCliTest, HalfPrecisionFilesDecideLikeFloat32) {
     widened_f16[i] = Float16ToFloat(half[i]);
   }
   const std::string args = " --kv-heads 2 --page-size 8 --pages 4";
-  const CliRun bf16 = RunCli("select --dtype bf16 --stats " +
-                          Write("b.npy", NpyType::kUInt16, {4, 300}, brain.data(), brain.size() * 2) +
-                          args);
-  const CliRun bf16_wide = RunCli("select --stats " +
-                               Write("bw.npy", NpyType::kFloat32, {4, 300}, widened_bf16.data(),
-                                     widened_bf16.size() * 4) +
-                               args);
-  const CliRun f16 = RunCli("select --stats " +
-                         Write("h.npy", NpyType::kFloat16, {4, 300}, half.data(), half.size() * 2) +
-                         args);
-  const CliRun f16_wide = RunCli("select --stats " +
-                              Write("hw.npy", NpyType::kFloat32, {4, 300}, widened_f16.data(),
-                                    widened_f16.size() * 4) +
-                              args);
+  const CliRun bf16 =
+      RunCli("select --dtype bf16 --stats " +
+             Write("b.npy", NpyType::kUInt16, {4, 300}, brain.data(), brain.size() * 2) + args);
+  const CliRun bf16_wide = RunCli(
+      "select --stats " +
+      Write("bw.npy", NpyType::kFloat32, {4, 300}, widened_bf16.data(), widened_bf16.size() * 4) +
+      args);
+  const CliRun f16 =
+      RunCli("select --stats " +
+             Write("h.npy", NpyType::kFloat16, {4, 300}, half.data(), half.size() * 2) + args);
+  const CliRun f16_wide = RunCli(
+      "select --stats " +
+      Write("hw.npy", NpyType::kFloat32, {4, 300}, widened_f16.data(), widened_f16.size() * 4) +
+      args);
   ASSERT_EQ(bf16.exit_code, 0) << bf16.out;
   ASSERT_EQ(f16.exit_code, 0) << f16.out;
   EXPECT_EQ(bf16.out, bf16_wide.out);

@@ -98,8 +98,7 @@ TEST_F(TlsTest, TlsServesVerifiedClientsAndRefusesPlaintext) {
   grpc::SslCredentialsOptions ssl;
   ssl.pem_root_certs = certificates_.pem("ca.pem");
   EXPECT_TRUE(ListModels(SecureChannel(server->address(), ssl)).ok());
-  EXPECT_EQ(ListModels(MakeChannel(server->address())).error_code(),
-            grpc::StatusCode::UNAVAILABLE);
+  EXPECT_EQ(ListModels(MakeChannel(server->address())).error_code(), grpc::StatusCode::UNAVAILABLE);
   // A client that does not trust the server's CA refuses the connection.
   grpc::SslCredentialsOptions untrusting;
   untrusting.pem_root_certs = certificates_.pem("client.pem");  // not a CA of the server
