@@ -162,6 +162,10 @@ void Server::BeginDrain() {
   if (server_ != nullptr) SetReadiness(*server_, false);
 }
 
+namespace {
+constexpr absl::Duration kDrainLinger = absl::Milliseconds(250);
+}  // namespace
+
 void Server::Shutdown(absl::Duration grace) {
   if (shut_down_) return;
   shut_down_ = true;
@@ -170,6 +174,10 @@ void Server::Shutdown(absl::Duration grace) {
   while (service_ != nullptr && service_->active_calls() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(5));
   }
+  // Linger a moment with admission closed: calls already on the wire when the last in-flight
+  // call ended are then refused with UNAVAILABLE (retry elsewhere) by the service, instead of
+  // being cancelled by the transport's shutdown.
+  absl::SleepFor(std::max(absl::ZeroDuration(), std::min(kDrainLinger, deadline - absl::Now())));
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() +
                       std::chrono::microseconds(

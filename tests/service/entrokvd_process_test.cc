@@ -156,7 +156,8 @@ TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
     readiness = HealthCheck(*channel, "");
     if (readiness != 2) absl::SleepFor(absl::Milliseconds(5));
   }
-  const bool still_draining = !done[0].HasBeenNotified();
+  const bool still_draining =
+      !(done[0].HasBeenNotified() && done[1].HasBeenNotified() && done[2].HasBeenNotified());
   if (still_draining) {
     EXPECT_EQ(readiness, 2);
     EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
@@ -167,17 +168,21 @@ TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
     EXPECT_EQ(stub->GetPoolStats(&late_context, late, &stats).error_code(),
               grpc::StatusCode::UNAVAILABLE);
   }
-  // The call being decided finishes OK inside the grace period. The others finish OK too if
-  // the daemon had admitted them before the signal (eviction is idempotent), or were refused
-  // with UNAVAILABLE if they were still arriving.
+  // The call being decided (whichever of the three the daemon took first) finishes OK inside
+  // the grace period. The others finish OK too if the daemon had admitted them before the
+  // signal (eviction is idempotent), or were refused with UNAVAILABLE if they were still
+  // arriving.
+  int ok = 0;
   for (int i = 0; i < kInflight; ++i) {
     done[i].WaitForNotification();
-    if (i == 0) {
-      EXPECT_TRUE(statuses[i].ok()) << statuses[i].error_message();
-    } else if (!statuses[i].ok()) {
-      EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::UNAVAILABLE) << i;
+    if (statuses[i].ok()) {
+      ++ok;
+    } else {
+      EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::UNAVAILABLE)
+          << i << ": " << statuses[i].error_message();
     }
   }
+  EXPECT_GE(ok, 1);
   EXPECT_EQ(daemon.WaitExit(20000), 0) << daemon.Stderr();
   if (!still_draining) GTEST_SKIP() << "the in-flight calls ended before the drain was seen";
 }
