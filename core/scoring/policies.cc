@@ -22,8 +22,16 @@ std::vector<int32_t> SelectFromPooled(std::span<const float> pooled, const Group
                         EffectiveProtections(options));
 }
 
-// Pools with softmax(-entropy / tau) weights; `entropy_sinks` is s for page_entrokv and 0 for
-// raw_entropy.
+// The weighted pooling policies' last two steps: pool the rows with `weights`, keep the top pages.
+std::vector<int32_t> SelectWithWeights(std::span<const double> weights, const GroupInput& input,
+                                       const PolicyOptions& options) {
+  std::vector<float> pooled(static_cast<size_t>(input.tokens));
+  PoolRows(input.rows, weights, pooled);
+  return SelectFromPooled(pooled, input, options);
+}
+
+// Pools with softmax(-entropy / tau) weights; the entropy leaves out the sink tokens for
+// page_entrokv (`isolate_sinks`) and keeps them for raw_entropy.
 class EntropyWeightedPolicy final : public Policy {
  public:
   EntropyWeightedPolicy(absl::string_view name, bool isolate_sinks)
@@ -41,9 +49,7 @@ class EntropyWeightedPolicy final : public Policy {
       }
       selection.weights = EntropyWeights(selection.entropies, options.tau);
     }
-    std::vector<float> pooled(static_cast<size_t>(input.tokens));
-    PoolRows(input.rows, selection.weights, pooled);
-    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    selection.kept_pages = SelectWithWeights(selection.weights, input, options);
     return selection;
   }
 
@@ -60,9 +66,7 @@ class MeanPolicy final : public Policy {
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
-    std::vector<float> pooled(static_cast<size_t>(input.tokens));
-    PoolRows(input.rows, selection.weights, pooled);
-    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    selection.kept_pages = SelectWithWeights(selection.weights, input, options);
     return selection;
   }
 
