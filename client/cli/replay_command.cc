@@ -67,6 +67,11 @@ struct PolicyReport {
   double seconds = 0;
 };
 
+// The id of the replay's i-th sequence of `policy`; open, decide and close must agree on it.
+std::string SequenceId(const ReplayOptions& options, const std::string& policy, int i) {
+  return absl::StrCat("replay-", policy, "-", options.seed, "-", i);
+}
+
 absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const std::string& policy,
                             int index, std::mutex& mutex, PolicyReport& report) {
   const sim::ModelPreset& preset = options.preset;
@@ -75,7 +80,7 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
   workload.seed = options.seed + static_cast<uint64_t>(index);
   workload.kind = policy == "h2o" ? StatisticKind::kAccumulated : StatisticKind::kLastRow;
   const sim::WorkloadGenerator generator(preset, workload);
-  const std::string sequence_id = absl::StrCat("replay-", policy, "-", options.seed, "-", index);
+  const std::string sequence_id = SequenceId(options, policy, index);
 
   std::vector<float> values(static_cast<size_t>(preset.query_heads * options.tokens));
   auto stream = client.OpenDecideStream();
@@ -237,7 +242,7 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
       [&](int i) -> absl::Status {
         v1::OpenSequenceRequest open;
         open.set_model_id(options.model_id);
-        open.set_sequence_id(absl::StrCat("replay-", policy, "-", options.seed, "-", i));
+        open.set_sequence_id(SequenceId(options, policy, i));
         RETURN_IF_ERROR(client.OpenSequence(open).status());
         v1::AppendTokensRequest append;
         append.set_model_id(options.model_id);
@@ -260,7 +265,7 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
         [&](int i) {
           v1::CloseSequenceRequest close;
           close.set_model_id(options.model_id);
-          close.set_sequence_id(absl::StrCat("replay-", policy, "-", options.seed, "-", i));
+          close.set_sequence_id(SequenceId(options, policy, i));
           return client.CloseSequence(close).status();
         },
         progress("close")));
