@@ -58,6 +58,15 @@ class LayerDecision:
     groups: list
     freed_frames: np.ndarray  # int32
     page_union_ratio: float
+    scope: str  # "group" or "layer": the selection scope that decided
+    union_pages: int  # distinct pages kept over the groups (the layer's frames, layer layout)
+    group_scope_union_pages: int  # what per-group selection keeps or would have kept
+
+
+# Selection scopes by name; None leaves the choice to the daemon (layer for a layer-layout pool).
+_SCOPES = {None: types.SELECTION_SCOPE_UNSPECIFIED, "group": types.SELECTION_SCOPE_GROUP,
+           "layer": types.SELECTION_SCOPE_LAYER}
+_SCOPE_NAMES = {types.SELECTION_SCOPE_GROUP: "group", types.SELECTION_SCOPE_LAYER: "layer"}
 
 
 def _optional(message, field: str) -> Optional[float]:
@@ -87,6 +96,9 @@ def _to_layer_decision(message) -> LayerDecision:
         groups=groups,
         freed_frames=np.asarray(message.freed_frames, dtype=np.int32),
         page_union_ratio=message.page_union_ratio,
+        scope=_SCOPE_NAMES.get(message.scope, "unspecified"),
+        union_pages=message.union_pages,
+        group_scope_union_pages=message.group_scope_union_pages,
     )
 
 
@@ -210,22 +222,26 @@ class Client:
     # --- decisions ------------------------------------------------------------------------
 
     @staticmethod
-    def _policy(policy: Optional[str], params: dict) -> "types.PolicyParams":
+    def _policy(policy: Optional[str], params: dict,
+                scope: Optional[str] = None) -> "types.PolicyParams":
+        if scope not in _SCOPES:
+            raise ValueError(f"scope: {scope!r} is not one of None, 'group', 'layer'")
         unknown = set(params) - {"tau", "alpha", "sink_tokens", "protect_tail_page",
                                  "protect_sink_pages", "protect_recent_pages"}
         if unknown:
             raise ValueError(f"policy parameters: unknown {sorted(unknown)}")
-        return types.PolicyParams(name=policy or "", **params)
+        return types.PolicyParams(name=policy or "", scope=_SCOPES[scope], **params)
 
     def decide(self, model_id: str, sequence_id: str, stats: np.ndarray, *,
                layers: Optional[Sequence[int]] = None, pages: Optional[int] = None,
                fraction: Optional[float] = None, token_slots: Optional[int] = None,
                policy: Optional[str] = None, dtype: Optional[str] = None,
-               **params) -> list:
+               scope: Optional[str] = None, **params) -> list:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
-        (default 0..n-1).
+        (default 0..n-1). `scope`: "group" (one page set per layer and group), "layer" (one per
+        layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
         """
         stats = np.asarray(stats)
         if stats.ndim == 2:
@@ -235,7 +251,8 @@ class Client:
             model_id=model_id, sequence_id=sequence_id,
             layers=[pb.LayerStatistic(layer=index, statistic=statistic_message(stats[i], dtype))
                     for i, index in enumerate(indices)],
-            budget=_budget(pages, fraction, token_slots), policy=self._policy(policy, params))
+            budget=_budget(pages, fraction, token_slots),
+            policy=self._policy(policy, params, scope))
         response = self._call(self._stub.Decide, request)
         return [_to_layer_decision(layer) for layer in response.layers]
 
@@ -243,11 +260,12 @@ class Client:
                       layer_stats: Iterable, *, pages: Optional[int] = None,
                       fraction: Optional[float] = None, token_slots: Optional[int] = None,
                       policy: Optional[str] = None, dtype: Optional[str] = None,
-                      stream_timeout_s: float = 300.0, **params) -> Iterator[LayerDecision]:
+                      scope: Optional[str] = None, stream_timeout_s: float = 300.0,
+                      **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
-        each layer's decision in order. Not retried."""
+        each layer's decision in order. Not retried. `scope` as in decide."""
         budget = _budget(pages, fraction, token_slots)
-        policy_params = self._policy(policy, params)
+        policy_params = self._policy(policy, params, scope)
 
         def requests():
             for layer, array in layer_stats:
