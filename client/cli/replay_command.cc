@@ -38,8 +38,9 @@ struct ReplayOptions {
   double budget = 0;
   int page_size = 16;
   std::vector<std::string> policies;
-  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;  // auto: the pool's default
-  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;             // the pool's, once registered
+  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;      // auto: the pool's default
+  v1::FrameLayout register_layout = v1::FRAME_LAYOUT_UNSPECIFIED;  // asked for: daemon's
+  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;                 // the pool's, once registered
   int sequences = 1;
   int concurrency = 1;
   uint64_t seed = 1;
@@ -212,6 +213,7 @@ absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions&
                          preset.kv_groups * PageCount(options.tokens, options.page_size);
   request.set_capacity_bytes(static_cast<uint64_t>(frames) * 2 * options.page_size *
                              preset.head_dim * 2);
+  request.set_frame_layout(options.register_layout);
   auto registered = client.RegisterModel(request);
   if (registered.ok()) return registered->pool().frame_layout();
   if (registered.status().code() != absl::StatusCode::kAlreadyExists) return registered.status();
@@ -220,9 +222,12 @@ absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions&
   ASSIGN_OR_RETURN(v1::GetModelResponse existing, client.GetModel(get));
   const v1::ModelGeometry& have = existing.pool().geometry();
   if (have.layers() != preset.layers || have.query_heads() != preset.query_heads ||
-      have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model ", options.model_id, " is registered with another geometry; pass --model-id"));
+      have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size ||
+      (options.register_layout != v1::FRAME_LAYOUT_UNSPECIFIED &&
+       existing.pool().frame_layout() != options.register_layout)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", options.model_id,
+                     " is registered with another geometry or frame layout; pass --model-id"));
   }
   return existing.pool().frame_layout();
 }
@@ -400,6 +405,15 @@ absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
     return absl::InvalidArgumentError(
         absl::StrCat("--scope: '", scope, "' is not one of auto, group, layer"));
   }
+  const std::string layout = args.Get("frame-layout");
+  if (layout == "group") {
+    options.register_layout = v1::FRAME_LAYOUT_GROUP;
+  } else if (layout == "layer") {
+    options.register_layout = v1::FRAME_LAYOUT_LAYER;
+  } else if (!layout.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--frame-layout: '", layout, "' is not one of group, layer"));
+  }
   options.keep_open = args.GetFlag("keep-open");
   options.json = args.GetFlag("json");
   options.progress = !options.json && isatty(STDERR_FILENO);
@@ -421,6 +435,9 @@ int RunReplay(const std::vector<std::string>& argv) {
   args.Option("sequences", "1", "sequences N per policy");
   args.Option("concurrency", "1", "concurrent worker streams C");
   args.Option("seed", "1", "simulator seed (sequence i uses seed + i)");
+  args.Option("frame-layout", "",
+              "frame layout to register the model with: group or layer (default: the daemon's "
+              "--frame_layout)");
   args.Option(
       "scope", "auto",
       "selection scope: auto (the daemon's: layer for a layer-layout pool), group or layer");

@@ -31,8 +31,9 @@ enum class SelectionScope : uint8_t { kGroup, kLayer };
 //  - kMassMean: the same sum with v_g = 1 / G (the baseline of the weighted sum).
 enum class LayerCombine : uint8_t { kMassMax, kEntropyWeighted, kMassMean };
 
-// The default combine: the better of the measured ones (docs/decisions.md, "Layer scope").
-inline constexpr LayerCombine kDefaultLayerCombine = LayerCombine::kMassMax;
+// The default combine: the one that kept the most needle targets at low budgets, within about one
+// point of retained mass of the others (docs/decisions.md, "Layer scope").
+inline constexpr LayerCombine kDefaultLayerCombine = LayerCombine::kEntropyWeighted;
 
 [[nodiscard]] absl::string_view SelectionScopeName(SelectionScope scope);  // "group" | "layer"
 // INVALID_ARGUMENT naming `field` for any other name.
