@@ -74,10 +74,7 @@ std::string JsonNumbers(const std::vector<double>& values) {
 void PrintJson(const std::vector<LayerDecision>& layers) {
   std::string out = "{\"layers\":[";
   for (size_t l = 0; l < layers.size(); ++l) {
-    absl::StrAppend(
-        &out, l ? "," : "", "{\"layer\":", l, ",\"scope\":\"", SelectionScopeName(layers[l].scope),
-        "\",\"union_pages\":", layers[l].union_pages,
-        ",\"group_scope_union_pages\":", layers[l].group_scope_union_pages, ",\"groups\":[");
+    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"groups\":[");
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {
       const GroupDecision& group = layers[l].groups[g];
       absl::StrAppend(&out, g ? "," : "", "{\"group\":", g, ",\"kept_pages\":[",
@@ -86,7 +83,9 @@ void PrintJson(const std::vector<LayerDecision>& layers) {
                       ",\"entropies\":", JsonNumbers(group.entropies),
                       ",\"uor\":", absl::StrFormat("%.9g", group.shadow_uor.value_or(1.0)), "}");
     }
-    absl::StrAppend(&out, "]}");
+    absl::StrAppend(&out, "],\"scope\":\"", SelectionScopeName(layers[l].scope),
+                    "\",\"union_pages\":", layers[l].union_pages,
+                    ",\"group_scope_union_pages\":", layers[l].group_scope_union_pages, "}");
   }
   absl::StrAppend(&out, "]}\n");
   std::fputs(out.c_str(), stdout);
