@@ -56,7 +56,7 @@ TEST_F(LayerScopeCliTest, EveryPooledPolicyEndsAtThePlannedLayerFrames) {
     EXPECT_EQ(JsonInt(replay.out, "frames_used_after", at), 2 * 25) << policy;
     EXPECT_EQ(JsonInt(replay.out, "frames_before", at), 2 * 2 * 63) << policy;
     EXPECT_GE(JsonInt(replay.out, "group_scope_frames", at), 2 * 25) << policy;
-    EXPECT_THAT(replay.out.substr(at, 80), HasSubstr("\"scope\":\"layer\"")) << policy;
+    EXPECT_THAT(replay.out.substr(at, 160), HasSubstr("\"scope\":\"layer\"")) << policy;
   }
   // head_independent keeps the union over the layer's heads: the overhead baseline.
   const size_t independent = replay.out.find("\"policy\":\"head_independent\"");
