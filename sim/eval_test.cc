@@ -228,7 +228,9 @@ TEST(EvalTest, ScopeAnalysisKeepsThePlannedFramesInLayerScope) {
     SCOPED_TRACE(row.policy + " " + row.scope + " " + row.combine);
     EXPECT_EQ(row.page_size, 16);
     EXPECT_GE(row.kept_frames, row.planned_frames);
-    if (row.scope == "layer") EXPECT_EQ(row.kept_frames, row.planned_frames);
+    if (row.scope == "layer") {
+      EXPECT_EQ(row.kept_frames, row.planned_frames);
+    }
     EXPECT_GE(row.retained_mass, 0.0);
     EXPECT_LE(row.retained_mass, 1.0);
   }
