@@ -2,6 +2,9 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "core/testing/status_matchers.h"
@@ -16,7 +19,7 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_trace_" + name);
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_trace_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }
@@ -101,6 +104,17 @@ TEST(TraceTest, ErrorsNameTheProblem) {
       << "{\"model\": {\"layers\": 2, \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4, "
          "\"needles\": [{\"begin\": 3, \"end\": 9}]}";
   EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needles")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
+      << "{\"model\": {\"layers\": 2, \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4, "
+         "\"needles\": [3]}";
+  EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needles")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
+      << "{\"model\": {\"layers\": \"two\", \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4}";
+  EXPECT_THAT(ReadTrace(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.layers")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile) << "{\"model\": {\"layers\": 2,";
+  EXPECT_THAT(ReadTrace(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("well-formed JSON")));
 }
 
 TEST(TraceTest, StatisticKindNamesRoundTrip) {
