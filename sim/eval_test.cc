@@ -26,7 +26,8 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_eval_" + name + "_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("entrokv_eval_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }

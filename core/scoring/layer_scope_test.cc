@@ -87,8 +87,8 @@ TEST(LayerScopeTest, CombinedSelectionIsExactAndKeepsTheLargestCombinedScore) {
     const int64_t pages = 1 + static_cast<int64_t>(rng() % 300);
     const int64_t quota = 1 + static_cast<int64_t>(rng() % (pages + 2));
     const LayerCombine combine = kCombines[trial % 3];
-    SCOPED_TRACE(::testing::Message() << "seed " << kSeed << " trial " << trial << " G "
-                                      << groups << " n " << pages << " K " << quota);
+    SCOPED_TRACE(::testing::Message() << "seed " << kSeed << " trial " << trial << " G " << groups
+                                      << " n " << pages << " K " << quota);
     const std::vector<std::vector<float>> scores = RandomScores(rng, groups, pages);
     std::vector<std::vector<int32_t>> per_group;
     for (const auto& row : scores) per_group.push_back(SelectTopPages(row, quota));
@@ -136,8 +136,7 @@ TEST(LayerScopeTest, TiesGoToTheLowerPage) {
 // Mass normalisation: a group whose statistic is 1000x larger does not outvote the other; max
 // keeps each group's best page where the sum would give both to the larger one's runner-ups.
 TEST(LayerScopeTest, MassMaxKeepsEveryGroupsBestPage) {
-  const std::vector<std::vector<float>> scores = {{1000, 900, 800, 0, 0, 0},
-                                                  {0, 0, 0, 0, 0, 1}};
+  const std::vector<std::vector<float>> scores = {{1000, 900, 800, 0, 0, 0}, {0, 0, 0, 0, 0, 1}};
   LayerDecision decision = GroupScopeDecision({{0, 1}, {5, 0}}, 6, 2);
   ApplyLayerScope(Spans(scores), LayerCombine::kMassMax, PolicyOptions{}, &decision);
   EXPECT_THAT(decision.groups[0].kept_pages, ::testing::ElementsAre(0, 5));
@@ -221,8 +220,8 @@ TEST(LayerScopeTest, EveryPolicyDecidesInBothScopes) {
     for (const absl::string_view name : PolicyNames()) {
       const Policy& policy = **FindPolicy(name);
       const LayerCombine combine = kCombines[trial % 3];
-      SCOPED_TRACE(::testing::Message() << "seed " << kSeed + 1 << " trial " << trial << " "
-                                        << name << " " << LayerCombineName(combine));
+      SCOPED_TRACE(::testing::Message() << "seed " << kSeed + 1 << " trial " << trial << " " << name
+                                        << " " << LayerCombineName(combine));
       ENTROKV_ASSERT_OK_AND_ASSIGN(
           LayerDecision group_scope,
           DecideLayer(policy, options, Request(view, c, SelectionScope::kGroup, combine)));
@@ -265,7 +264,7 @@ TEST(LayerScopeTest, FusedScorerMatchesTheReferenceInLayerScope) {
   for (int trial = 0; trial < 200; ++trial) {
     const Case c = RandomCase(rng);
     const std::vector<float> values = testing::MixedRows(c.query_heads, c.tokens, rng);
-    const DType dtype = trial % 3 == 0 ? DType::kFloat32
+    const DType dtype = trial % 3 == 0   ? DType::kFloat32
                         : trial % 3 == 1 ? DType::kFloat16
                                          : DType::kBFloat16;
     std::vector<uint16_t> half;
@@ -288,8 +287,8 @@ TEST(LayerScopeTest, FusedScorerMatchesTheReferenceInLayerScope) {
       LayerRequest request = Request(view, c, SelectionScope::kLayer, kCombines[trial % 3]);
       request.measure = rng() % 2 == 0;
       request.cached_weights = cached;
-      SCOPED_TRACE(::testing::Message() << "seed " << kSeed + 2 << " trial " << trial << " "
-                                        << name << " " << DTypeName(dtype));
+      SCOPED_TRACE(::testing::Message() << "seed " << kSeed + 2 << " trial " << trial << " " << name
+                                        << " " << DTypeName(dtype));
       ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision expected, DecideLayer(policy, options, request));
       FusedScorer scorer(options);
       for (int repeat = 0; repeat < 2; ++repeat) {  // scratch from the first call is reused
