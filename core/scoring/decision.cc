@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
+#include "core/scoring/weights.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv {
@@ -66,11 +67,10 @@ void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOpti
                   int64_t quota_pages, GroupDecision* decision) {
   std::vector<std::vector<int32_t>> per_head;
   per_head.reserve(rows.size());
-  std::vector<float> mean(rows.front().size(), 0.0f);
-  const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(rows.size()));
+  std::vector<float> mean(rows.front().size());
+  MeanRows(rows, mean);
   for (const std::span<const float> row : rows) {
     per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
-    for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
   }
   const int64_t effective_k = std::min<int64_t>(
       quota_pages, PageCount(static_cast<int64_t>(mean.size()), options.page_size));

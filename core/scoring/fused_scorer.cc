@@ -2,8 +2,9 @@
 //  - Entropy sums: every head's total and power are accumulated in double in token order with
 //    the same operations as AccumulateEntropySums; several heads run side by side only so that
 //    their independent dependency chains overlap. EntropyFromSums and EntropyWeights are shared.
-//  - Pooling: each token's pooled value starts at 0.0f and adds float(w_h) * x_h head by head in
-//    head order, as PoolRows does; only the loop order over tokens changes (chunk by chunk,
+//  - Pooling: each token's pooled value is a double that starts at +0 and adds w_h * x_h (or x_h
+//    for the mean, scaled once at the end) head by head in head order, then is rounded to float
+//    once, as PoolRows and MeanRows do; only the loop order over tokens changes (chunk by chunk,
 //    the pooled chunk stays in L1), never the operations on one token.
 //  - Page maxima: the pooled values hold no NaN and no -0 (validated inputs, sums from +0), so
 //    the maximum is the same value whatever the order in which it is taken.
@@ -15,9 +16,8 @@
 //  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent;
 //    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same
 //    key selection without protections; the head-mean row is computed beside the pooled row from
-//    the same loads with MeasureGroup's operations per token (float(1 / r) * x added head by head
-//    from 0); its page sums and the retained mass use the shared PageSums and
-//    RetainedMassFromPageSums (metrics.h).
+//    the same loads with MeanRows' operations per token; its page sums and the retained mass use
+//    the shared PageSums and RetainedMassFromPageSums (metrics.h).
 #include "core/scoring/fused_scorer.h"
 
 #include <algorithm>
@@ -355,113 +355,211 @@ void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count,
 // The pooling kernels fold it into their pass and report whether all values passed.
 inline bool ValueOk(float x) { return x >= 0.0f && x < INFINITY; }
 
-// pooled[t] = ((0 + w_0 x_0[t]) + w_1 x_1[t]) + ..., head by head in head order, one IEEE
-// multiply and add per head as in PoolRows, but with the running value kept in a register and
-// every row read once. With `kMax`, pooled[t] = max(...max(0, x_0[t])..., x_r-1[t]) as
-// MaxPolicy computes it. With `kMean`, also mean[t] = ((0 + m x_0[t]) + m x_1[t]) + ..., the
-// head-mean row of MeasureGroup (m = float(1 / r)), from the same loads. Returns whether every
-// value passed ValueOk.
-template <bool kMax, bool kMean>
-bool PoolChunk(const float* const* rows, const float* weights, int count_rows, int64_t begin,
-               int64_t count, float* pooled, float mean_weight, float* mean) {
+// How a chunk of the group's rows becomes the pooled row, with the reference's operations per
+// token (weights.h, MaxPolicy):
+//  kWeighted: pooled[t] = float(((0 + w_0 x_0[t]) + w_1 x_1[t]) + ...) in double (PoolRows);
+//  kMean:     pooled[t] = float(((0 + x_0[t]) + x_1[t] + ...) * scale) in double (MeanRows);
+//  kMax:      pooled[t] = max(...max(0, x_0[t])..., x_r-1[t]) in float (MaxPolicy).
+enum class PoolOp : uint8_t { kWeighted, kMean, kMax };
+
+// One chunk, tokens [begin, count). With kMeanRow, also mean[t] = the MeanRows value of the
+// same loads (the head-mean row of MeasureGroup; for kMean the pooled row is that row already,
+// so kMeanRow is never asked with it). Returns whether every value passed ValueOk.
+template <PoolOp kOp, bool kMeanRow>
+bool PoolChunk(const float* const* rows, const double* weights, int count_rows, int64_t begin,
+               int64_t count, float* pooled, double scale, float* mean) {
+  static_assert(!(kOp == PoolOp::kMean && kMeanRow));
   int64_t t = begin;
   bool ok = true;
 #if defined(__SSE2__)
   const __m128 zero = _mm_setzero_ps();
   const __m128 inf = _mm_set1_ps(INFINITY);
-  const __m128 m = _mm_set1_ps(mean_weight);
+  const __m128d scale2 = _mm_set1_pd(scale);
   __m128 all_ok = _mm_castsi128_ps(_mm_set1_epi32(-1));
   for (; t + 4 <= count; t += 4) {
-    __m128 acc = _mm_setzero_ps();
-    __m128 mean_acc = _mm_setzero_ps();
+    __m128 max_acc = zero;
+    __m128d acc_low = _mm_setzero_pd();
+    __m128d acc_high = _mm_setzero_pd();
+    __m128d sum_low = _mm_setzero_pd();
+    __m128d sum_high = _mm_setzero_pd();
     for (int i = 0; i < count_rows; ++i) {
       const __m128 v = _mm_loadu_ps(rows[i] + t);
-      // maxps(v, acc) = v > acc ? v : acc, which is std::max(acc, v).
-      acc = kMax ? _mm_max_ps(v, acc) : _mm_add_ps(acc, _mm_mul_ps(_mm_set1_ps(weights[i]), v));
-      if (kMean) mean_acc = _mm_add_ps(mean_acc, _mm_mul_ps(m, v));
       all_ok = _mm_and_ps(all_ok, _mm_and_ps(_mm_cmpge_ps(v, zero), _mm_cmplt_ps(v, inf)));
+      if (kOp == PoolOp::kMax) {
+        max_acc = _mm_max_ps(v, max_acc);  // v > acc ? v : acc, which is std::max(acc, v)
+        if (!kMeanRow) continue;
+      }
+      const __m128d low = _mm_cvtps_pd(v);
+      const __m128d high = _mm_cvtps_pd(_mm_movehl_ps(v, v));
+      if (kOp == PoolOp::kWeighted) {
+        const __m128d w = _mm_set1_pd(weights[i]);
+        acc_low = _mm_add_pd(acc_low, _mm_mul_pd(w, low));
+        acc_high = _mm_add_pd(acc_high, _mm_mul_pd(w, high));
+      }
+      if (kOp == PoolOp::kMean || kMeanRow) {
+        sum_low = _mm_add_pd(sum_low, low);
+        sum_high = _mm_add_pd(sum_high, high);
+      }
     }
-    _mm_storeu_ps(pooled + t, acc);
-    if (kMean) _mm_storeu_ps(mean + t, mean_acc);
+    const __m128 mean_row = _mm_movelh_ps(_mm_cvtpd_ps(_mm_mul_pd(sum_low, scale2)),
+                                          _mm_cvtpd_ps(_mm_mul_pd(sum_high, scale2)));
+    if (kOp == PoolOp::kMax) {
+      _mm_storeu_ps(pooled + t, max_acc);
+    } else if (kOp == PoolOp::kWeighted) {
+      _mm_storeu_ps(pooled + t, _mm_movelh_ps(_mm_cvtpd_ps(acc_low), _mm_cvtpd_ps(acc_high)));
+    } else {
+      _mm_storeu_ps(pooled + t, mean_row);
+    }
+    if (kMeanRow) _mm_storeu_ps(mean + t, mean_row);
   }
   ok = _mm_movemask_ps(all_ok) == 0xf;
 #endif
   for (; t < count; ++t) {
-    float acc = 0.0f;
-    float mean_acc = 0.0f;
+    float max_acc = 0.0f;
+    double acc = 0.0;
+    double sum = 0.0;
     for (int i = 0; i < count_rows; ++i) {
       const float x = rows[i][t];
-      acc = kMax ? std::max(acc, x) : acc + weights[i] * x;
-      if (kMean) mean_acc = mean_acc + mean_weight * x;
       ok &= ValueOk(x);
+      if (kOp == PoolOp::kMax) max_acc = std::max(max_acc, x);
+      if (kOp == PoolOp::kWeighted) acc += weights[i] * static_cast<double>(x);
+      if (kOp == PoolOp::kMean || kMeanRow) sum += static_cast<double>(x);
     }
-    pooled[t] = acc;
-    if (kMean) mean[t] = mean_acc;
+    const auto mean_row = static_cast<float>(sum * scale);
+    pooled[t] = kOp == PoolOp::kMax        ? max_acc
+                : kOp == PoolOp::kWeighted ? static_cast<float>(acc)
+                                           : mean_row;
+    if (kMeanRow) mean[t] = mean_row;
   }
   return ok;
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-// PoolChunk eight tokens at a time; the same per-lane operations (VEX encodings of the same
-// IEEE multiply, add and max; no FMA is enabled, so nothing is contracted).
-template <bool kMax, bool kMean>
-__attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows, const float* weights,
+// Eight floats from two registers of four doubles, each rounded as static_cast<float> does.
+__attribute__((target("avx2"))) inline __m256 ToFloats(__m256d low, __m256d high) {
+  return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm256_cvtpd_ps(low)), _mm256_cvtpd_ps(high),
+                              1);
+}
+
+// Lanes of `sum` that are not finite, as a mask of all ones.
+__attribute__((target("avx2"))) inline __m256d NotFinite(__m256d sum) {
+  const __m256d magnitude = _mm256_andnot_pd(_mm256_set1_pd(-0.0), sum);
+  return _mm256_cmp_pd(magnitude, _mm256_set1_pd(INFINITY), _CMP_NLT_UQ);
+}
+
+// PoolChunk eight tokens at a time, as two registers of four doubles; the same per-lane
+// operations (VEX encodings of the same IEEE conversions, multiply, add and max; no FMA is
+// enabled, so nothing is contracted). Validation costs one min per value when a double sum is
+// formed: a negative value (not -0) drives the running min below 0, and a NaN or an infinity
+// makes the sum non-finite (the weights are finite, so w * x is finite for finite x; 0 * inf is
+// NaN). The plain max keeps the two compares of ValueOk, as a max can drop a NaN.
+template <PoolOp kOp, bool kMeanRow>
+__attribute__((target("avx2"))) bool PoolChunkAvx2(const float* const* rows, const double* weights,
                                                    int count_rows, int64_t count, float* pooled,
-                                                   float mean_weight, float* mean) {
+                                                   double scale, float* mean) {
+  constexpr bool kHasSum = kOp != PoolOp::kMax || kMeanRow;
   const __m256 zero = _mm256_setzero_ps();
   const __m256 inf = _mm256_set1_ps(INFINITY);
-  const __m256 m = _mm256_set1_ps(mean_weight);
+  const __m256d scale4 = _mm256_set1_pd(scale);
   __m256 all_ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+  __m256 minimum = zero;
+  __m256d not_finite = _mm256_setzero_pd();
   int64_t t = 0;
   for (; t + 8 <= count; t += 8) {
-    __m256 acc = zero;
-    __m256 mean_acc = zero;
+    __m256 max_acc = zero;
+    __m256d acc_low = _mm256_setzero_pd();
+    __m256d acc_high = _mm256_setzero_pd();
+    __m256d sum_low = _mm256_setzero_pd();
+    __m256d sum_high = _mm256_setzero_pd();
     for (int i = 0; i < count_rows; ++i) {
       const __m256 v = _mm256_loadu_ps(rows[i] + t);
-      acc = kMax ? _mm256_max_ps(v, acc)
-                 : _mm256_add_ps(acc, _mm256_mul_ps(_mm256_broadcast_ss(weights + i), v));
-      if (kMean) mean_acc = _mm256_add_ps(mean_acc, _mm256_mul_ps(m, v));
-      all_ok = _mm256_and_ps(all_ok, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ),
-                                                   _mm256_cmp_ps(v, inf, _CMP_LT_OQ)));
+      if (kHasSum) {
+        minimum = _mm256_min_ps(minimum, v);
+      } else {
+        all_ok = _mm256_and_ps(all_ok, _mm256_and_ps(_mm256_cmp_ps(v, zero, _CMP_GE_OQ),
+                                                     _mm256_cmp_ps(v, inf, _CMP_LT_OQ)));
+      }
+      if (kOp == PoolOp::kMax) {
+        max_acc = _mm256_max_ps(v, max_acc);  // v > acc ? v : acc, which is std::max(acc, v)
+        if (!kMeanRow) continue;
+      }
+      // Converting from memory again costs no shuffle (the loads hit L1).
+      const __m256d low = _mm256_cvtps_pd(_mm_loadu_ps(rows[i] + t));
+      const __m256d high = _mm256_cvtps_pd(_mm_loadu_ps(rows[i] + t + 4));
+      if (kOp == PoolOp::kWeighted) {
+        const __m256d w = _mm256_broadcast_sd(weights + i);
+        acc_low = _mm256_add_pd(acc_low, _mm256_mul_pd(w, low));
+        acc_high = _mm256_add_pd(acc_high, _mm256_mul_pd(w, high));
+      }
+      if (kOp == PoolOp::kMean || kMeanRow) {
+        sum_low = _mm256_add_pd(sum_low, low);
+        sum_high = _mm256_add_pd(sum_high, high);
+      }
     }
-    _mm256_storeu_ps(pooled + t, acc);
-    if (kMean) _mm256_storeu_ps(mean + t, mean_acc);
+    const __m256 mean_row =
+        ToFloats(_mm256_mul_pd(sum_low, scale4), _mm256_mul_pd(sum_high, scale4));
+    if (kOp == PoolOp::kMax) {
+      _mm256_storeu_ps(pooled + t, max_acc);
+    } else if (kOp == PoolOp::kWeighted) {
+      _mm256_storeu_ps(pooled + t, ToFloats(acc_low, acc_high));
+    } else {
+      _mm256_storeu_ps(pooled + t, mean_row);
+    }
+    if (kMeanRow) _mm256_storeu_ps(mean + t, mean_row);
+    if (kHasSum) {
+      const __m256d low = kOp == PoolOp::kWeighted ? acc_low : sum_low;
+      const __m256d high = kOp == PoolOp::kWeighted ? acc_high : sum_high;
+      not_finite = _mm256_or_pd(not_finite, _mm256_or_pd(NotFinite(low), NotFinite(high)));
+    }
   }
-  const bool ok = _mm256_movemask_ps(all_ok) == 0xff;
-  return PoolChunk<kMax, kMean>(rows, weights, count_rows, t, count, pooled, mean_weight, mean) &&
-         ok;
+  const bool ok = _mm256_movemask_ps(all_ok) == 0xff &&
+                  _mm256_movemask_ps(_mm256_cmp_ps(minimum, zero, _CMP_LT_OQ)) == 0 &&
+                  _mm256_movemask_pd(not_finite) == 0;
+  return PoolChunk<kOp, kMeanRow>(rows, weights, count_rows, t, count, pooled, scale, mean) && ok;
 }
 
 #else
-template <bool kMax, bool kMean>
-bool PoolChunkAvx2(const float* const* rows, const float* weights, int count_rows, int64_t count,
-                   float* pooled, float mean_weight, float* mean) {
-  return PoolChunk<kMax, kMean>(rows, weights, count_rows, 0, count, pooled, mean_weight, mean);
+template <PoolOp kOp, bool kMeanRow>
+bool PoolChunkAvx2(const float* const* rows, const double* weights, int count_rows, int64_t count,
+                   float* pooled, double scale, float* mean) {
+  return PoolChunk<kOp, kMeanRow>(rows, weights, count_rows, 0, count, pooled, scale, mean);
 }
 #endif
 
-template <bool kMax, bool kMean>
-bool PoolAnyChunk(const float* const* rows, const float* weights, int count_rows, int64_t count,
-                  float* pooled, float mean_weight, float* mean) {
-  return HaveAvx2() ? PoolChunkAvx2<kMax, kMean>(rows, weights, count_rows, count, pooled,
-                                                 mean_weight, mean)
-                    : PoolChunk<kMax, kMean>(rows, weights, count_rows, 0, count, pooled,
-                                             mean_weight, mean);
+// PoolChunkAvx2's validation needs finite weights, which EntropyWeights and the daemon's cached
+// weights are; other weights take the kernel that checks every value.
+template <PoolOp kOp, bool kMeanRow>
+bool PoolAnyChunk(const float* const* rows, const double* weights, int count_rows, int64_t count,
+                  float* pooled, double scale, float* mean) {
+  const bool finite_weights =
+      kOp != PoolOp::kWeighted ||
+      std::all_of(weights, weights + count_rows, [](double w) { return std::isfinite(w); });
+  return HaveAvx2() && finite_weights
+             ? PoolChunkAvx2<kOp, kMeanRow>(rows, weights, count_rows, count, pooled, scale, mean)
+             : PoolChunk<kOp, kMeanRow>(rows, weights, count_rows, 0, count, pooled, scale, mean);
 }
 
 // The pooled chunk (and, when `mean` is not null, the head-mean chunk) of count_rows rows.
-bool PoolRowsChunk(bool max, const float* const* rows, const float* weights, int count_rows,
-                   int64_t count, float* pooled, float mean_weight, float* mean) {
-  if (max) {
-    return mean != nullptr
-               ? PoolAnyChunk<true, true>(rows, weights, count_rows, count, pooled, mean_weight,
-                                          mean)
-               : PoolAnyChunk<true, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
+// `scale` is MeanScale(count_rows); `weights` is read for kWeighted only.
+bool PoolRowsChunk(PoolOp op, const float* const* rows, const double* weights, int count_rows,
+                   int64_t count, float* pooled, double scale, float* mean) {
+  const bool mean_row = mean != nullptr;
+  switch (op) {
+    case PoolOp::kMax:
+      return mean_row ? PoolAnyChunk<PoolOp::kMax, true>(rows, weights, count_rows, count, pooled,
+                                                         scale, mean)
+                      : PoolAnyChunk<PoolOp::kMax, false>(rows, weights, count_rows, count, pooled,
+                                                          scale, nullptr);
+    case PoolOp::kWeighted:
+      return mean_row ? PoolAnyChunk<PoolOp::kWeighted, true>(rows, weights, count_rows, count,
+                                                              pooled, scale, mean)
+                      : PoolAnyChunk<PoolOp::kWeighted, false>(rows, weights, count_rows, count,
+                                                               pooled, scale, nullptr);
+    case PoolOp::kMean:
+      break;
   }
-  return mean != nullptr
-             ? PoolAnyChunk<false, true>(rows, weights, count_rows, count, pooled, mean_weight,
-                                         mean)
-             : PoolAnyChunk<false, false>(rows, weights, count_rows, count, pooled, 0.0f, nullptr);
+  return PoolAnyChunk<PoolOp::kMean, false>(rows, weights, count_rows, count, pooled, scale,
+                                            nullptr);
 }
 
 // Page keys want the same bits for +0 and -0 (the reference compares them equal).
@@ -672,7 +770,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   // Weights (pass 1 for the entropy policies).
   std::vector<double>& weights = decision->weights;
   if (pooling == Pooling::kMean) {
-    weights.assign(static_cast<size_t>(r), 1.0 / static_cast<double>(r));
+    weights.assign(static_cast<size_t>(r), MeanScale(static_cast<size_t>(r)));
   } else if (pooling == Pooling::kEntropy || pooling == Pooling::kRawEntropy) {
     if (!request.cached_weights.empty()) {
       const auto cached =
@@ -714,22 +812,21 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const int64_t pages = PageCount(tokens, page_size);
   page_max_.resize(static_cast<size_t>(pages));
   pooled_.resize(static_cast<size_t>(chunk));
-  float_weights_.resize(static_cast<size_t>(r));
-  for (int i = 0; i < r && !weights.empty(); ++i) {
-    float_weights_[static_cast<size_t>(i)] = static_cast<float>(weights[static_cast<size_t>(i)]);
-  }
   row_pointers_.resize(static_cast<size_t>(r));
   // With `measure`, the same pass also gives each head's page maxima and the page sums of the
-  // head-mean row, which MeasureGroup builds as mean[t] = ((0 + w x_0[t]) + w x_1[t]) + ... with
-  // w = float(1 / r), computed by the pooling kernel from the same loads.
+  // head-mean row, which MeasureGroup builds with MeanRows, computed by the pooling kernel from
+  // the same loads.
   const bool measure = request.measure;
-  const bool mean_is_pooled = pooling == Pooling::kMean;
+  const PoolOp op = pooling == Pooling::kMax    ? PoolOp::kMax
+                    : pooling == Pooling::kMean ? PoolOp::kMean
+                                                : PoolOp::kWeighted;
+  const bool mean_is_pooled = op == PoolOp::kMean;
   if (measure) {
     head_max_.resize(static_cast<size_t>(r) * static_cast<size_t>(pages));
     page_sums_.resize(static_cast<size_t>(pages));
     if (!mean_is_pooled) mean_.resize(static_cast<size_t>(chunk));
   }
-  const auto mean_weight = static_cast<float>(1.0 / static_cast<double>(r));
+  const double scale = MeanScale(static_cast<size_t>(r));
   bool ok = true;
   // Backwards, chunk by chunk: the end of the rows, read last by pass 1, is still in L2. Each
   // chunk holds whole pages and each token's arithmetic is the same in any chunk order.
@@ -743,8 +840,7 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     }
     // For mean and h2o the pooled row is the head-mean row already.
     float* mean = measure && !mean_is_pooled ? mean_.data() : nullptr;
-    ok &= PoolRowsChunk(pooling == Pooling::kMax, row_pointers_.data(), float_weights_.data(), r,
-                        count, pooled, mean_weight, mean);
+    ok &= PoolRowsChunk(op, row_pointers_.data(), weights.data(), r, count, pooled, scale, mean);
     const int64_t first_page = first / page_size;
     PageMaximaOf(pooled, count, page_size, page_max_.data() + first_page);
     if (measure) {

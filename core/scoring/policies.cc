@@ -65,8 +65,10 @@ class MeanPolicy final : public Policy {
   absl::string_view name() const override { return name_; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
-    selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
-    selection.kept_pages = SelectWithWeights(selection.weights, input, options);
+    selection.weights.assign(input.rows.size(), MeanScale(input.rows.size()));
+    std::vector<float> pooled(static_cast<size_t>(input.tokens));
+    MeanRows(input.rows, pooled);
+    selection.kept_pages = SelectFromPooled(pooled, input, options);
     return selection;
   }
 
@@ -96,8 +98,8 @@ class SnapKvPolicy final : public Policy {
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const auto tokens = static_cast<int64_t>(input.tokens);
     const int64_t half = options.snapkv_kernel / 2;
-    const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(input.rows.size()));
-    std::vector<float> pooled(static_cast<size_t>(tokens), 0.0f);
+    // The group mean of the max-pooled rows as MeanRows takes it: summed in double, scaled once.
+    std::vector<double> sums(static_cast<size_t>(tokens), 0.0);
     std::deque<int64_t> window;  // indices of a decreasing run: front is the window max
     for (const std::span<const float> row : input.rows) {
       window.clear();
@@ -111,9 +113,13 @@ class SnapKvPolicy final : public Policy {
           window.push_back(next);
         }
         while (window.front() < t - half) window.pop_front();
-        pooled[static_cast<size_t>(t)] += inverse_r * row[static_cast<size_t>(window.front())];
+        sums[static_cast<size_t>(t)] +=
+            static_cast<double>(row[static_cast<size_t>(window.front())]);
       }
     }
+    const double scale = MeanScale(input.rows.size());
+    std::vector<float> pooled(static_cast<size_t>(tokens));
+    for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = static_cast<float>(sums[t] * scale);
     GroupSelection selection;
     selection.kept_pages = SelectFromPooled(pooled, input, options);
     return selection;
