@@ -57,10 +57,26 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
         absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
                      request.query_heads, " query heads"));
   }
+  if (!request.live_pages.empty()) {
+    const int64_t pages = PageCount(request.tokens, options.page_size);
+    const auto entries = static_cast<int64_t>(request.live_pages.size());
+    if (entries != pages && entries != pages * request.kv_groups) {
+      return absl::FailedPreconditionError(absl::StrCat("live_pages: ", entries, " entries for ",
+                                                        pages, " pages and ", request.kv_groups,
+                                                        " groups; give n or G * n"));
+    }
+  }
   if (check_values && request.statistic.has_value()) {
     RETURN_IF_ERROR(request.statistic->ValidateValues());
   }
   return absl::OkStatus();
+}
+
+std::span<const uint8_t> GroupLivePages(const LayerRequest& request, int64_t pages, int group) {
+  if (request.live_pages.empty()) return {};
+  if (static_cast<int64_t>(request.live_pages.size()) == pages) return request.live_pages;
+  return request.live_pages.subspan(static_cast<size_t>(group) * static_cast<size_t>(pages),
+                                    static_cast<size_t>(pages));
 }
 
 void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,
@@ -101,6 +117,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
       }
       input.rows = rows;
     }
+    input.live = GroupLivePages(request, decision.page_count, g);
     if (!request.cached_weights.empty()) {
       input.cached_weights =
           request.cached_weights.subspan(static_cast<size_t>(g * r), static_cast<size_t>(r));

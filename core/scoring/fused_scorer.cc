@@ -858,35 +858,35 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   }
   if (!ok) return false;
 
-  // Selection.
-  const int64_t quota = std::min(request.quota_pages, pages);
+  // Selection: the protected pages (the shared rules) get bit 31 of their key; evicted pages get
+  // key 0 below every live page (whose keys are shifted up by one), so they are never kept.
+  const std::span<const uint8_t> live = GroupLivePages(request, pages, group);
+  const int64_t live_count =
+      live.empty() ? pages : std::count_if(live.begin(), live.end(), [](uint8_t v) { return v; });
+  const int64_t quota = std::min(request.quota_pages, live_count);
   std::vector<int32_t>& kept = decision->kept_pages;
   keys_.resize(static_cast<size_t>(pages) * 2);
   uint32_t* keys = keys_.data();
   if (quota == pages) {
     KeepAllPages(pages, &kept);
+  } else if (quota == live_count) {
+    kept.clear();
+    for (int64_t page = 0; page < pages; ++page) {
+      if (live[static_cast<size_t>(page)] != 0) kept.push_back(static_cast<int32_t>(page));
+    }
   } else {
     FillKeys(page_max_.data(), pages, keys);
-    // Protections in the reference's order, each counted inside the quota.
-    const Protections protections = EffectiveProtections(options_);
-    int64_t protected_count = 0;
-    auto protect = [&](int64_t page) {
-      if (page < 0 || page >= pages || (keys[page] >> 31) != 0 || protected_count >= quota) {
-        return;
+    if (!live.empty()) {
+      for (int64_t page = 0; page < pages; ++page) {
+        keys[page] = live[static_cast<size_t>(page)] != 0 ? keys[page] + 1 : 0;
       }
-      keys[page] |= uint32_t{1} << 31;
-      ++protected_count;
-    };
-    if (protections.tail_page) protect(pages - 1);
-    if (protections.sink_pages) {
-      const int64_t sink_pages =
-          (protections.sink_tokens + protections.page_size - 1) / protections.page_size;
-      for (int64_t page = 0; page < sink_pages; ++page) protect(page);
     }
-    for (int64_t i = 0; i < protections.recent_pages; ++i) protect(pages - 1 - i);
+    for (const int32_t page : ProtectedPagesOf(options_, tokens, quota, live)) {
+      keys[page] |= uint32_t{1} << 31;
+    }
     KeepLargestKeys(keys, pages, quota, keys + pages, &kept);
   }
-  if (request.measure) Measure(r, pages, quota, decision);
+  if (request.measure) Measure(r, pages, std::min(request.quota_pages, pages), decision);
   return true;
 }
 

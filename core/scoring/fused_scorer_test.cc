@@ -151,12 +151,19 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     request.quota_pages = quota;
     request.cached_weights = cached;
     request.measure = pick(0, 1) == 1;
+    std::vector<uint8_t> live;  // a decode-time decision after evictions: n or G * n entries
+    if (pick(0, 3) == 0) {
+      const int64_t entries = pick(0, 1) == 0 ? pages : pages * groups;
+      const int dead_percent = pick(0, 100);
+      for (int64_t i = 0; i < entries; ++i) live.push_back(pick(0, 99) >= dead_percent ? 1 : 0);
+    }
+    request.live_pages = live;
     const Policy& policy = **FindPolicy(names[static_cast<size_t>(trial) % names.size()]);
     SCOPED_TRACE(::testing::Message()
                  << "trial " << trial << " policy " << policy.name() << " B " << options.page_size
                  << " s " << options.sink_tokens << " alpha " << options.alpha << " G " << groups
-                 << " r " << r << " T " << tokens << " K " << quota << " dtype "
-                 << DTypeName(statistic.dtype));
+                 << " r " << r << " T " << tokens << " K " << quota << " live " << live.size()
+                 << " dtype " << DTypeName(statistic.dtype));
     const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, options, request);
     ASSERT_TRUE(expected.ok()) << expected.status();
     FusedScorer scorer(options);

@@ -16,10 +16,17 @@
 namespace entrokv {
 namespace {
 
+// The top pages of `scores` for the group: protections first, evicted pages never.
+std::vector<int32_t> SelectScores(std::span<const float> scores, const GroupInput& input,
+                                  const PolicyOptions& options) {
+  return SelectTopPages(scores, input.quota_pages,
+                        ProtectedPagesOf(options, input.tokens, input.quota_pages, input.live),
+                        input.live);
+}
+
 std::vector<int32_t> SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
                                       const PolicyOptions& options) {
-  return SelectTopPages(PageMaxima(pooled, options.page_size), input.quota_pages,
-                        EffectiveProtections(options));
+  return SelectScores(PageMaxima(pooled, options.page_size), input, options);
 }
 
 // The weighted pooling policies' last two steps: pool the rows with `weights`, keep the top pages.
@@ -133,11 +140,10 @@ class HeadIndependentPolicy final : public Policy {
   absl::string_view name() const override { return "head_independent"; }
   bool exact_budget() const override { return false; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
-    const Protections protections = EffectiveProtections(options);
     GroupSelection selection;
     for (const std::span<const float> row : input.rows) {
       const std::vector<int32_t> own =
-          SelectTopPages(PageMaxima(row, options.page_size), input.quota_pages, protections);
+          SelectScores(PageMaxima(row, options.page_size), input, options);
       selection.kept_pages.insert(selection.kept_pages.end(), own.begin(), own.end());
     }
     std::sort(selection.kept_pages.begin(), selection.kept_pages.end());
@@ -154,13 +160,19 @@ class StreamingPolicy final : public Policy {
   absl::string_view name() const override { return "streaming"; }
   bool needs_statistic() const override { return false; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
-    const std::vector<float> no_scores(
-        static_cast<size_t>(PageCount(input.tokens, options.page_size)), 0.0f);
-    Protections protections = EffectiveProtections(options);
-    protections.sink_pages = true;
-    protections.recent_pages = static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
+    // The sinks and the newest K pages are protected; when evicted pages leave room, the page
+    // index as score fills it with the newest live pages.
+    const int64_t pages = PageCount(input.tokens, options.page_size);
+    std::vector<float> newest_first(static_cast<size_t>(pages));
+    for (int64_t page = 0; page < pages; ++page) {
+      newest_first[static_cast<size_t>(page)] = static_cast<float>(page);
+    }
+    PolicyOptions streaming = options;
+    streaming.protections.sink_pages = true;
+    streaming.protections.recent_pages =
+        static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
     GroupSelection selection;
-    selection.kept_pages = SelectTopPages(no_scores, input.quota_pages, protections);
+    selection.kept_pages = SelectScores(newest_first, input, streaming);
     return selection;
   }
 };
@@ -186,11 +198,14 @@ const Registry& GetRegistry() {
 
 }  // namespace
 
-Protections EffectiveProtections(const PolicyOptions& options) {
-  Protections protections = options.protections;
-  protections.page_size = options.page_size;
-  protections.sink_tokens = options.sink_tokens;
-  return protections;
+int64_t SinkPageCount(const PolicyOptions& options, int64_t tokens) {
+  return PageCount(std::min<int64_t>(options.sink_tokens, tokens), options.page_size);
+}
+
+std::vector<int32_t> ProtectedPagesOf(const PolicyOptions& options, int64_t tokens, int64_t quota,
+                                      std::span<const uint8_t> live) {
+  return ProtectedPages(options.protections, SinkPageCount(options, tokens),
+                        PageCount(tokens, options.page_size), quota, live);
 }
 
 absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
@@ -214,7 +229,7 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("snapkv_kernel: must be odd and >= 1, got ", options.snapkv_kernel));
   }
-  return ValidateProtections(EffectiveProtections(options));
+  return ValidateProtections(options.protections);
 }
 
 absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {
