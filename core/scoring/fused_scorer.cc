@@ -55,17 +55,6 @@ bool HaveAvx2() {
 #endif
 }
 
-enum class Pooling : uint8_t { kNone, kEntropy, kRawEntropy, kMean, kMax };
-
-Pooling PoolingOf(const Policy& policy) {
-  const absl::string_view name = policy.name();
-  if (name == "page_entrokv") return Pooling::kEntropy;
-  if (name == "raw_entropy") return Pooling::kRawEntropy;
-  if (name == "mean" || name == "h2o") return Pooling::kMean;
-  if (name == "max") return Pooling::kMax;
-  return Pooling::kNone;
-}
-
 // Tokens per chunk of the pooled row: whole pages, about 8 KiB of floats.
 int64_t ChunkTokens(int page_size) {
   return static_cast<int64_t>(page_size) * std::max<int64_t>(1, 2048 / page_size);
@@ -739,7 +728,11 @@ void KeepAllPages(int64_t pages, std::vector<int32_t>* kept) {
 
 }  // namespace
 
-bool IsFusedPolicy(const Policy& policy) { return PoolingOf(policy) != Pooling::kNone; }
+bool IsFusedPolicy(const Policy& policy) {
+  const PoolingKind kind = policy.pooling().kind;
+  return kind == PoolingKind::kEntropyWeighted || kind == PoolingKind::kMean ||
+         kind == PoolingKind::kMax;
+}
 
 const float* FusedScorer::Tokens(const LayerRequest& request, int head, int64_t first,
                                  int64_t count, float* buffer) const {
@@ -755,7 +748,7 @@ const float* FusedScorer::Tokens(const LayerRequest& request, int head, int64_t 
 
 bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request, int group,
                               GroupDecision* decision) {
-  const Pooling pooling = PoolingOf(policy);
+  const Pooling pooling = policy.pooling();
   const int r = request.query_heads / request.kv_groups;
   const int first_head = group * r;
   const int64_t tokens = request.tokens;
@@ -769,16 +762,16 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
 
   // Weights (pass 1 for the entropy policies).
   std::vector<double>& weights = decision->weights;
-  if (pooling == Pooling::kMean) {
+  if (pooling.kind == PoolingKind::kMean) {
     weights.assign(static_cast<size_t>(r), MeanScale(static_cast<size_t>(r)));
-  } else if (pooling == Pooling::kEntropy || pooling == Pooling::kRawEntropy) {
+  } else if (pooling.kind == PoolingKind::kEntropyWeighted) {
     if (!request.cached_weights.empty()) {
       const auto cached =
           request.cached_weights.subspan(static_cast<size_t>(first_head), static_cast<size_t>(r));
       weights.assign(cached.begin(), cached.end());
     } else {
       const int64_t sinks =
-          std::min<int64_t>(pooling == Pooling::kEntropy ? options_.sink_tokens : 0, tokens);
+          std::min<int64_t>(pooling.isolate_sinks ? options_.sink_tokens : 0, tokens);
       decision->entropies.resize(static_cast<size_t>(r));
       if (IsOnePassOrder(options_.alpha)) {
         std::vector<EntropySums> sums(static_cast<size_t>(r));
@@ -817,9 +810,9 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   // head-mean row, which MeasureGroup builds with MeanRows, computed by the pooling kernel from
   // the same loads.
   const bool measure = request.measure;
-  const PoolOp op = pooling == Pooling::kMax    ? PoolOp::kMax
-                    : pooling == Pooling::kMean ? PoolOp::kMean
-                                                : PoolOp::kWeighted;
+  const PoolOp op = pooling.kind == PoolingKind::kMax    ? PoolOp::kMax
+                    : pooling.kind == PoolingKind::kMean ? PoolOp::kMean
+                                                         : PoolOp::kWeighted;
   const bool mean_is_pooled = op == PoolOp::kMean;
   if (measure) {
     head_max_.resize(static_cast<size_t>(r) * static_cast<size_t>(pages));

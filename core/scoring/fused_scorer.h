@@ -15,8 +15,9 @@
 
 namespace entrokv {
 
-// True for the policies the fused path computes itself (page_entrokv, raw_entropy, mean, h2o,
-// max); the others go through DecideLayer unchanged.
+// True for the policies the fused path computes itself, by their Policy::pooling() (entropy-
+// weighted, mean, max: page_entrokv, raw_entropy, mean, h2o, max); the others go through
+// DecideLayer unchanged.
 [[nodiscard]] bool IsFusedPolicy(const Policy& policy);
 
 // Owns its scratch buffers (they grow to the largest layer seen and are then reused, so a

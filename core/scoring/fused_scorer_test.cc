@@ -113,13 +113,48 @@ TEST(FusedScorerTest, KnowsWhichPoliciesItFuses) {
   }
 }
 
+// A policy the registry does not know, described by its pooling alone: the fused path takes it
+// by its description (not its name) and decides as its reference SelectGroup does.
+class RenamedMeanPolicy final : public Policy {
+ public:
+  absl::string_view name() const override { return "renamed_mean"; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMean}; }
+  GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
+    return (*FindPolicy("mean"))->SelectGroup(input, options);
+  }
+};
+
+TEST(FusedScorerTest, ChoosesThePathByThePolicysPoolingNotItsName) {
+  const RenamedMeanPolicy policy;
+  EXPECT_TRUE(IsFusedPolicy(policy));
+  std::mt19937_64 rng(TestSeed());
+  const Statistic statistic(DType::kFloat32, 4, 300, RandomValues(rng, 4, 300, 4));
+  LayerRequest request;
+  request.statistic = statistic.View();
+  request.query_heads = 4;
+  request.kv_groups = 2;
+  request.tokens = 300;
+  request.quota_pages = 5;
+  const PolicyOptions options;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected, DecideLayer(policy, options, request));
+  FusedScorer scorer(options);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision actual, scorer.DecideLayer(policy, request));
+  ExpectSameDecision(expected, actual);
+}
+
 TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
   const uint64_t seed = TestSeed();
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ENTROKV_TEST_SEED replays it)");
   std::mt19937_64 rng(seed);
   const std::vector<double> alphas = {2.0, 1.0, kAlphaInfinity, 0.5, 3.0};
   const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
-  const std::vector<absl::string_view> names = PolicyNames();
+  // The fused policies only: for the others FusedScorer::DecideLayer is DecideLayer itself, so
+  // comparing them would compare the reference with itself.
+  std::vector<absl::string_view> names;
+  for (const absl::string_view name : PolicyNames()) {
+    if (IsFusedPolicy(**FindPolicy(name))) names.push_back(name);
+  }
+  ASSERT_EQ(names.size(), 5u);
   auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
   // One scorer per options, reused across layers of every size, so scratch reuse is tested too.
   for (int trial = 0; trial < 400; ++trial) {

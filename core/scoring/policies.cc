@@ -44,6 +44,9 @@ class EntropyWeightedPolicy final : public Policy {
   EntropyWeightedPolicy(absl::string_view name, bool isolate_sinks)
       : name_(name), isolate_sinks_(isolate_sinks) {}
   absl::string_view name() const override { return name_; }
+  Pooling pooling() const override {
+    return {.kind = PoolingKind::kEntropyWeighted, .isolate_sinks = isolate_sinks_};
+  }
 
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
@@ -70,6 +73,7 @@ class MeanPolicy final : public Policy {
  public:
   explicit MeanPolicy(absl::string_view name) : name_(name) {}
   absl::string_view name() const override { return name_; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMean}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), MeanScale(input.rows.size()));
@@ -86,6 +90,7 @@ class MeanPolicy final : public Policy {
 class MaxPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "max"; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMax}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
     for (const std::span<const float> row : input.rows) {
@@ -102,6 +107,7 @@ class MaxPolicy final : public Policy {
 class SnapKvPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "snapkv"; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMaxPoolThenMean}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const auto tokens = static_cast<int64_t>(input.tokens);
     const int64_t half = options.snapkv_kernel / 2;
@@ -138,7 +144,7 @@ class SnapKvPolicy final : public Policy {
 class HeadIndependentPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "head_independent"; }
-  bool exact_budget() const override { return false; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kUnion}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     for (const std::span<const float> row : input.rows) {
@@ -158,7 +164,7 @@ class HeadIndependentPolicy final : public Policy {
 class StreamingPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "streaming"; }
-  bool needs_statistic() const override { return false; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kPosition}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     // The sinks and the newest K pages are protected; when evicted pages leave room, the page
     // index as score fills it with the newest live pages.

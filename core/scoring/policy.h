@@ -55,15 +55,33 @@ struct GroupSelection {
   std::vector<double> entropies;    // per head, when computed in this call
 };
 
+// How a policy turns a group's rows into page scores (ARCHITECTURE §3.10, steps 4-6). The fused
+// scorer (fused_scorer.h) computes the first three kinds itself from this description alone and
+// sends the others to SelectGroup, so a new policy touches policies.cc only.
+enum class PoolingKind : uint8_t {
+  kEntropyWeighted,  // softmax(-H / tau) weights (or cached ones), PoolRows, page maxima
+  kMean,             // MeanRows, page maxima
+  kMax,              // the max over the heads, page maxima
+  kMaxPoolThenMean,  // each row max-pooled along tokens (snapkv_kernel), then MeanRows
+  kUnion,            // each head's own top-K pages, the group keeps their union
+  kPosition,         // no statistic: the sink pages and the newest pages
+};
+
+struct Pooling {
+  PoolingKind kind = PoolingKind::kMean;
+  bool isolate_sinks = false;  // kEntropyWeighted: the entropy leaves out the sink tokens
+};
+
 // Stateless and thread-safe: one instance serves every caller.
 class Policy {
  public:
   virtual ~Policy() = default;
   [[nodiscard]] virtual absl::string_view name() const = 0;
+  [[nodiscard]] virtual Pooling pooling() const = 0;
   // False only for policies that select by position (streaming).
-  [[nodiscard]] virtual bool needs_statistic() const { return true; }
-  // False only for head_independent, which keeps a union of up to r * K pages.
-  [[nodiscard]] virtual bool exact_budget() const { return true; }
+  [[nodiscard]] bool needs_statistic() const { return pooling().kind != PoolingKind::kPosition; }
+  // False only for the union (head_independent), which keeps up to r * K pages.
+  [[nodiscard]] bool exact_budget() const { return pooling().kind != PoolingKind::kUnion; }
   // REQUIRES: options valid; input consistent (DecideLayer checks both).
   [[nodiscard]] virtual GroupSelection SelectGroup(const GroupInput& input,
                                                    const PolicyOptions& options) const = 0;
