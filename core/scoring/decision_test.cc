@@ -241,8 +241,9 @@ TEST(DecisionNeedleTest, MeanPoolingDilutesTheNeedleAndEntropyPoolingKeepsIt) {
     // The retrieval head's sink-isolated H2 is eta_ret (about -2 ln 0.95); the bound with its
     // own eta must hold.
     const double eta = SinkIsolatedEntropy(std::span<const float>(data.data(), tokens), 4, 2.0);
-    EXPECT_GE(at_needle, 0.95 - NeedleBoundDelta(tokens, r, tau, eta, 0.95, 4) - 1e-6)
-        << "T " << tokens;
+    const double delta = NeedleBoundDelta(tokens, r, tau, eta, 0.95, 4);
+    // Float32 rounding of the inputs, not a constant: 1e-6 exceeded delta itself.
+    EXPECT_GE(at_needle, 0.95 - delta - Float32PoolingTolerance(0.95)) << "T " << tokens;
     double mean_at_needle = 0.0;
     for (int h = 0; h < r; ++h) mean_at_needle += data[h * tokens + needle] / r;
     EXPECT_NEAR(mean_at_needle, MeanPooledNeedle(tokens, r, 0.95), 1e-6) << "T " << tokens;
