@@ -22,6 +22,7 @@
 #include "core/scoring/weights.h"
 #include "core/util/status_macros.h"
 #include "sim/closed_form.h"
+#include "sim/needles.h"
 #include "sim/workload.h"
 
 namespace entrokv::sim {
@@ -131,17 +132,6 @@ struct WeightSums {
   double Mean() const { return count == 0 ? 0.0 : sum / static_cast<double>(count); }
 };
 
-bool Contains(const std::vector<int32_t>& sorted, int32_t page) {
-  return std::binary_search(sorted.begin(), sorted.end(), page);
-}
-
-bool NeedleKept(const NeedleSpan& needle, int page_size, const std::vector<int32_t>& kept) {
-  for (int64_t page = needle.begin / page_size; page <= (needle.end - 1) / page_size; ++page) {
-    if (!Contains(kept, static_cast<int32_t>(page))) return false;
-  }
-  return true;
-}
-
 std::string AlphaLabel(double alpha) {
   return alpha >= 1e300 ? std::string("inf") : absl::StrCat(alpha);
 }
@@ -167,16 +157,11 @@ HeadFacts MeasureHeads(std::span<const float> layer, const ModelPreset& model, i
     double sink = 0.0;
     for (int64_t t = 0; t < std::min<int64_t>(options.sink_tokens, tokens); ++t) sink += row[t];
     int head_class = sink / total >= options.sink_head_mass ? kSinkClass : kOtherClass;
-    for (size_t j = 0; j < needles.size(); ++j) {
-      double mass = 0.0;
-      for (int64_t t = needles[j].begin; t < needles[j].end; ++t) mass += row[t];
-      if (mass / total >= options.retrieval_head_mass) {
-        if (head_class != kSinkClass) head_class = kRetrievalClass;
-        std::vector<int>& group_targets = facts.targets[static_cast<size_t>(h / r)];
-        if (std::find(group_targets.begin(), group_targets.end(), static_cast<int>(j)) ==
-            group_targets.end()) {
-          group_targets.push_back(static_cast<int>(j));
-        }
+    std::vector<int>& group_targets = facts.targets[static_cast<size_t>(h / r)];
+    for (const int j : NeedlesLookedAt(row, needles, options.retrieval_head_mass)) {
+      if (head_class != kSinkClass) head_class = kRetrievalClass;
+      if (std::find(group_targets.begin(), group_targets.end(), j) == group_targets.end()) {
+        group_targets.push_back(j);
       }
     }
     facts.head_class.push_back(head_class);
