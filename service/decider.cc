@@ -131,7 +131,7 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
 
 }  // namespace
 
-void Decider::SetBeforeApplyHookForTest(std::function<void()> hook) {
+void Decider::SetBeforeApplyHookForTest(BeforeApplyHook hook) {
   absl::MutexLock lock(&hook_mu_);
   before_apply_hook_ = std::move(hook);
 }
@@ -156,12 +156,12 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);
   }
-  std::function<void()> hook;
+  BeforeApplyHook hook;
   {
     absl::MutexLock lock(&hook_mu_);
     hook = before_apply_hook_;
   }
-  if (hook) hook();
+  if (hook) hook(cancelled);
   if (cancelled()) return absl::CancelledError("call cancelled before the decision was applied");
   // Step 3: apply every layer at once, all or nothing under the pool's lock: a racing
   // AppendTokens or CloseSequence then lands wholly before (nothing applied) or after (every

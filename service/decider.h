@@ -40,8 +40,10 @@ class Decider {
 
   // Test hook: runs on the worker after a decision is scored, before `cancelled` is polled
   // and the decision applied, so a test can hold a decision there (to let a deadline pass, or
-  // to keep the worker busy) without sleeping. Empty: none.
-  void SetBeforeApplyHookForTest(std::function<void()> hook);
+  // to keep the worker busy) without sleeping. It gets the call's `cancelled`: the server
+  // learns of a client's deadline asynchronously. Empty: none.
+  using BeforeApplyHook = std::function<void(const std::function<bool()>& cancelled)>;
+  void SetBeforeApplyHookForTest(BeforeApplyHook hook);
 
  private:
   struct Job;
@@ -52,7 +54,7 @@ class Decider {
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
   mutable absl::Mutex hook_mu_;
-  std::function<void()> before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
+  BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
 };
 
 }  // namespace entrokv::service

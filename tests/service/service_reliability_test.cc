@@ -311,10 +311,17 @@ TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {  // R3
   // is cancelled there and nothing may change.
   absl::Notification reached;
   absl::Notification client_done;
-  server_->service().decider().SetBeforeApplyHookForTest([&] {
-    reached.Notify();
-    client_done.WaitForNotification();
-  });
+  std::atomic<bool> server_saw_cancel{false};
+  server_->service().decider().SetBeforeApplyHookForTest(
+      [&](const std::function<bool()>& cancelled) {
+        reached.Notify();
+        client_done.WaitForNotification();
+        // The client's deadline reaches the server asynchronously: wait until it has (bounded;
+        // a wait for a condition, not a guess at a duration).
+        const absl::Time limit = absl::Now() + absl::Seconds(30);
+        while (!cancelled() && absl::Now() < limit) absl::SleepFor(absl::Milliseconds(1));
+        server_saw_cancel = cancelled();
+      });
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
   v1::DecideResponse response;
@@ -324,6 +331,7 @@ TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {  // R3
   // The decision was scored and reached the apply step (a hang here would be a bug: fail).
   ASSERT_TRUE(reached.WaitForNotificationWithTimeout(absl::Seconds(60)));
   server_->WaitIdle();  // and the worker is done with it
+  EXPECT_TRUE(server_saw_cancel.load());
   server_->service().decider().SetBeforeApplyHookForTest(nullptr);
   EXPECT_EQ(Snapshot(*stub_), before);
   ExpectInvariants("m");
@@ -341,7 +349,7 @@ TEST_F(ServiceTest, OverloadIsShedAtOnce) {  // R5
   // once rather than queued behind it.
   absl::Notification running;
   absl::Notification release;
-  server_->service().decider().SetBeforeApplyHookForTest([&] {
+  server_->service().decider().SetBeforeApplyHookForTest([&](const std::function<bool()>&) {
     running.Notify();
     release.WaitForNotification();
   });
