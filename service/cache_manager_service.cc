@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
-#include "service/status.h"
+#include "proto/grpc_status.h"
 #include "service/validation.h"
 
 namespace entrokv::service {

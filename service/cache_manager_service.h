@@ -34,6 +34,7 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   // Calls admitted and not yet finished.
   [[nodiscard]] int active_calls() const { return active_calls_.load(); }
   [[nodiscard]] ModelRegistry& registry() { return registry_; }
+  [[nodiscard]] Decider& decider() { return decider_; }
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,

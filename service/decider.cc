@@ -3,9 +3,11 @@
 //     against the model and the sequence's current length;
 //  2. score: the core's fused CPU scorer per layer (the same decisions, bit for bit, as the
 //     reference DecideLayer; it also rejects NaN/negative values);
-//  3. apply: CacheState::ApplyDecision per layer, then the weights cache and the metrics.
-// Only step 3 changes state. A concurrent AppendTokens on the same sequence between 2 and 3 is
-// caught by ApplyDecision (FAILED_PRECONDITION on the length) for the layer it hits.
+//  3. apply: CacheState::ApplyDecisions, every layer at once (all or nothing under the pool's
+//     lock), then the weights cache and the metrics.
+// Only step 3 changes state. A concurrent AppendTokens or CloseSequence on the same sequence
+// between 2 and 3 fails the whole apply (FAILED_PRECONDITION on the length, NOT_FOUND), with
+// nothing applied.
 #include "service/decider.h"
 
 #include <algorithm>
@@ -142,6 +144,11 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
 
 }  // namespace
 
+void Decider::SetBeforeApplyHookForTest(BeforeApplyHook hook) {
+  absl::MutexLock lock(&hook_mu_);
+  before_apply_hook_ = std::move(hook);
+}
+
 absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                           std::vector<v1::LayerDecision*>& outputs) const {
   const ModelGeometry& geometry = model.state().geometry();
@@ -169,19 +176,32 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);
   }
+  BeforeApplyHook hook;
+  {
+    absl::MutexLock lock(&hook_mu_);
+    hook = before_apply_hook_;
+  }
+  if (hook) hook(cancelled);
   if (cancelled()) return absl::CancelledError("call cancelled before the decision was applied");
-  // Step 3: apply, layer by layer.
+  // Step 3: apply every layer at once, all or nothing under the pool's lock: a racing
+  // AppendTokens or CloseSequence then lands wholly before (nothing applied) or after (every
+  // layer applied and reported), never between two layers.
+  std::vector<LayerKeep> keeps(job.layers.size());
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    keeps[i].layer = job.layers[i].layer;
+    for (const GroupDecision& group : job.layers[i].decision.groups) {
+      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
+    }
+  }
+  auto start = Clock::now();
+  absl::StatusOr<std::vector<ApplyResult>> applied =
+      model.state().ApplyDecisions(job.sequence_id, job.tokens, keeps);
+  metrics_->ObservePhase(Phase::kApply, SecondsSince(start));
+  if (!applied.ok()) return applied.status();
+
   for (size_t i = 0; i < job.layers.size(); ++i) {
     LayerWork& work = job.layers[i];
-    std::vector<std::vector<int32_t>> kept;
-    kept.reserve(work.decision.groups.size());
-    for (const GroupDecision& group : work.decision.groups) kept.push_back(group.kept_pages);
-    auto start = Clock::now();
-    absl::StatusOr<ApplyResult> applied =
-        model.state().ApplyDecision(job.sequence_id, work.layer, job.tokens, kept);
-    metrics_->ObservePhase(Phase::kApply, SecondsSince(start));
-    if (!applied.ok()) return Annotate(applied.status(), work.field);
-
+    const ApplyResult& result = (*applied)[i];
     start = Clock::now();
     v1::LayerDecision& out = *outputs[i];
     out.set_layer(work.layer);
@@ -189,19 +209,19 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     out.set_quota_pages(work.decision.quota_pages);
     out.set_tokens(job.tokens);
     out.set_policy(std::string(job.policy.policy->name()));
-    out.set_page_union_ratio(applied->page_union_ratio);
+    out.set_page_union_ratio(result.page_union_ratio);
     out.set_scope(ToProto(work.decision.scope));
     out.set_union_pages(work.decision.union_pages);
     out.set_group_scope_union_pages(work.decision.group_scope_union_pages);
-    out.mutable_freed_frames()->Assign(applied->freed_frames.begin(), applied->freed_frames.end());
+    out.mutable_freed_frames()->Assign(result.freed_frames.begin(), result.freed_frames.end());
     std::vector<double> weights;
     for (size_t g = 0; g < work.decision.groups.size(); ++g) {
       const GroupDecision& group = work.decision.groups[g];
       v1::GroupDecision* wire = out.add_groups();
       wire->set_group(static_cast<int32_t>(g));
       wire->mutable_kept_pages()->Assign(group.kept_pages.begin(), group.kept_pages.end());
-      if (g < applied->evicted_pages_per_group.size()) {
-        for (int64_t page : applied->evicted_pages_per_group[g]) {
+      if (g < result.evicted_pages_per_group.size()) {
+        for (int64_t page : result.evicted_pages_per_group[g]) {
           wire->add_evicted_pages(static_cast<int32_t>(page));
         }
       }

@@ -5,7 +5,9 @@
 
 #include <functional>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "entrokv/v1/cache_manager.pb.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
@@ -21,8 +23,10 @@ class Decider {
   Decider(const ServerOptions& defaults, ServiceMetrics* metrics, ShmReader* shm)
       : defaults_(defaults), metrics_(metrics), shm_(shm) {}
 
-  // Every layer is checked and scored before the first is applied, so a bad layer changes
-  // nothing. `cancelled` is polled before applying: CANCELLED then, with nothing applied.
+  // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
+  // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
+  // decision half applied. `cancelled` is polled before applying: CANCELLED then, with nothing
+  // applied.
   // Errors: INVALID_ARGUMENT bad field, NOT_FOUND unknown sequence, FAILED_PRECONDITION
   // statistic tokens != sequence length or no cached weights.
   [[nodiscard]] absl::Status Decide(Model& model, const v1::DecideRequest& request,
@@ -34,6 +38,13 @@ class Decider {
                                          const std::function<bool()>& cancelled,
                                          v1::LayerDecision* response) const;
 
+  // Test hook: runs on the worker after a decision is scored, before `cancelled` is polled
+  // and the decision applied, so a test can hold a decision there (to let a deadline pass, or
+  // to keep the worker busy) without sleeping. It gets the call's `cancelled`: the server
+  // learns of a client's deadline asynchronously. Empty: none.
+  using BeforeApplyHook = std::function<void(const std::function<bool()>& cancelled)>;
+  void SetBeforeApplyHookForTest(BeforeApplyHook hook);
+
  private:
   struct Job;
   [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
@@ -42,6 +53,8 @@ class Decider {
   const ServerOptions defaults_;
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
+  mutable absl::Mutex hook_mu_;
+  BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
 };
 
 }  // namespace entrokv::service

@@ -1,30 +1,38 @@
-// entrokvd's command-line flags and optional config file, turned into ServerOptions.
+// entrokvd's command line: one Abseil flag per row of option_table.h, read into ServerOptions.
 #ifndef ENTROKV_SERVICE_FLAGS_H_
 #define ENTROKV_SERVICE_FLAGS_H_
 
 #include <string>
 #include <vector>
 
-#include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "service/options.h"
 
+namespace entrokv {
+
+// Abseil flag parsing of the core's enums ("host" / "cuda", "group" / "layer"). In namespace
+// entrokv so that argument-dependent lookup finds them.
+bool AbslParseFlag(absl::string_view text, Backend* backend, std::string* error);
+std::string AbslUnparseFlag(Backend backend);
+bool AbslParseFlag(absl::string_view text, FrameLayout* layout, std::string* error);
+std::string AbslUnparseFlag(FrameLayout layout);
+
+}  // namespace entrokv
+
 namespace entrokv::service {
 
-// Applies a config file to the flags not given on the command line (`argv` as the process got
-// it; the command line wins). Format: one `name = value` per line, names as the flags are
-// spelled without dashes, `#` starts a comment. INVALID_ARGUMENT naming --config and the line for
-// an unknown name, a malformed line or a value the flag rejects.
-[[nodiscard]] absl::Status ApplyConfigFile(const std::string& path,
-                                           const std::vector<std::string>& argv);
+// Every flag, copied into the options (ValidateServerOptions checks them).
+[[nodiscard]] ServerOptions OptionsFromFlags();
 
-// Reads every flag into options. INVALID_ARGUMENT naming --backend / --frame_layout /
-// --selection_scope for an unknown value; the rest is checked by ValidateServerOptions.
-[[nodiscard]] absl::StatusOr<ServerOptions> OptionsFromFlags();
+// `argv` with `--config=FILE` (or `--config FILE`) turned into `--flagfile=FILE` placed right
+// after the program name, so the file is read first and every flag on the command line wins,
+// wherever it stands. The file is an Abseil flagfile: one `--name=value` per line, `#` lines
+// are comments.
+[[nodiscard]] std::vector<std::string> ExpandConfigFlag(const std::vector<std::string>& argv);
 
-// The value of --config ("" when not given).
-[[nodiscard]] std::string ConfigFlag();
+// Makes --help and --helpshort list the daemon's flags (Abseil shows by default only flags
+// defined in the file holding main()). Call before absl::ParseCommandLine.
+void ConfigureFlagsUsage();
 
 }  // namespace entrokv::service
 

@@ -1,76 +1,82 @@
 #include "service/flags.h"
 
-#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/reflection.h"
-#include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "service/option_table.h"
 
 namespace entrokv::service {
 namespace {
 
-using ::entrokv::testing::IsOk;
-using ::entrokv::testing::StatusIs;
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-std::string WriteConfig(const std::string& name, const std::string& text) {
-  const std::string path = ::testing::TempDir() + "/" + name;
-  FILE* f = std::fopen(path.c_str(), "w");
-  std::fputs(text.c_str(), f);
-  std::fclose(f);
-  return path;
+TEST(ExpandConfigFlagTest, PutsTheFileFirstSoTheCommandLineWins) {
+  EXPECT_THAT(ExpandConfigFlag({"entrokvd", "--tau=1", "--config=/etc/entrokvd.flags"}),
+              ElementsAre("entrokvd", "--flagfile=/etc/entrokvd.flags", "--tau=1",
+                          "--config=/etc/entrokvd.flags"));
+  EXPECT_THAT(ExpandConfigFlag({"entrokvd", "-config", "a.flags", "--alpha=3"}),
+              ElementsAre("entrokvd", "--flagfile=a.flags", "-config", "a.flags", "--alpha=3"));
+  EXPECT_THAT(ExpandConfigFlag({"entrokvd", "--tau=1"}), ElementsAre("entrokvd", "--tau=1"));
+  // After "--" nothing is a flag.
+  EXPECT_THAT(ExpandConfigFlag({"entrokvd", "--", "--config=x"}),
+              ElementsAre("entrokvd", "--", "--config=x"));
 }
 
-TEST(ConfigFileTest, SetsFlagsTheCommandLineLeftAlone) {
+TEST(OptionsFromFlagsTest, EveryOptionIsAFlagWithTheStructsDefault) {
   absl::FlagSaver saver;
-  const std::string path = WriteConfig("good.conf",
-                                       "# comment\n"
-                                       "tau = 0.25\n"
-                                       "policy = mean   # trailing comment\n"
-                                       "frame_layout = layer\n"
-                                       "alpha = 3\n");
-  ASSERT_THAT(ApplyConfigFile(path, {"entrokvd", "--alpha=1.5"}), IsOk());
-  ENTROKV_ASSERT_OK_AND_ASSIGN(const ServerOptions options, OptionsFromFlags());
+  const ServerOptions defaults;
+  const ServerOptions from_flags = OptionsFromFlags();
+#define ENTROKV_EXPECT_DEFAULT(type, name, default_value, help)  \
+  EXPECT_EQ(from_flags.name, defaults.name) << #name;            \
+  EXPECT_NE(absl::FindCommandLineFlag(#name), nullptr) << #name; \
+  EXPECT_EQ(absl::FindCommandLineFlag(#name)->Help(), std::string(help)) << #name;
+  ENTROKV_SERVER_OPTIONS(ENTROKV_EXPECT_DEFAULT)
+#undef ENTROKV_EXPECT_DEFAULT
+}
+
+TEST(OptionsFromFlagsTest, CopiesEveryFlag) {
+  absl::FlagSaver saver;
+  std::string error;
+  ASSERT_TRUE(absl::FindCommandLineFlag("tau")->ParseFrom("0.25", &error)) << error;
+  ASSERT_TRUE(absl::FindCommandLineFlag("frame_layout")->ParseFrom("layer", &error)) << error;
+  ASSERT_TRUE(absl::FindCommandLineFlag("backend")->ParseFrom("cuda", &error)) << error;
+  ASSERT_TRUE(absl::FindCommandLineFlag("log_level")->ParseFrom("error", &error)) << error;
+  const ServerOptions options = OptionsFromFlags();
   EXPECT_DOUBLE_EQ(options.tau, 0.25);
-  EXPECT_EQ(options.policy, "mean");
   EXPECT_EQ(options.frame_layout, FrameLayout::kLayer);
-  // --alpha was on the command line: the file does not override it (its value stays the
-  // flag's current one, the default here).
-  EXPECT_DOUBLE_EQ(options.alpha, 2.0);
+  EXPECT_EQ(options.backend, Backend::kCuda);
+  EXPECT_EQ(options.log_level, "error");
 }
 
-TEST(ConfigFileTest, RejectsUnknownNamesAndBadValues) {
+TEST(OptionsFromFlagsTest, EnumFlagsRejectUnknownNames) {
   absl::FlagSaver saver;
-  EXPECT_THAT(ApplyConfigFile(WriteConfig("unknown.conf", "colour = red\n"), {"entrokvd"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("colour")));
-  EXPECT_THAT(ApplyConfigFile(WriteConfig("bad.conf", "\ntau = fast\n"), {"entrokvd"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr(":2:")));
-  EXPECT_THAT(ApplyConfigFile(WriteConfig("noeq.conf", "tau\n"), {"entrokvd"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--config")));
-  EXPECT_THAT(ApplyConfigFile("/nonexistent.conf", {"entrokvd"}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--config")));
-}
-
-TEST(OptionsFromFlagsTest, NamesBadEnumFlags) {
-  absl::FlagSaver saver;
-  absl::FindCommandLineFlag("backend")->ParseFrom("tpu", nullptr);
-  EXPECT_THAT(OptionsFromFlags(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--backend")));
+  std::string error;
+  EXPECT_FALSE(absl::FindCommandLineFlag("backend")->ParseFrom("tpu", &error));
+  EXPECT_THAT(error, HasSubstr("tpu"));
+  EXPECT_FALSE(absl::FindCommandLineFlag("frame_layout")->ParseFrom("diagonal", &error));
+  EXPECT_THAT(error, HasSubstr("diagonal"));
+  EXPECT_EQ(AbslUnparseFlag(Backend::kHost), "host");
+  EXPECT_EQ(AbslUnparseFlag(FrameLayout::kLayer), "layer");
 }
 
 TEST(OptionsFromFlagsTest, SelectionScopeIsAutoUnlessNamed) {
   absl::FlagSaver saver;
-  ENTROKV_ASSERT_OK_AND_ASSIGN(ServerOptions options, OptionsFromFlags());
-  EXPECT_FALSE(options.selection_scope.has_value());
-  absl::FindCommandLineFlag("selection_scope")->ParseFrom("group", nullptr);
-  ENTROKV_ASSERT_OK_AND_ASSIGN(options, OptionsFromFlags());
-  EXPECT_EQ(options.selection_scope, SelectionScope::kGroup);
-  absl::FindCommandLineFlag("selection_scope")->ParseFrom("head", nullptr);
-  EXPECT_THAT(OptionsFromFlags(),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--selection_scope")));
+  EXPECT_EQ(OptionsFromFlags().selection_scope, ScopeSetting::kAuto);
+  ASSERT_TRUE(absl::FindCommandLineFlag("selection_scope")->ParseFrom("group", nullptr));
+  EXPECT_EQ(OptionsFromFlags().selection_scope, ScopeSetting::kGroup);
+  ASSERT_TRUE(absl::FindCommandLineFlag("selection_scope")->ParseFrom("layer", nullptr));
+  EXPECT_EQ(OptionsFromFlags().selection_scope, ScopeSetting::kLayer);
+  ASSERT_TRUE(absl::FindCommandLineFlag("selection_scope")->ParseFrom("auto", nullptr));
+  EXPECT_EQ(OptionsFromFlags().selection_scope, ScopeSetting::kAuto);
+  std::string error;
+  EXPECT_FALSE(absl::FindCommandLineFlag("selection_scope")->ParseFrom("head", &error));
+  EXPECT_THAT(error, HasSubstr("head"));
+  EXPECT_EQ(AbslUnparseFlag(ScopeSetting::kLayer), "layer");
 }
 
 }  // namespace

@@ -1,18 +1,32 @@
-// The daemon's tiny logger (Debian's Abseil has no absl/log): one line to stderr per call.
+// The daemon's logger (Debian's Abseil has no absl/log): one line per call on stderr,
+//   2026-11-30T12:00:00.123Z entrokvd INFO: message
+// UTC timestamp with milliseconds, the level, the message. Lines below the minimum level are
+// dropped. Thread-safe: each line is one write, so lines from different threads never mix.
 #ifndef ENTROKV_SERVICE_LOG_H_
 #define ENTROKV_SERVICE_LOG_H_
 
-#include <cstdio>
 #include <string>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 
 namespace entrokv::service {
 
-inline void LogLine(absl::string_view level, absl::string_view message) {
-  std::fprintf(stderr, "entrokvd %.*s: %.*s\n", static_cast<int>(level.size()), level.data(),
-               static_cast<int>(message.size()), message.data());
-}
+enum class LogLevel : int { kInfo = 0, kWarning = 1, kError = 2 };
+
+// "info", "warning", "error"; INVALID_ARGUMENT naming --log_level otherwise.
+[[nodiscard]] absl::StatusOr<LogLevel> ParseLogLevel(absl::string_view name);
+// Lines below `level` are dropped from now on (default: kInfo).
+void SetMinLogLevel(LogLevel level);
+
+// The line Log writes for `message` at `time`, newline included.
+[[nodiscard]] std::string FormatLogLine(absl::Time time, LogLevel level, absl::string_view message);
+
+void Log(LogLevel level, absl::string_view message);
+inline void LogInfo(absl::string_view message) { Log(LogLevel::kInfo, message); }
+inline void LogWarning(absl::string_view message) { Log(LogLevel::kWarning, message); }
+inline void LogError(absl::string_view message) { Log(LogLevel::kError, message); }
 
 }  // namespace entrokv::service
 

@@ -16,26 +16,24 @@
 #include "service/server.h"
 
 int main(int argc, char** argv) {
+  using entrokv::service::LogError;
+  using entrokv::service::LogInfo;
   absl::SetProgramUsageMessage("entrokvd: the entrokv KV-cache manager daemon");
-  const std::vector<std::string> args(argv, argv + argc);
-  absl::ParseCommandLine(argc, argv);
-  using entrokv::service::LogLine;
+  entrokv::service::ConfigureFlagsUsage();
+  // --config FILE becomes a leading --flagfile=FILE: Abseil reads it, the command line wins.
+  std::vector<std::string> args =
+      entrokv::service::ExpandConfigFlag(std::vector<std::string>(argv, argv + argc));
+  std::vector<char*> arg_pointers;
+  for (std::string& arg : args) arg_pointers.push_back(arg.data());
+  arg_pointers.push_back(nullptr);
+  absl::ParseCommandLine(static_cast<int>(args.size()), arg_pointers.data());
 
-  if (const std::string config = entrokv::service::ConfigFlag(); !config.empty()) {
-    if (const absl::Status status = entrokv::service::ApplyConfigFile(config, args); !status.ok()) {
-      LogLine("error", status.message());
-      return 2;
-    }
-  }
-  absl::StatusOr<entrokv::service::ServerOptions> options = entrokv::service::OptionsFromFlags();
-  if (!options.ok()) {
-    LogLine("error", options.status().message());
+  const entrokv::service::ServerOptions options = entrokv::service::OptionsFromFlags();
+  if (const absl::Status valid = entrokv::service::ValidateServerOptions(options); !valid.ok()) {
+    LogError(valid.message());
     return 2;
   }
-  if (const absl::Status valid = entrokv::service::ValidateServerOptions(*options); !valid.ok()) {
-    LogLine("error", valid.message());
-    return 2;
-  }
+  entrokv::service::SetMinLogLevel(*entrokv::service::ParseLogLevel(options.log_level));
 
   // Block the shutdown signals in every thread (gRPC's included) and take them in main.
   sigset_t signals;
@@ -45,9 +43,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   absl::StatusOr<std::unique_ptr<entrokv::service::Server>> server =
-      entrokv::service::Server::Start(*options);
+      entrokv::service::Server::Start(options);
   if (!server.ok()) {
-    LogLine("error", server.status().message());
+    LogError(server.status().message());
     return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   std::printf("%s\n", (*server)->ListeningLine().c_str());
@@ -55,9 +53,9 @@ int main(int argc, char** argv) {
 
   int signal_number = 0;
   sigwait(&signals, &signal_number);
-  LogLine("info", absl::StrCat("signal ", signal_number, ": draining for up to ",
-                               options->drain_timeout_ms, " ms"));
-  (*server)->Shutdown(absl::Milliseconds(options->drain_timeout_ms));
-  LogLine("info", "stopped");
+  LogInfo(absl::StrCat("signal ", signal_number, ": draining for up to ", options.drain_timeout_ms,
+                       " ms"));
+  (*server)->Shutdown(absl::Milliseconds(options.drain_timeout_ms));
+  LogInfo("stopped");
   return 0;
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "core/util/status_macros.h"
+#include "service/log.h"
 
 namespace entrokv::service {
 namespace {
@@ -128,6 +129,7 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateReadableFile("tls_key", options.tls_key));
   RETURN_IF_ERROR(ValidateReadableFile("tls_ca", options.tls_ca));
   RETURN_IF_ERROR(ValidateReadableFile("token_file", options.token_file));
+  RETURN_IF_ERROR(ParseLogLevel(options.log_level).status());
   if (!options.state_dir.empty()) {
     struct stat info;
     if (::stat(options.state_dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {

@@ -39,6 +39,7 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
       {[](ServerOptions& o) { o.tls_ca = "ca.pem"; }, "--tls_ca"},
       {[](ServerOptions& o) { o.token_file = "/nonexistent/token"; }, "--token_file"},
       {[](ServerOptions& o) { o.state_dir = "/nonexistent/dir"; }, "--state_dir"},
+      {[](ServerOptions& o) { o.log_level = "loud"; }, "--log_level"},
   };
   for (const Case& c : cases) {
     ServerOptions options;

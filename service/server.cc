@@ -79,8 +79,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
   if (!options.state_dir.empty()) {
-    LogLine("info", absl::StrCat("--state_dir=", options.state_dir,
-                                 ": journaling is not yet implemented; nothing is written"));
+    LogInfo(absl::StrCat("--state_dir=", options.state_dir,
+                         ": journaling is not yet implemented; nothing is written"));
   }
 
   std::unique_ptr<Server> server(new Server());

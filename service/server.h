@@ -46,6 +46,8 @@ class Server {
   [[nodiscard]] CacheManagerService& service() { return *service_; }
   [[nodiscard]] ServiceMetrics& metrics() { return *metrics_; }
 
+  // Blocks until no decision job is queued or running (tests: "the worker is done").
+  void WaitIdle() { workers_->WaitIdle(); }
   // Readiness NOT_SERVING; new calls get UNAVAILABLE; admitted calls continue.
   void BeginDrain();
   // BeginDrain, wait up to `grace` for admitted calls, then stop (cancelling what remains),

@@ -196,7 +196,14 @@ absl::StatusOr<SelectionScope> ResolveScope(v1::SelectionScope scope, const Serv
     case v1::SELECTION_SCOPE_LAYER:
       return SelectionScope::kLayer;
     case v1::SELECTION_SCOPE_UNSPECIFIED:
-      if (defaults.selection_scope.has_value()) return *defaults.selection_scope;
+      switch (defaults.selection_scope) {
+        case ScopeSetting::kGroup:
+          return SelectionScope::kGroup;
+        case ScopeSetting::kLayer:
+          return SelectionScope::kLayer;
+        case ScopeSetting::kAuto:
+          break;
+      }
       return layout == FrameLayout::kLayer ? SelectionScope::kLayer : SelectionScope::kGroup;
     default:
       return Invalid("policy.scope",

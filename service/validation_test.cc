@@ -128,7 +128,7 @@ TEST(ResolveScopeTest, RequestThenFlagThenThePoolsLayout) {
             SelectionScope::kGroup);
   EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_LAYER, defaults, FrameLayout::kGroup),
             SelectionScope::kLayer);
-  defaults.selection_scope = SelectionScope::kGroup;
+  defaults.selection_scope = ScopeSetting::kGroup;
   EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_UNSPECIFIED, defaults, FrameLayout::kLayer),
             SelectionScope::kGroup);
   EXPECT_THAT(ResolveScope(static_cast<v1::SelectionScope>(9), defaults, FrameLayout::kLayer),

@@ -1,15 +1,11 @@
 #include "client/cpp/client.h"
 
 #include <algorithm>
-#include <thread>
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "proto/grpc_status.h"
 
 namespace entrokv {
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
-}
 
 Client::Client(const ClientOptions& options) : options_(options) {
   grpc::ChannelArguments arguments;
@@ -47,6 +43,7 @@ absl::StatusOr<Response> Client::Call(Method method, const Request& request) {
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE || attempt >= options_.max_attempts) {
       break;
     }
+    if (options_.on_retry) options_.on_retry(attempt, FromGrpcStatus(status), backoff);
     // Back off, but drive the reconnect meanwhile: the retry goes as soon as the channel is
     // connected again, or after the backoff.
     (void)channel_->WaitForConnected(std::chrono::system_clock::now() + backoff);

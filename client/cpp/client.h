@@ -8,6 +8,7 @@
 #define ENTROKV_CLIENT_CPP_CLIENT_H_
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -26,10 +27,11 @@ struct ClientOptions {
   std::string bearer_token;                       // sent as "authorization: Bearer ..." when set
   int max_message_bytes = 256 << 20;              // receive and send limit of the channel
   std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: insecure (loopback)
+  // Called before each retry with the attempt that failed (1 = the first), its UNAVAILABLE
+  // status and the backoff about to be waited; for logging and tests. Empty: none.
+  std::function<void(int attempt, const absl::Status& status, std::chrono::milliseconds backoff)>
+      on_retry;
 };
-
-// The gRPC status as an absl::Status with the same code and message.
-[[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
 
 class Client {
  public:

@@ -96,17 +96,58 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
 absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
     absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
     const std::vector<std::vector<int32_t>>& kept_pages_per_group) {
-  absl::MutexLock lock(&mu_);
-  const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
-  ASSIGN_OR_RETURN(ApplyResult result,
-                   it->second.ApplyDecision(layer, decided_tokens, kept_pages_per_group, *pool_));
-  for (const auto& pages : result.evicted_pages_per_group) {
-    pages_evicted_total_ += static_cast<int64_t>(pages.size());
+  ASSIGN_OR_RETURN(
+      std::vector<ApplyResult> results,
+      ApplyDecisions(sequence_id, decided_tokens,
+                     {LayerKeep{.layer = layer, .kept_pages_per_group = kept_pages_per_group}}));
+  return std::move(results.front());
+}
+
+absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
+    absl::string_view sequence_id, int64_t decided_tokens, const std::vector<LayerKeep>& layers) {
+  if (layers.empty()) return absl::InvalidArgumentError("a decision needs at least one layer");
+  std::vector<ApplyResult> results;
+  std::function<void()> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = sequences_.find(sequence_id);
+    if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+    Sequence& sequence = it->second;
+    std::vector<bool> seen(geometry_.layers, false);
+    for (const LayerKeep& keep : layers) {
+      if (absl::Status checked =
+              sequence.CheckDecision(keep.layer, decided_tokens, keep.kept_pages_per_group);
+          !checked.ok()) {
+        return absl::Status(checked.code(),
+                            absl::StrCat("layer ", keep.layer, ": ", checked.message()));
+      }
+      if (seen[keep.layer]) {
+        return absl::InvalidArgumentError(absl::StrCat("layer ", keep.layer, " appears twice"));
+      }
+      seen[keep.layer] = true;
+    }
+    // Checked: from here on nothing fails unless the pool's invariant was already broken.
+    results.reserve(layers.size());
+    for (const LayerKeep& keep : layers) {
+      ASSIGN_OR_RETURN(
+          ApplyResult result,
+          sequence.ApplyDecision(keep.layer, decided_tokens, keep.kept_pages_per_group, *pool_));
+      for (const auto& pages : result.evicted_pages_per_group) {
+        pages_evicted_total_ += static_cast<int64_t>(pages.size());
+      }
+      frames_freed_total_ += result.frames_released;
+      ++decisions_total_;
+      results.push_back(std::move(result));
+    }
+    hook = decision_hook_;
   }
-  frames_freed_total_ += result.frames_released;
-  ++decisions_total_;
-  return result;
+  if (hook) hook();
+  return results;
+}
+
+void CacheState::SetDecisionHookForTest(std::function<void()> hook) {
+  absl::MutexLock lock(&mu_);
+  decision_hook_ = std::move(hook);
 }
 
 absl::Status CacheState::SetHeadWeights(absl::string_view sequence_id, int32_t layer,

@@ -3,6 +3,7 @@
 #define ENTROKV_CORE_POOL_CACHE_STATE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,12 @@ struct CacheOptions {
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = 0;  // the pool gets capacity_bytes / frame_bytes frames (floor)
   std::string name;            // the pool's name (metric label, arena name hint)
+};
+
+// One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision).
+struct LayerKeep {
+  int32_t layer = 0;
+  std::vector<std::vector<int32_t>> kept_pages_per_group;
 };
 
 struct SequenceInfo {
@@ -53,7 +60,7 @@ struct PoolStats {
   int64_t frames_freed_total = 0;
   int64_t bytes_moved_total = 0;   // eviction moves no data: always 0
   int64_t bytes_copied_total = 0;  // copy-on-write of shared tail pages on append
-  int64_t decisions_total = 0;     // successful ApplyDecision calls
+  int64_t decisions_total = 0;     // layer decisions applied
 };
 
 // Owns one PagePool and every open sequence of one model. Thread-safe: every method takes the
@@ -91,6 +98,18 @@ class CacheState {
   [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
       absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
       const std::vector<std::vector<int32_t>>& kept_pages_per_group);
+  // Every layer of one decision, all or nothing under one lock: each layer is checked
+  // (Sequence::CheckDecision) before the first is applied, so a concurrent AppendTokens or
+  // CloseSequence lands wholly before (the call fails, nothing applied) or wholly after (every
+  // layer applied, every freed frame reported). Results in `layers` order. INVALID_ARGUMENT
+  // when a layer appears twice or `layers` is empty; otherwise ApplyDecision's errors, the
+  // message prefixed with the layer.
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyDecisions(
+      absl::string_view sequence_id, int64_t decided_tokens, const std::vector<LayerKeep>& layers);
+  // Test hook: runs on the calling thread after every successful ApplyDecision(s), once the
+  // lock is released, so a test can place a racing call exactly between two decisions.
+  // Empty: none.
+  void SetDecisionHookForTest(std::function<void()> hook);
   // Caches the prefill head weights of one layer (see Sequence::SetHeadWeights), so a later
   // decode-time decision reuses them. NOT_FOUND unknown id.
   [[nodiscard]] absl::Status SetHeadWeights(absl::string_view sequence_id, int32_t layer,
@@ -146,6 +165,7 @@ class CacheState {
   int64_t frames_freed_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_copied_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t decisions_total_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void()> decision_hook_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace entrokv

@@ -48,6 +48,40 @@ TEST(CacheStateTest, CreateChecksCapacityAndGeometry) {
   EXPECT_FALSE(state->arena().name.empty());
 }
 
+TEST(CacheStateTest, ApplyDecisionsIsAllOrNothing) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 64)));
+  ASSERT_THAT(state->OpenSequence("a", 9), IsOk());  // 3 pages x 3 layers x 2 groups
+  const PoolStats before = state->Stats();
+  // Layer 2's page 7 does not exist: layers 0 and 1, though valid, must not be applied.
+  EXPECT_THAT(state->ApplyDecisions("a", 9,
+                                    {{.layer = 0, .kept_pages_per_group = {{2}, {2}}},
+                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}},
+                                     {.layer = 2, .kept_pages_per_group = {{7}, {2}}}}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 2")));
+  EXPECT_THAT(state->ApplyDecisions("a", 9,
+                                    {{.layer = 1, .kept_pages_per_group = {{2}, {2}}},
+                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}}}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  EXPECT_THAT(state->ApplyDecisions("a", 9, {}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one layer")));
+  EXPECT_EQ(state->Stats().used_frames, before.used_frames);
+  EXPECT_EQ(state->Stats().pages_evicted_total, 0);
+
+  int hook_runs = 0;
+  state->SetDecisionHookForTest([&] { ++hook_runs; });
+  ENTROKV_ASSERT_OK_AND_ASSIGN(
+      const std::vector<ApplyResult> applied,
+      state->ApplyDecisions("a", 9,
+                            {{.layer = 2, .kept_pages_per_group = {{2}, {0, 2}}},
+                             {.layer = 0, .kept_pages_per_group = {{}, {1}}}}));
+  EXPECT_EQ(hook_runs, 1);  // once per call, not per layer
+  ASSERT_EQ(applied.size(), 2u);
+  EXPECT_EQ(applied[0].frames_released, 3);  // layer 2: pages 0, 1 and 1
+  EXPECT_EQ(applied[1].frames_released, 5);  // layer 0: pages 0, 1, 2 and 0, 2
+  EXPECT_EQ(state->Stats().used_frames, before.used_frames - 8);
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
 TEST(CacheStateTest, LifecycleAndStats) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 64)));
   ASSERT_THAT(state->OpenSequence("a", 5), IsOk());  // 2 pages x 3 layers x 2 groups

@@ -211,9 +211,9 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   return result;
 }
 
-absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
+absl::Status Sequence::CheckDecision(
     int32_t layer, int64_t decided_tokens,
-    const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool) {
+    const std::vector<std::vector<int32_t>>& kept_pages_per_group) const {
   if (released_)
     return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
   if (layer < 0 || layer >= geometry_.layers) {
@@ -244,7 +244,14 @@ absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
       }
     }
   }
+  return absl::OkStatus();
+}
 
+absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
+    int32_t layer, int64_t decided_tokens,
+    const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool) {
+  RETURN_IF_ERROR(CheckDecision(layer, decided_tokens, kept_pages_per_group));
+  const int64_t pages = page_count();
   ApplyResult result;
   result.evicted_pages_per_group.resize(geometry_.kv_groups);
   size_t max_kept = 0;

@@ -102,6 +102,11 @@ class Sequence {
   [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
       int32_t layer, int64_t decided_tokens,
       const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool);
+  // ApplyDecision's checks alone: OK exactly when ApplyDecision with these arguments would
+  // succeed now. Changes nothing (so several layers can be checked before any is applied).
+  [[nodiscard]] absl::Status CheckDecision(
+      int32_t layer, int64_t decided_tokens,
+      const std::vector<std::vector<int32_t>>& kept_pages_per_group) const;
 
   // Releases every reference and leaves the sequence empty and closed. FAILED_PRECONDITION
   // when already released (never a double free).

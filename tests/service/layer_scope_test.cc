@@ -172,7 +172,7 @@ TEST_F(LayerScopeTest, GroupLayoutDefaultsToGroupScopeAndLayerScopeStaysExact) {
 
 TEST_F(LayerScopeTest, TheDaemonFlagChoosesTheScopeOfUnspecifiedRequests) {
   ServerOptions options = LoopbackOptions();
-  options.selection_scope = SelectionScope::kGroup;
+  options.selection_scope = ScopeSetting::kGroup;
   Restart(options);
   RegisterLayout("m", v1::FRAME_LAYOUT_LAYER);
   Open("m", "s", kTokens);

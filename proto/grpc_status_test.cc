@@ -1,8 +1,8 @@
-#include "service/status.h"
+#include "proto/grpc_status.h"
 
 #include "gtest/gtest.h"
 
-namespace entrokv::service {
+namespace entrokv {
 namespace {
 
 TEST(ToGrpcStatusTest, KeepsCodeAndMessage) {
@@ -32,5 +32,7 @@ TEST(FromGrpcStatusTest, RoundTrips) {
   EXPECT_EQ(back.message(), "tokens: 3 != 5");
 }
 
+TEST(FromGrpcStatusTest, OkStaysOk) { EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok()); }
+
 }  // namespace
-}  // namespace entrokv::service
+}  // namespace entrokv

@@ -1,8 +1,8 @@
-#include "service/status.h"
+#include "proto/grpc_status.h"
 
 #include <string>
 
-namespace entrokv::service {
+namespace entrokv {
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -18,4 +18,4 @@ absl::Status FromGrpcStatus(const grpc::Status& status) {
   return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
 }
 
-}  // namespace entrokv::service
+}  // namespace entrokv

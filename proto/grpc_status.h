@@ -1,0 +1,20 @@
+// The one conversion between absl::Status and grpc::Status (STYLE.md §5), shared by the daemon
+// (server side) and the C++ client, tests and benchmarks (client side).
+#ifndef ENTROKV_PROTO_GRPC_STATUS_H_
+#define ENTROKV_PROTO_GRPC_STATUS_H_
+
+#include "absl/status/status.h"
+#include "grpcpp/support/status.h"
+
+namespace entrokv {
+
+// Same code (the numeric values of both enums are the gRPC codes), same message. Any code
+// outside the gRPC range becomes INTERNAL.
+[[nodiscard]] grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// The reverse: same code and message; OK stays OK.
+[[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_PROTO_GRPC_STATUS_H_

@@ -1,0 +1,45 @@
+#include "service/log.h"
+
+#include "absl/time/civil_time.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace entrokv::service {
+namespace {
+
+using ::entrokv::testing::StatusIs;
+using ::testing::HasSubstr;
+
+TEST(LogTest, LineHasTimestampLevelAndMessage) {
+  const absl::Time time =
+      absl::FromCivil(absl::CivilSecond(2026, 11, 30, 12, 0, 5), absl::UTCTimeZone()) +
+      absl::Milliseconds(42);
+  EXPECT_EQ(FormatLogLine(time, LogLevel::kWarning, "drain started"),
+            "2026-11-30T12:00:05.042Z entrokvd WARNING: drain started\n");
+  EXPECT_EQ(FormatLogLine(time, LogLevel::kError, "x"),
+            "2026-11-30T12:00:05.042Z entrokvd ERROR: x\n");
+}
+
+TEST(LogTest, ParsesLevelsAndNamesTheFlag) {
+  EXPECT_EQ(*ParseLogLevel("info"), LogLevel::kInfo);
+  EXPECT_EQ(*ParseLogLevel("warning"), LogLevel::kWarning);
+  EXPECT_EQ(*ParseLogLevel("error"), LogLevel::kError);
+  EXPECT_THAT(ParseLogLevel("loud"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log_level")));
+}
+
+TEST(LogTest, DropsLinesBelowTheMinimumLevel) {
+  SetMinLogLevel(LogLevel::kError);
+  ::testing::internal::CaptureStderr();
+  LogInfo("dropped");
+  LogWarning("dropped too");
+  LogError("kept");
+  const std::string written = ::testing::internal::GetCapturedStderr();
+  SetMinLogLevel(LogLevel::kInfo);
+  EXPECT_THAT(written, HasSubstr("ERROR: kept\n"));
+  EXPECT_THAT(written, ::testing::Not(HasSubstr("dropped")));
+}
+
+}  // namespace
+}  // namespace entrokv::service

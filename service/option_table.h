@@ -1,0 +1,60 @@
+// Every entrokvd option, declared once: type, name, default and help. The table yields the
+// ServerOptions field (options.h), the --flag and its --help text (flags.cc), and the copy from
+// the flag into ServerOptions; nothing else lists the options.
+#ifndef ENTROKV_SERVICE_OPTION_TABLE_H_
+#define ENTROKV_SERVICE_OPTION_TABLE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/string_view.h"
+#include "core/pool/geometry.h"
+
+namespace entrokv::service {
+
+// --selection_scope: the scope of requests that leave it unspecified. kAuto follows the pool's
+// frame layout (layer scope for a LAYER-layout pool, group scope otherwise).
+enum class ScopeSetting : uint8_t { kAuto, kGroup, kLayer };
+
+// Abseil flag parsing ("auto" | "group" | "layer"), found by argument-dependent lookup.
+bool AbslParseFlag(absl::string_view text, ScopeSetting* setting, std::string* error);
+std::string AbslUnparseFlag(ScopeSetting setting);
+
+}  // namespace entrokv::service
+
+// X(type, name, default, help). Types are spelled fully qualified: the flags are declared at
+// global scope.
+#define ENTROKV_SERVER_OPTIONS(X)                                                                  \
+  X(std::string, listen, "127.0.0.1:50051", "gRPC listen address host:port (port 0: any)")         \
+  X(std::string, metrics_listen, "127.0.0.1:9464",                                                 \
+    "Prometheus /metrics address host:port (port 0: any; empty: no metrics endpoint)")             \
+  X(int64_t, pool_capacity_bytes, int64_t{1} << 30,                                                \
+    "Arena bytes over all models; the default capacity of a RegisterModel")                        \
+  X(::entrokv::Backend, backend, ::entrokv::Backend::kHost, "Default arena backend: host or cuda") \
+  X(::entrokv::FrameLayout, frame_layout, ::entrokv::FrameLayout::kGroup,                          \
+    "Default frame layout: group or layer")                                                        \
+  X(std::string, policy, "page_entrokv", "Default eviction policy")                                \
+  X(::entrokv::service::ScopeSetting, selection_scope, ::entrokv::service::ScopeSetting::kAuto,    \
+    "Default selection scope: auto (layer for a pool in the layer frame layout, group "            \
+    "otherwise), group (one page set per layer and KV group) or layer (one per layer)")            \
+  X(double, tau, 0.5, "Default softmax temperature of the head weights (> 0)")                     \
+  X(double, alpha, 2.0, "Default Renyi entropy order (> 0, inf allowed)")                          \
+  X(int32_t, sink_tokens, 4, "Default sink tokens left out of the entropy")                        \
+  X(bool, protect_tail_page, true, "Always keep the page being written")                           \
+  X(int64_t, max_message_bytes, 64 << 20, "Max gRPC message size in bytes (receive and send)")     \
+  X(int32_t, max_inflight_decisions, 64,                                                           \
+    "Decision jobs queued or running; more are shed with RESOURCE_EXHAUSTED")                      \
+  X(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)")                    \
+  X(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms")                          \
+  X(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)")             \
+  X(int64_t, drain_timeout_ms, 10000, "Grace for in-flight calls on SIGTERM/SIGINT")               \
+  X(bool, reflection, false, "Serve gRPC server reflection")                                       \
+  X(std::string, tls_cert, "", "PEM server certificate (TLS on when set, with --tls_key)")         \
+  X(std::string, tls_key, "", "PEM server private key")                                            \
+  X(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed")               \
+  X(std::string, token_file, "", "File holding the bearer token clients must send")                \
+  X(std::string, state_dir, "",                                                                    \
+    "Directory for the crash-recovery journal (reserved: not yet written)")                        \
+  X(std::string, log_level, "info", "Least severe log line written: info, warning or error")
+
+#endif  // ENTROKV_SERVICE_OPTION_TABLE_H_
