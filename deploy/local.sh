@@ -16,6 +16,7 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-matplotlib
   prometheus openssl
+  libleveldb-dev libsnappy-dev libsqlite3-dev
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -61,6 +61,14 @@ class Sequence {
   [[nodiscard]] static absl::StatusOr<Sequence> Fork(std::string id, const Sequence& parent,
                                                      int64_t prefix_pages, PagePool& pool);
 
+  // A sequence as a journal recorded it (crash recovery): `tables` is [layer * kv_groups +
+  // group][page] with page_count() entries each, `head_weights` [layer] (empty or query_heads
+  // values). Checks the shape only (DATA_LOSS naming what is wrong); the references are the
+  // caller's (CacheState::Restore) to rebuild.
+  [[nodiscard]] static absl::StatusOr<Sequence> FromSnapshot(
+      std::string id, const ModelGeometry& geometry, FrameLayout layout, int64_t length,
+      std::vector<std::vector<FrameId>> tables, std::vector<std::vector<double>> head_weights);
+
   Sequence(Sequence&&) = default;
   Sequence& operator=(Sequence&&) = default;
 
