@@ -269,6 +269,10 @@ grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
   CacheState& state = (*model)->state();
   absl::StatusOr<SequenceInfo> info =
       state.GetSequence(request->sequence_id(), /*with_block_tables=*/false);
+  if (absl::IsFailedPrecondition(info.status())) {
+    // A sequence lost at recovery: closing it is how its client acknowledges the loss.
+    return call.Finish(state.CloseSequence(request->sequence_id()));
+  }
   if (!info.ok()) return call.Finish(info.status());
   if (absl::Status closed = state.CloseSequence(request->sequence_id()); !closed.ok()) {
     return call.Finish(closed);

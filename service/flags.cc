@@ -38,7 +38,9 @@ ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed");
 ABSL_FLAG(std::string, token_file, "", "File holding the bearer token clients must send");
 ABSL_FLAG(std::string, state_dir, "",
-          "Directory for the crash-recovery journal (reserved: not yet written)");
+          "Directory of the crash-recovery journal: models and open sequences survive a crash");
+ABSL_FLAG(int64_t, state_sync_ms, 100,
+          "With --state_dir: sync the journal to disk this often (0: every change)");
 ABSL_FLAG(std::string, config, "", "Config file of `name = value` lines; flags win");
 
 namespace entrokv::service {
@@ -67,7 +69,8 @@ const absl::flat_hash_set<std::string>& ConfigurableNames() {
                                                                   "tls_key",
                                                                   "tls_ca",
                                                                   "token_file",
-                                                                  "state_dir"};
+                                                                  "state_dir",
+                                                                  "state_sync_ms"};
   return *names;
 }
 
@@ -151,6 +154,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.token_file = absl::GetFlag(FLAGS_token_file);
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
+  options.state_sync_ms = absl::GetFlag(FLAGS_state_sync_ms);
   return options;
 }
 

@@ -37,13 +37,14 @@ struct ServerOptions {
   std::string tls_key;                             // PEM server key
   std::string tls_ca;                              // PEM CA: clients must present a cert it signed
   std::string token_file;                          // file holding the bearer token; empty: none
-  std::string state_dir;                           // reserved for the crash-recovery journal
+  std::string state_dir;                           // crash-recovery journal; empty: none
+  int64_t state_sync_ms = 100;                     // journal fsync interval; 0: every change
 };
 
 // INVALID_ARGUMENT naming the option ("--tau: ..."): addresses without a port, non-positive
 // sizes and bounds, an unknown policy, bad policy parameters, a TLS key without a certificate
 // (or the reverse), a CA without a certificate, unreadable files, an empty token file, a
-// state_dir that is not a directory.
+// state_dir that is not a directory, a negative state_sync_ms.
 [[nodiscard]] absl::Status ValidateServerOptions(const ServerOptions& options);
 
 // The daemon's default scoring parameters, as the core takes them.

@@ -39,6 +39,7 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
       {[](ServerOptions& o) { o.tls_ca = "ca.pem"; }, "--tls_ca"},
       {[](ServerOptions& o) { o.token_file = "/nonexistent/token"; }, "--token_file"},
       {[](ServerOptions& o) { o.state_dir = "/nonexistent/dir"; }, "--state_dir"},
+      {[](ServerOptions& o) { o.state_sync_ms = -1; }, "--state_sync_ms"},
   };
   for (const Case& c : cases) {
     ServerOptions options;
