@@ -18,6 +18,9 @@
 #include "benchmark/benchmark.h"
 #include "leveldb/db.h"
 #include "leveldb/write_batch.h"
+#include "core/pool/cache_state.h"
+#include "store/model_journal.h"
+#include "store/state_store.h"
 
 namespace {
 
@@ -100,6 +103,63 @@ void BM_SqliteWalWrite(benchmark::State& state) {
   sqlite3_close(db);
   std::filesystem::remove_all(dir);
 }
+
+// The decision path itself: CacheState::ApplyDecision on one layer of a Qwen2.5-1.5B-shaped
+// sequence (2 KV groups, T = 32768, 2048 pages) keeping 20% of the pages, with the journal
+// (mode 1) and without (mode 0). The first decision on a layer evicts 80% of its pages, the
+// journal's worst case: every 64-page chunk of the layer is rewritten.
+void BM_ApplyDecision(benchmark::State& state) {
+  const bool journaled = state.range(0) != 0;
+  entrokv::CacheOptions options;
+  options.geometry = {.layers = 28,
+                      .query_heads = 12,
+                      .kv_groups = 2,
+                      .head_dim = 8,
+                      .page_size = 16,
+                      .element_bytes = 2};
+  options.capacity_bytes = int64_t{2} * 28 * 2 * 2048 * entrokv::FrameBytes(
+                                                             options.geometry,
+                                                             entrokv::FrameLayout::kGroup);
+  options.name = "journal_bench";
+  auto cache = entrokv::CacheState::Create(options);
+  if (!cache.ok()) {
+    state.SkipWithError("cache");
+    return;
+  }
+  const std::string dir = FreshDir("decide");
+  std::unique_ptr<entrokv::store::StateStore> store;
+  std::unique_ptr<entrokv::store::ModelJournal> journal;
+  if (journaled) {
+    store = *entrokv::store::StateStore::Open(dir, absl::Milliseconds(100));
+    journal = std::make_unique<entrokv::store::ModelJournal>(store.get(), "m", options.geometry);
+    (*cache)->SetJournal(journal.get());
+  }
+  std::vector<std::vector<int32_t>> kept(2);
+  for (int32_t page = 0; page < 2048; page += 5) {
+    kept[0].push_back(page);
+    kept[1].push_back(page);
+  }
+  int layer = 28;
+  int sequence = 0;
+  for (auto _ : state) {
+    if (layer == 28) {  // a fresh sequence: every layer can be decided once more
+      state.PauseTiming();
+      if (sequence > 0) (void)(*cache)->CloseSequence(absl::StrCat("s", sequence - 1));
+      if (!(*cache)->OpenSequence(absl::StrCat("s", sequence++), 32768).ok()) std::abort();
+      layer = 0;
+      state.ResumeTiming();
+    }
+    if (!(*cache)->ApplyDecision(absl::StrCat("s", sequence - 1), layer++, 32768, kept).ok()) {
+      std::abort();
+    }
+  }
+  (*cache)->SetJournal(nullptr);
+  journal.reset();
+  store.reset();
+  std::filesystem::remove_all(dir);
+}
+
+BENCHMARK(BM_ApplyDecision)->Arg(0)->Arg(1)->ArgName("journal");
 
 BENCHMARK(BM_LevelDbWrite)->ArgsProduct({{256, 2048}, {0, 1}})->ArgNames({"value_bytes", "sync"});
 BENCHMARK(BM_SqliteWalWrite)->ArgsProduct({{256, 2048}, {0, 1}})->ArgNames({"value_bytes", "sync"});
