@@ -257,6 +257,31 @@ TEST(RecoveryTest, LostSequencesAnswerFailedPreconditionUntilClosed) {
   EXPECT_EQ(models[0].sequences[0].length, 3);
 }
 
+TEST(RecoveryTest, DeleteModelRemovesItsRecordsOnly) {
+  const std::string dir = FreshDir("delete_model");
+  ModelRecord first = Model(FrameLayout::kGroup, 64);
+  ModelRecord second = first;
+  second.model_id = "m2";  // "m" is a prefix of "m2": the length prefix keeps them apart
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::Seconds(1)));
+  std::vector<std::unique_ptr<ModelJournal>> journals;
+  std::vector<std::unique_ptr<CacheState>> states;
+  for (const ModelRecord& model : {first, second}) {
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    journals.push_back(std::make_unique<ModelJournal>(store.get(), model.model_id, model.geometry));
+    states.push_back(NewState(model));
+    states.back()->SetJournal(journals.back().get());
+    ASSERT_THAT(states.back()->OpenSequence("s", 9), IsOk());
+    ASSERT_THAT(states.back()->SetHeadWeights("s", 0, {1, 2, 3, 4}), IsOk());
+  }
+  for (auto& state : states) state->SetJournal(nullptr);
+  ASSERT_THAT(DeleteModel(*store, "m"), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<RecoveredModel> models, LoadState(*store));
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0].model.model_id, "m2");
+  ASSERT_EQ(models[0].sequences.size(), 1u);
+  EXPECT_EQ(models[0].sequences[0].length, 9);
+}
+
 // Writes a model with sequences and closes the store; `reopen` also reopens it once, which
 // moves LevelDB's log into a table file.
 void WriteSomeState(const std::string& dir, bool reopen) {
