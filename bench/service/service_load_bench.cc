@@ -5,7 +5,8 @@
 // same statistic, same options, one thread).
 //
 // Usage: service_load_bench [seconds_per_run=2] [out_prefix=bench/results/service_load]
-// ENTROKV_BENCH_STATE_DIR=dir runs the daemon with --state_dir=dir (an empty directory).
+// ENTROKV_BENCH_STATE_DIR=dir runs the daemon with --state_dir=dir (an empty directory); its arena
+// stays in /dev/shm as /entrokv.d<instance>.* (kept for a restart): remove it with the directory.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>

@@ -349,6 +349,8 @@ TEST(CrashRecoveryTest, WithoutStateDirKilledDaemonsLeaveNoArenas) {
   Daemon another("");
   ASSERT_TRUE(another.listening()) << another.process().Stderr();
   EXPECT_TRUE(ShmExists(live_arena));
+  another.process().Signal(SIGTERM);
+  EXPECT_EQ(another.process().WaitExit(20000), 0);
   live.process().Signal(SIGTERM);
   EXPECT_EQ(live.process().WaitExit(20000), 0);
   EXPECT_FALSE(ShmExists(live_arena));  // a clean exit removes its own
