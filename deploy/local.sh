@@ -17,6 +17,7 @@ packages=(
   python3 python3-numpy python3-grpcio python3-protobuf python3-matplotlib
   nlohmann-json3-dev python3-pip python3-setuptools
   prometheus openssl
+  libleveldb-dev libsnappy-dev libsqlite3-dev
 )
 missing=()
 for package in "${packages[@]}"; do

@@ -220,10 +220,15 @@ absl::Status CacheManagerService::DoCloseSequence(const v1::CloseSequenceRequest
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
                    FindSequenceModel(request.model_id(), request.sequence_id()));
   CacheState& state = model->state();
-  ASSIGN_OR_RETURN(const SequenceInfo info,
-                   state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
+  absl::StatusOr<SequenceInfo> info =
+      state.GetSequence(request.sequence_id(), /*with_block_tables=*/false);
+  if (absl::IsFailedPrecondition(info.status())) {
+    // A sequence lost at recovery: closing it is how its client acknowledges the loss.
+    return state.CloseSequence(request.sequence_id());
+  }
+  RETURN_IF_ERROR(info.status());
   RETURN_IF_ERROR(state.CloseSequence(request.sequence_id()));
-  response->set_live_frames(info.live_frames);
+  response->set_live_frames(info->live_frames);
   model->RefreshOccupancy();
   return absl::OkStatus();
 }

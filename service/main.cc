@@ -46,7 +46,10 @@ int main(int argc, char** argv) {
       entrokv::service::Server::Start(options);
   if (!server.ok()) {
     LogError(server.status().message());
-    return server.status().code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
+    // Configuration the operator must fix, a damaged --state_dir included: 2.
+    const absl::StatusCode code = server.status().code();
+    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss ? 2
+                                                                                             : 1;
   }
   std::printf("%s\n", (*server)->ListeningLine().c_str());
   std::fflush(stdout);

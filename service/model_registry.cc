@@ -1,9 +1,14 @@
 #include "service/model_registry.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+#include "service/log.h"
+#include "store/model_journal.h"
 
 namespace entrokv::service {
 
@@ -19,8 +24,33 @@ void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<d
   state_->SetHeadWeights(sequence_id, layer, std::move(weights)).IgnoreError();
 }
 
+namespace {
+
+store::ModelRecord RecordOf(const std::string& model_id, const CacheOptions& options,
+                            const CacheState& state) {
+  store::ModelRecord record;
+  record.model_id = model_id;
+  record.geometry = options.geometry;
+  record.layout = options.layout;
+  record.backend = options.backend;
+  record.capacity_bytes = options.capacity_bytes;
+  if (options.backend == Backend::kHost) record.arena_name = state.arena().name;
+  return record;
+}
+
+}  // namespace
+
+std::unique_ptr<CacheJournal> ModelRegistry::AttachJournal(const std::string& model_id,
+                                                           CacheState& state) const {
+  if (store_ == nullptr) return nullptr;
+  auto journal = std::make_unique<store::ModelJournal>(store_, model_id, state.geometry());
+  state.SetJournal(journal.get());
+  return journal;
+}
+
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string& model_id,
-                                                               const CacheOptions& options) {
+                                                               const CacheOptions& requested) {
+  CacheOptions options = requested;
   {
     absl::MutexLock lock(&mu_);
     if (models_.contains(model_id) || pending_.contains(model_id)) {
@@ -35,20 +65,128 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     reserved_bytes_ += options.capacity_bytes;
     pending_[model_id] = options.capacity_bytes;
   }
+  if (namer_ != nullptr && options.backend == Backend::kHost) {
+    options.host_arena.name = namer_->Next(model_id);
+    options.host_arena.keep_name = namer_->durable();
+  }
   // Making the arena may take a while (page-zeroing); no lock held meanwhile.
   absl::StatusOr<std::unique_ptr<CacheState>> state = CacheState::Create(options);
+  if (state.ok() && store_ != nullptr) {
+    // Durable before the client hears of it; a model the journal missed would come back
+    // without its sequences' model.
+    const absl::Status recorded = store::RecordModel(*store_, RecordOf(model_id, options, **state));
+    if (!recorded.ok()) {
+      if (options.host_arena.keep_name) shm_unlink((*state)->arena().name.c_str());
+      state = recorded;
+    }
+  }
   absl::MutexLock lock(&mu_);
   pending_.erase(model_id);
   if (!state.ok()) {
     reserved_bytes_ -= options.capacity_bytes;
     return state.status();
   }
+  std::unique_ptr<CacheJournal> journal = AttachJournal(model_id, **state);
   PoolMetrics* metrics =
       metrics_->AddPool(model_id, options.geometry.query_heads, options.geometry.kv_groups);
-  auto model = std::make_shared<Model>(model_id, options.backend, *std::move(state), metrics);
+  auto model = std::make_shared<Model>(model_id, options.backend, std::move(journal),
+                                       *std::move(state), metrics);
   model->RefreshOccupancy();
   models_[model_id] = model;
   return model;
+}
+
+absl::Status ModelRegistry::Recover(std::vector<store::RecoveredModel> models) {
+  int64_t needed = 0;
+  for (const store::RecoveredModel& recovered : models) needed += recovered.model.capacity_bytes;
+  if (needed > capacity_bytes_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--state_dir: the ", models.size(), " recorded models need ", needed,
+                     " bytes of arena, more than --pool_capacity_bytes=", capacity_bytes_));
+  }
+  absl::flat_hash_set<std::string> arenas_in_use;
+  for (store::RecoveredModel& recovered : models) {
+    RETURN_IF_ERROR(RecoverOne(std::move(recovered), arenas_in_use));
+  }
+  if (namer_ != nullptr && namer_->durable()) {
+    if (const int removed = namer_->RemoveUnused(arenas_in_use); removed > 0) {
+      LogInfo( absl::StrCat("--state_dir: removed ", removed,
+                                   " arenas of this state that no model names"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
+                                       absl::flat_hash_set<std::string>& arenas_in_use) {
+  store::ModelRecord& record = recovered.model;
+  const std::string& id = record.model_id;
+  const auto fail = [&id](const absl::Status& status) {
+    return absl::Status(status.code(),
+                        absl::StrCat("--state_dir: model '", id, "': ", status.message()));
+  };
+  CacheOptions options;
+  options.geometry = record.geometry;
+  options.layout = record.layout;
+  options.backend = record.backend;
+  options.capacity_bytes = record.capacity_bytes;
+  options.name = id;
+  std::string lost_reason;
+  absl::StatusOr<std::unique_ptr<CacheState>> state;
+  if (record.backend == Backend::kHost) {
+    options.host_arena = {.name = record.arena_name, .attach = true, .keep_name = true};
+    state = CacheState::Create(options);
+    if (!state.ok() &&
+        (absl::IsNotFound(state.status()) || absl::IsFailedPrecondition(state.status()))) {
+      lost_reason = absl::StrCat("its host arena did not survive (", state.status().message(),
+                                 "; /dev/shm does not outlive a reboot)");
+    } else if (!state.ok()) {
+      return fail(state.status());
+    }
+  } else {
+    lost_reason =
+        "its cuda arena died with the previous process (device memory never outlives the "
+        "process that allocated it)";
+  }
+  if (!lost_reason.empty()) {
+    if (record.backend == Backend::kHost) {
+      options.host_arena = {
+          .name = namer_ != nullptr ? namer_->Next(id) : "", .attach = false, .keep_name = true};
+    }
+    state = CacheState::Create(options);
+    if (!state.ok()) return fail(state.status());
+    std::vector<std::string> lost_ids;
+    for (const SequenceSnapshot& sequence : recovered.sequences) lost_ids.push_back(sequence.id);
+    for (const auto& [sequence_id, reason] : recovered.lost) lost_ids.push_back(sequence_id);
+    record.arena_name = record.backend == Backend::kHost ? (*state)->arena().name : "";
+    if (store_ != nullptr) {
+      RETURN_IF_ERROR(fail(store::RecordLoss(*store_, record, lost_ids, lost_reason)));
+    }
+    for (const std::string& sequence_id : lost_ids) (*state)->MarkLost({sequence_id}, lost_reason);
+    LogWarning( absl::StrCat("--state_dir: model '", id, "' recovered with a fresh arena; ",
+                                    lost_ids.size(), " sequences lost: ", lost_reason));
+  } else {
+    const size_t count = recovered.sequences.size();
+    RETURN_IF_ERROR(fail((*state)->Restore(std::move(recovered.sequences))));
+    for (const auto& [sequence_id, reason] : recovered.lost) {
+      (*state)->MarkLost({sequence_id}, reason);
+    }
+    LogInfo(
+            absl::StrCat("--state_dir: model '", id, "' recovered: ", count, " sequences, ",
+                         (*state)->Stats().used_frames, " of ", (*state)->Stats().capacity_frames,
+                         " frames in use, arena ", record.arena_name));
+  }
+  if (record.backend == Backend::kHost) arenas_in_use.insert((*state)->arena().name);
+  std::unique_ptr<CacheJournal> journal = AttachJournal(id, **state);
+  absl::MutexLock lock(&mu_);
+  PoolMetrics* metrics =
+      metrics_->AddPool(id, options.geometry.query_heads, options.geometry.kv_groups);
+  auto model =
+      std::make_shared<Model>(id, options.backend, std::move(journal), *std::move(state), metrics);
+  model->RefreshOccupancy();
+  models_[id] = model;
+  reserved_bytes_ += options.capacity_bytes;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Find(absl::string_view model_id) const {

@@ -11,12 +11,17 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "core/pool/cache_journal.h"
 #include "core/pool/cache_state.h"
+#include "service/arena_names.h"
 #include "service/metrics.h"
+#include "store/recovery.h"
+#include "store/state_store.h"
 
 namespace entrokv::service {
 
@@ -24,8 +29,14 @@ namespace entrokv::service {
 // (std::shared_ptr) by the registry and the calls using it; never removed.
 class Model {
  public:
-  Model(std::string id, Backend backend, std::unique_ptr<CacheState> state, PoolMetrics* metrics)
-      : id_(std::move(id)), backend_(backend), state_(std::move(state)), metrics_(metrics) {}
+  // `journal` (null without --state_dir) is what `state` reports its changes to.
+  Model(std::string id, Backend backend, std::unique_ptr<CacheJournal> journal,
+        std::unique_ptr<CacheState> state, PoolMetrics* metrics)
+      : id_(std::move(id)),
+        backend_(backend),
+        journal_(std::move(journal)),
+        state_(std::move(state)),
+        metrics_(metrics) {}
 
   [[nodiscard]] const std::string& id() const { return id_; }
   [[nodiscard]] Backend backend() const { return backend_; }
@@ -44,6 +55,7 @@ class Model {
  private:
   const std::string id_;
   const Backend backend_;
+  const std::unique_ptr<CacheJournal> journal_;  // declared first: outlives state_
   const std::unique_ptr<CacheState> state_;
   PoolMetrics* const metrics_;
 };
@@ -54,6 +66,19 @@ class ModelRegistry {
   // `capacity_bytes` bounds the sum of every model's arena; `metrics` must outlive this.
   ModelRegistry(int64_t capacity_bytes, ServiceMetrics* metrics)
       : capacity_bytes_(capacity_bytes), metrics_(metrics) {}
+
+  // Where host arenas get their names, and (with --state_dir) the journal every model's
+  // changes go to. Both must outlive the registry; call before the first Register.
+  void UseArenaNames(ArenaNamer* namer) { namer_ = namer; }
+  void UseStore(store::StateStore* store) { store_ = store; }
+  // Re-registers the models a journal recorded, before serving: host arenas are attached again
+  // by name and their sequences restored exactly; a model whose frames are gone (cuda arena,
+  // host arena missing or resized) gets a fresh arena and its sequences are marked lost
+  // (journaled, and logged). INVALID_ARGUMENT naming --state_dir and --pool_capacity_bytes
+  // when the models no longer fit; DATA_LOSS naming --state_dir when the records contradict
+  // each other; the arena's error when a fresh one cannot be made. Then removes this
+  // instance's arenas no model names.
+  [[nodiscard]] absl::Status Recover(std::vector<store::RecoveredModel> models);
 
   // Creates the model's pool. ALREADY_EXISTS for a registered id; RESOURCE_EXHAUSTED naming
   // capacity_bytes when the daemon's remaining capacity is smaller; the CacheState's errors.
@@ -66,8 +91,16 @@ class ModelRegistry {
   [[nodiscard]] std::vector<std::shared_ptr<Model>> All() const;
 
  private:
+  // The model's journal wired to `state`; null without a store.
+  [[nodiscard]] std::unique_ptr<CacheJournal> AttachJournal(const std::string& model_id,
+                                                            CacheState& state) const;
+  [[nodiscard]] absl::Status RecoverOne(store::RecoveredModel recovered,
+                                        absl::flat_hash_set<std::string>& arenas_in_use);
+
   const int64_t capacity_bytes_;
   ServiceMetrics* const metrics_;
+  ArenaNamer* namer_ = nullptr;
+  store::StateStore* store_ = nullptr;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

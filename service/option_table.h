@@ -54,7 +54,9 @@ std::string AbslUnparseFlag(ScopeSetting setting);
   X(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed")               \
   X(std::string, token_file, "", "File holding the bearer token clients must send")                \
   X(std::string, state_dir, "",                                                                    \
-    "Directory for the crash-recovery journal (reserved: not yet written)")                        \
+    "Directory of the crash-recovery journal (LevelDB); empty: nothing survives a restart")        \
+  X(int64_t, state_sync_ms, 100,                                                                   \
+    "Sync the journal to disk at most this many ms after a change (0: on every change)")           \
   X(std::string, log_level, "info", "Least severe log line written: info, warning or error")
 
 #endif  // ENTROKV_SERVICE_OPTION_TABLE_H_

@@ -136,6 +136,10 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
       return Invalid("state_dir", absl::StrCat("'", options.state_dir, "' is not a directory"));
     }
   }
+  if (options.state_sync_ms < 0 || options.state_sync_ms > 3600 * 1000) {
+    return Invalid("state_sync_ms",
+                   absl::StrCat("must be in [0, 3600000], got ", options.state_sync_ms));
+  }
   return absl::OkStatus();
 }
 

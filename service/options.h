@@ -24,7 +24,7 @@ struct ServerOptions {
 // INVALID_ARGUMENT naming the option ("--tau: ..."): addresses without a port, non-positive
 // sizes and bounds, an unknown policy, bad policy parameters, a TLS key without a certificate
 // (or the reverse), a CA without a certificate, unreadable files, an empty token file, a
-// state_dir that is not a directory, an unknown log_level.
+// state_dir that is not a directory, a negative state_sync_ms, an unknown log_level.
 [[nodiscard]] absl::Status ValidateServerOptions(const ServerOptions& options);
 
 // The daemon's default scoring parameters, as the core takes them.

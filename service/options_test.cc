@@ -40,6 +40,7 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
       {[](ServerOptions& o) { o.token_file = "/nonexistent/token"; }, "--token_file"},
       {[](ServerOptions& o) { o.state_dir = "/nonexistent/dir"; }, "--state_dir"},
       {[](ServerOptions& o) { o.log_level = "loud"; }, "--log_level"},
+      {[](ServerOptions& o) { o.state_sync_ms = -1; }, "--state_sync_ms"},
   };
   for (const Case& c : cases) {
     ServerOptions options;

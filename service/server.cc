@@ -16,7 +16,9 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "service/arena_names.h"
 #include "service/log.h"
+#include "store/recovery.h"
 
 namespace entrokv::service {
 namespace {
@@ -78,14 +80,43 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ASSIGN_OR_RETURN(token, LoadBearerToken(options.token_file));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials, MakeCredentials(options));
-  if (!options.state_dir.empty()) {
-    LogInfo(absl::StrCat("--state_dir=", options.state_dir,
-                         ": journaling is not yet implemented; nothing is written"));
-  }
 
   std::unique_ptr<Server> server(new Server());
   server->options_ = options;
+  // The journal is opened and read before anything is bound: a damaged one stops the start.
+  std::vector<store::RecoveredModel> recovered;
+  if (!options.state_dir.empty()) {
+    ASSIGN_OR_RETURN(
+        server->store_,
+        store::StateStore::Open(options.state_dir, absl::Milliseconds(options.state_sync_ms)));
+    ASSIGN_OR_RETURN(recovered, store::LoadState(*server->store_));
+  }
+  if (const int removed = RemoveDeadDaemonArenas(); removed > 0) {
+    LogInfo( absl::StrCat("removed ", removed,
+                                 " shared-memory objects of entrokvd processes no longer running"));
+  }
+  if (server->store_ != nullptr) {
+    server->namer_ = ArenaNamer::ForState(server->store_->instance());
+  } else {
+    ASSIGN_OR_RETURN(server->namer_, ArenaNamer::ForProcess());
+  }
   server->metrics_ = std::make_unique<ServiceMetrics>();
+  const int threads = options.worker_threads > 0
+                          ? options.worker_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
+  server->service_ = std::make_unique<CacheManagerService>(
+      options, std::move(token), server->metrics_.get(), server->workers_.get());
+  ModelRegistry& registry = server->service_->registry();
+  registry.UseArenaNames(server->namer_.get());
+  if (server->store_ != nullptr) {
+    registry.UseStore(server->store_.get());
+    RETURN_IF_ERROR(registry.Recover(std::move(recovered)));
+    LogInfo(
+            absl::StrCat("--state_dir=", options.state_dir, ": journaling to ",
+                         server->store_->path(), ", synced every ", options.state_sync_ms, " ms"));
+  }
+
   if (!options.metrics_listen.empty()) {
     try {
       server->exposer_ = std::make_unique<prometheus::Exposer>(options.metrics_listen, 2);
@@ -97,13 +128,6 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     const std::vector<int> metrics_ports = server->exposer_->GetListeningPorts();
     server->metrics_port_ = metrics_ports.empty() ? 0 : metrics_ports.front();
   }
-
-  const int threads = options.worker_threads > 0
-                          ? options.worker_threads
-                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
-  server->service_ = std::make_unique<CacheManagerService>(
-      options, std::move(token), server->metrics_.get(), server->workers_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;

@@ -9,10 +9,12 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
+#include "service/arena_names.h"
 #include "service/cache_manager_service.h"
 #include "service/metrics.h"
 #include "service/options.h"
 #include "service/worker_pool.h"
+#include "store/state_store.h"
 
 namespace prometheus {
 class Exposer;
@@ -30,7 +32,8 @@ inline constexpr char kLivenessHealthName[] = "entrokv.v1.CacheManager.liveness"
 class Server {
  public:
   // Validates the options, binds both ports, starts serving. INVALID_ARGUMENT naming the
-  // option for bad configuration (nothing bound then); UNAVAILABLE naming --listen or
+  // option for bad configuration (nothing bound then); DATA_LOSS naming --state_dir for a
+  // damaged journal (nothing bound then); UNAVAILABLE naming --listen or
   // --metrics_listen when a port cannot be bound; the backend's error when it is unusable.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<Server>> Start(const ServerOptions& options);
   ~Server();
@@ -61,6 +64,9 @@ class Server {
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<WorkerPool> workers_;
+  // The journal and the arena names outlive the service (its models use both).
+  std::unique_ptr<store::StateStore> store_;
+  std::unique_ptr<ArenaNamer> namer_;
   std::unique_ptr<CacheManagerService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

@@ -14,6 +14,7 @@
 #include "core/scoring/policy.h"
 #include "core/util/dtype.h"
 #include "entrokv/v1/cache_manager.pb.h"
+#include "core/scoring/layer_scope.h"
 #include "service/options.h"
 
 namespace entrokv::service {

@@ -5,6 +5,8 @@
 // same statistic, same options, one thread).
 //
 // Usage: service_load_bench [seconds_per_run=2] [out_prefix=bench/results/service_load]
+// ENTROKV_BENCH_STATE_DIR=dir runs the daemon with --state_dir=dir (an empty directory); its arena
+// stays in /dev/shm as /entrokv.d<instance>.* (kept for a restart): remove it with the directory.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -13,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <random>
@@ -160,6 +163,10 @@ int main(int argc, char** argv) {
   options.metrics_listen = "";
   options.pool_capacity_bytes = int64_t{4} << 30;
   options.max_message_bytes = 64 << 20;
+  // ENTROKV_BENCH_STATE_DIR: journal to that directory (the cost of --state_dir).
+  if (const char* state_dir = std::getenv("ENTROKV_BENCH_STATE_DIR"); state_dir != nullptr) {
+    options.state_dir = state_dir;
+  }
   auto server = entrokv::service::Server::Start(options);
   if (!server.ok()) {
     std::fprintf(stderr, "%s\n", std::string(server.status().message()).c_str());

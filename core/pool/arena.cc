@@ -3,10 +3,11 @@
 namespace entrokv {
 
 absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(Backend backend, absl::string_view name,
-                                                         int64_t bytes) {
+                                                         int64_t bytes,
+                                                         const HostArenaSource& host) {
   switch (backend) {
     case Backend::kHost:
-      return CreateHostArena(name, bytes);
+      return CreateHostArena(name, bytes, host);
     case Backend::kCuda:
       return CreateCudaArena(name, bytes);
   }

@@ -37,15 +37,29 @@ class MemoryArena {
                                           int64_t bytes) = 0;
 };
 
+// Where a host arena's shared memory comes from. The default (everything empty) makes a new
+// object named after the pool and unlinks it when the arena goes.
+struct HostArenaSource {
+  // The exact shared-memory name ("/entrokv...."); empty: "/entrokv.<hint>.<pid>.<n>".
+  std::string name;
+  // Map the existing object `name` (crash recovery re-attaches the frames' bytes) instead of
+  // creating it.
+  bool attach = false;
+  // Leave the name linked when the arena goes, so a restarted daemon can attach it again.
+  bool keep_name = false;
+};
+
 // A new arena of `bytes` bytes (> 0). `name` is a hint folded into a host arena's name.
 // Host: INTERNAL with errno text when shm_open/ftruncate/mmap fail. Cuda: UNIMPLEMENTED
 // "backend: cuda was not built in" without CUDA; UNAVAILABLE without a device;
 // RESOURCE_EXHAUSTED when the device is out of memory.
-[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(Backend backend,
-                                                                       absl::string_view name,
-                                                                       int64_t bytes);
-[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view name,
-                                                                           int64_t bytes);
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(
+    Backend backend, absl::string_view name, int64_t bytes, const HostArenaSource& host = {});
+// As CreateArena for the host backend. With source.attach: NOT_FOUND when no object has that
+// name, FAILED_PRECONDITION when it is not a regular object of exactly `bytes` bytes.
+// ALREADY_EXISTS when creating an exact name that exists.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(
+    absl::string_view name, int64_t bytes, const HostArenaSource& source = {});
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
                                                                            int64_t bytes);
 

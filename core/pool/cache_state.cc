@@ -1,6 +1,7 @@
 #include "core/pool/cache_state.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,10 +9,6 @@
 
 namespace entrokv {
 namespace {
-
-absl::Status NotFound(absl::string_view what, absl::string_view id) {
-  return absl::NotFoundError(absl::StrCat(what, " \"", id, "\" is not open"));
-}
 
 absl::Status CheckId(absl::string_view field, absl::string_view id) {
   if (id.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " must not be empty"));
@@ -33,6 +30,7 @@ absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOption
   pool_options.backend = options.backend;
   pool_options.capacity_frames = options.capacity_bytes / frame_bytes;
   pool_options.name = options.name;
+  pool_options.host_arena = options.host_arena;
   ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, PagePool::Create(pool_options));
   return std::unique_ptr<CacheState>(new CacheState(options, std::move(pool)));
 }
@@ -63,7 +61,9 @@ absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t ini
   Sequence sequence(std::string(sequence_id), geometry_, layout_);
   ASSIGN_OR_RETURN(const AppendResult appended, sequence.Append(initial_tokens, *pool_));
   (void)appended;
-  sequences_.emplace(std::string(sequence_id), std::move(sequence));
+  const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(sequence));
+  ForgetLost(sequence_id);
+  if (journal_ != nullptr) journal_->SequenceOpened(it->second);
   return absl::OkStatus();
 }
 
@@ -76,10 +76,12 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
     return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
   }
   const auto parent = sequences_.find(parent_id);
-  if (parent == sequences_.end()) return NotFound("parent sequence", parent_id);
+  if (parent == sequences_.end()) return Missing("parent sequence", parent_id);
   ASSIGN_OR_RETURN(Sequence child,
                    Sequence::Fork(std::string(sequence_id), parent->second, prefix_pages, *pool_));
-  sequences_.emplace(std::string(sequence_id), std::move(child));
+  const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(child));
+  ForgetLost(sequence_id);
+  if (journal_ != nullptr) journal_->SequenceOpened(it->second);
   return absl::OkStatus();
 }
 
@@ -87,9 +89,16 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
                                                       int64_t tokens) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
   ASSIGN_OR_RETURN(AppendResult result, it->second.Append(tokens, *pool_));
   bytes_copied_total_ += result.frames_copied * pool_->frame_bytes();
+  if (journal_ != nullptr) {
+    int64_t first_changed = it->second.page_count();
+    for (const FrameAssignment& frame : result.new_frames) {
+      first_changed = std::min(first_changed, frame.page);
+    }
+    journal_->TokensAppended(it->second, first_changed);
+  }
   return result;
 }
 
@@ -111,7 +120,7 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
   {
     absl::MutexLock lock(&mu_);
     const auto it = sequences_.find(sequence_id);
-    if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+    if (it == sequences_.end()) return Missing("sequence", sequence_id);
     Sequence& sequence = it->second;
     std::vector<bool> seen(geometry_.layers, false);
     for (const LayerKeep& keep : layers) {
@@ -139,6 +148,8 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
       ++decisions_total_;
       results.push_back(std::move(result));
     }
+    // One journal write for every layer: a crash keeps the whole decision or none of it.
+    if (journal_ != nullptr) journal_->DecisionApplied(sequence, layers, results);
     hook = decision_hook_;
   }
   if (hook) hook();
@@ -154,15 +165,17 @@ absl::Status CacheState::SetHeadWeights(absl::string_view sequence_id, int32_t l
                                         std::vector<double> weights) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
-  return it->second.SetHeadWeights(layer, std::move(weights));
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
+  RETURN_IF_ERROR(it->second.SetHeadWeights(layer, std::move(weights)));
+  if (journal_ != nullptr) journal_->HeadWeightsSet(it->second, layer);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<double>> CacheState::GetHeadWeights(absl::string_view sequence_id,
                                                                int32_t layer) const {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
   if (layer < 0 || layer >= geometry_.layers) {
     return absl::FailedPreconditionError(
         absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
@@ -174,7 +187,7 @@ absl::StatusOr<std::vector<uint8_t>> CacheState::LivePages(absl::string_view seq
                                                            int32_t layer) const {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
   if (layer < 0 || layer >= geometry_.layers) {
     return absl::FailedPreconditionError(
         absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
@@ -195,10 +208,95 @@ absl::StatusOr<std::vector<uint8_t>> CacheState::LivePages(absl::string_view seq
 absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) {
+    if (lost_.contains(sequence_id)) {  // the client acknowledges the loss
+      ForgetLost(sequence_id);
+      return absl::OkStatus();
+    }
+    return Missing("sequence", sequence_id);
+  }
+  if (journal_ != nullptr) journal_->SequenceClosed(it->second);
   const absl::Status released = it->second.Release(*pool_);
   sequences_.erase(it);
   return released;
+}
+
+absl::Status CacheState::Missing(absl::string_view what, absl::string_view id) const {
+  if (const auto lost = lost_.find(id); lost != lost_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " \"", id, "\" was lost when entrokvd restarted: ", lost->second,
+                     "; close it or open it again"));
+  }
+  return absl::NotFoundError(absl::StrCat(what, " \"", id, "\" is not open"));
+}
+
+void CacheState::ForgetLost(absl::string_view sequence_id) {
+  if (lost_.erase(sequence_id) > 0 && journal_ != nullptr) {
+    journal_->LostSequenceForgotten(sequence_id);
+  }
+}
+
+void CacheState::SetJournal(CacheJournal* journal) {
+  absl::MutexLock lock(&mu_);
+  journal_ = journal;
+}
+
+void CacheState::MarkLost(const std::vector<std::string>& sequence_ids, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  for (const std::string& id : sequence_ids) {
+    if (!sequences_.contains(id)) lost_[id] = reason;
+  }
+}
+
+absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
+  absl::MutexLock lock(&mu_);
+  if (!sequences_.empty() || pool_->used_frames() != 0) {
+    return absl::FailedPreconditionError("restore: the pool already holds sequences");
+  }
+  const int64_t capacity = pool_->capacity_frames();
+  std::vector<int32_t> refcounts(capacity, 0);
+  std::vector<int32_t> layers(capacity, -1);
+  absl::flat_hash_map<std::string, Sequence> restored;
+  for (SequenceSnapshot& snapshot : snapshots) {
+    const std::string id = snapshot.id;
+    const auto fail = [&id](absl::string_view what) {
+      return absl::DataLossError(absl::StrCat("sequence \"", id, "\": ", what));
+    };
+    if (id.empty() || restored.contains(id)) return fail("empty or duplicate id");
+    ASSIGN_OR_RETURN(
+        Sequence sequence,
+        Sequence::FromSnapshot(id, geometry_, layout_, snapshot.length, std::move(snapshot.tables),
+                               std::move(snapshot.head_weights)));
+    for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+      for (int64_t page = 0; page < sequence.page_count(); ++page) {
+        FrameId unit_frame = kNoFrame;
+        for (int32_t group = 0; group < geometry_.kv_groups; ++group) {
+          const FrameId frame = sequence.block_table(layer, group)[page];
+          if (frame == kNoFrame) continue;
+          if (frame >= capacity) {
+            return fail(absl::StrCat("names frame ", frame, " of a pool of ", capacity));
+          }
+          if (layers[frame] != -1 && layers[frame] != layer) {
+            return fail(absl::StrCat("frame ", frame, " is named by layers ", layers[frame],
+                                     " and ", layer));
+          }
+          if (layout_ == FrameLayout::kLayer && unit_frame != kNoFrame && unit_frame != frame) {
+            return fail(absl::StrCat("layer ", layer, " page ", page, " names two frames"));
+          }
+          if (refcounts[frame] == std::numeric_limits<int32_t>::max()) {
+            return fail(absl::StrCat("frame ", frame, " has too many references"));
+          }
+          unit_frame = frame;
+          layers[frame] = layer;
+          ++refcounts[frame];
+        }
+      }
+    }
+    restored.emplace(id, std::move(sequence));
+  }
+  RETURN_IF_ERROR(pool_->Restore(refcounts, layers));
+  sequences_ = std::move(restored);
+  return absl::OkStatus();
 }
 
 SequenceInfo CacheState::Describe(const Sequence& sequence, bool with_block_tables) {
@@ -214,14 +312,14 @@ absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_
                                                      bool with_block_tables) const {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
   return Describe(it->second, with_block_tables);
 }
 
 absl::StatusOr<int64_t> CacheState::SequenceLength(absl::string_view sequence_id) const {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
   return it->second.length();
 }
 
@@ -246,6 +344,7 @@ PoolStats CacheState::Stats() const {
   stats.frame_bytes = pool_->frame_bytes();
   stats.capacity_bytes = pool_->capacity_bytes();
   stats.sequences_active = static_cast<int64_t>(sequences_.size());
+  stats.sequences_lost = static_cast<int64_t>(lost_.size());
   stats.used_frames_per_layer = pool_->used_frames_per_layer();
   stats.pages_evicted_total = pages_evicted_total_;
   stats.frames_freed_total = frames_freed_total_;

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/pool/arena.h"
+#include "core/pool/cache_journal.h"
 #include "core/pool/geometry.h"
 #include "core/pool/page_pool.h"
 #include "core/pool/sequence.h"
@@ -27,12 +28,15 @@ struct CacheOptions {
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = 0;  // the pool gets capacity_bytes / frame_bytes frames (floor)
   std::string name;            // the pool's name (metric label, arena name hint)
+  HostArenaSource host_arena;  // host backend: the arena's exact name, attach or keep it
 };
 
-// One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision).
-struct LayerKeep {
-  int32_t layer = 0;
-  std::vector<std::vector<int32_t>> kept_pages_per_group;
+// One sequence as a journal recorded it, for Restore.
+struct SequenceSnapshot {
+  std::string id;
+  int64_t length = 0;
+  std::vector<std::vector<FrameId>> tables;       // [layer * kv_groups + group][page]
+  std::vector<std::vector<double>> head_weights;  // [layer]: empty or query_heads values
 };
 
 struct SequenceInfo {
@@ -55,6 +59,7 @@ struct PoolStats {
   int64_t frame_bytes = 0;
   int64_t capacity_bytes = 0;  // capacity_frames * frame_bytes
   int64_t sequences_active = 0;
+  int64_t sequences_lost = 0;  // marked lost at recovery and not yet closed by their clients
   std::vector<int64_t> used_frames_per_layer;
   int64_t pages_evicted_total = 0;
   int64_t frames_freed_total = 0;
@@ -125,7 +130,23 @@ class CacheState {
   [[nodiscard]] absl::StatusOr<std::vector<uint8_t>> LivePages(absl::string_view sequence_id,
                                                                int32_t layer) const;
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
+  // Closing a sequence marked lost succeeds and forgets it.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
+
+  // Crash recovery. Every later change is reported to `journal` (not owned; must outlive this,
+  // or be reset to nullptr first). Destroying the CacheState reports nothing: a shutdown keeps
+  // the journaled state for the next start.
+  void SetJournal(CacheJournal* journal);
+  // Rebuilds the sequences a journal recorded, and the pool from their block tables: every
+  // frame's reference count is the number of entries naming it, the rest are free. DATA_LOSS
+  // naming the first inconsistency (a bad shape, a frame outside the pool or named by two
+  // layers, a kLayer page naming two frames, a duplicate id); FAILED_PRECONDITION unless no
+  // sequence is open. All or nothing. Reports nothing to the journal.
+  [[nodiscard]] absl::Status Restore(std::vector<SequenceSnapshot> sequences);
+  // Sequences whose frames did not survive a restart (a cuda arena dies with its process):
+  // calls naming them get FAILED_PRECONDITION "... was lost ...: <reason>" until the client
+  // closes or reopens them.
+  void MarkLost(const std::vector<std::string>& sequence_ids, const std::string& reason);
 
   // The sequence's length in tokens, O(1): what the decision path needs. NOT_FOUND unknown id.
   [[nodiscard]] absl::StatusOr<int64_t> SequenceLength(absl::string_view sequence_id) const;
@@ -154,6 +175,11 @@ class CacheState {
  private:
   CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool);
   static SequenceInfo Describe(const Sequence& sequence, bool with_block_tables);
+  // NOT_FOUND "<what> "<id>" is not open", or FAILED_PRECONDITION when the id was lost.
+  [[nodiscard]] absl::Status Missing(absl::string_view what, absl::string_view id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops a lost mark (the id is open again or its client closed it), journaled.
+  void ForgetLost(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelGeometry geometry_;
   const FrameLayout layout_;
@@ -161,6 +187,8 @@ class CacheState {
   mutable absl::Mutex mu_;
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Sequence> sequences_ ABSL_GUARDED_BY(mu_);
+  CacheJournal* journal_ ABSL_GUARDED_BY(mu_) = nullptr;
+  absl::flat_hash_map<std::string, std::string> lost_ ABSL_GUARDED_BY(mu_);  // id -> reason
   int64_t pages_evicted_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t frames_freed_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_copied_total_ ABSL_GUARDED_BY(mu_) = 0;

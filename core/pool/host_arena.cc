@@ -1,5 +1,6 @@
 // The host backend: a POSIX shared-memory object, mapped MAP_SHARED. The name stays linked for
-// the arena's life so a worker can shm_open it; the descriptor can be passed instead. Pages of
+// the arena's life so a worker can shm_open it (and, with keep_name, after it, so a restarted
+// daemon can attach it again); the descriptor can be passed instead. Pages of
 // the object are committed only when touched, so a large, mostly idle pool costs little.
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -35,12 +36,12 @@ std::string ShmName(absl::string_view hint) {
 
 class HostArena final : public MemoryArena {
  public:
-  HostArena(std::string name, int fd, void* data, int64_t bytes)
-      : name_(std::move(name)), fd_(fd), data_(data), bytes_(bytes) {}
+  HostArena(std::string name, int fd, void* data, int64_t bytes, bool keep_name)
+      : name_(std::move(name)), fd_(fd), data_(data), bytes_(bytes), keep_name_(keep_name) {}
   ~HostArena() override {
     munmap(data_, static_cast<size_t>(bytes_));
     close(fd_);
-    shm_unlink(name_.c_str());
+    if (!keep_name_) shm_unlink(name_.c_str());
   }
   HostArena(const HostArena&) = delete;
   HostArena& operator=(const HostArena&) = delete;
@@ -65,20 +66,52 @@ class HostArena final : public MemoryArena {
   int fd_;
   void* data_;
   int64_t bytes_;
+  bool keep_name_;
 };
+
+// Maps an existing object of exactly `bytes` bytes. O_NOFOLLOW, O_NONBLOCK and the
+// regular-file check keep a link or a FIFO planted under the name from being trusted.
+absl::StatusOr<std::unique_ptr<MemoryArena>> AttachHostArena(const std::string& shm_name,
+                                                             int64_t bytes, bool keep_name) {
+  const int fd = shm_open(shm_name.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0);
+  if (fd < 0) {
+    const int error = errno;
+    const std::string message =
+        absl::StrCat("host arena: attach ", shm_name, ": shm_open: ", ErrnoText(error));
+    return error == ENOENT ? absl::NotFoundError(message) : absl::InternalError(message);
+  }
+  struct stat st {};
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size != bytes) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat(
+        "host arena: attach ", shm_name, ": not a regular shared-memory object of ", bytes,
+        " bytes (found ", st.st_size, " bytes, mode ", absl::Hex(st.st_mode), ")"));
+  }
+  void* data = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) {
+    const int error = errno;
+    close(fd);
+    return absl::InternalError(
+        absl::StrCat("host arena: attach ", shm_name, ": mmap: ", ErrnoText(error)));
+  }
+  return std::unique_ptr<MemoryArena>(new HostArena(shm_name, fd, data, bytes, keep_name));
+}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view name,
-                                                             int64_t bytes) {
+absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view name, int64_t bytes,
+                                                             const HostArenaSource& source) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("arena bytes must be positive, got ", bytes));
   }
-  const std::string shm_name = ShmName(name);
+  if (source.attach) return AttachHostArena(source.name, bytes, source.keep_name);
+  const std::string shm_name = source.name.empty() ? ShmName(name) : source.name;
   const int fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
   if (fd < 0) {
-    return absl::InternalError(
-        absl::StrCat("host arena: shm_open(", shm_name, "): ", ErrnoText(errno)));
+    const int error = errno;
+    const std::string message =
+        absl::StrCat("host arena: shm_open(", shm_name, "): ", ErrnoText(error));
+    return error == EEXIST ? absl::AlreadyExistsError(message) : absl::InternalError(message);
   }
   auto fail = [&](absl::string_view call) {
     const int error = errno;
@@ -90,7 +123,7 @@ absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view n
   if (ftruncate(fd, static_cast<off_t>(bytes)) != 0) return fail("ftruncate");
   void* data = mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (data == MAP_FAILED) return fail("mmap");
-  return std::unique_ptr<MemoryArena>(new HostArena(shm_name, fd, data, bytes));
+  return std::unique_ptr<MemoryArena>(new HostArena(shm_name, fd, data, bytes, source.keep_name));
 }
 
 absl::StatusOr<std::unique_ptr<HostArenaMapping>> HostArenaMapping::OpenByName(

@@ -12,6 +12,7 @@
 // double eviction can never put a frame on the list twice.
 #include "core/pool/page_pool.h"
 
+#include <algorithm>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -31,9 +32,9 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PagePoolOptions
   if (options.capacity_frames > std::numeric_limits<int64_t>::max() / frame_bytes) {
     return absl::InvalidArgumentError("capacity_frames * frame_bytes overflows");
   }
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<MemoryArena> arena,
-      CreateArena(options.backend, options.name, options.capacity_frames * frame_bytes));
+  ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
+                   CreateArena(options.backend, options.name, options.capacity_frames * frame_bytes,
+                               options.host_arena));
   return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arena)));
 }
 
@@ -86,6 +87,39 @@ absl::StatusOr<bool> PagePool::Release(FrameId frame) {
   frame_layer_[frame] = -1;
   free_list_.push_back(frame);
   return true;
+}
+
+absl::Status PagePool::Restore(const std::vector<int32_t>& refcounts,
+                               const std::vector<int32_t>& layers) {
+  if (used_frames() != 0) {
+    return absl::FailedPreconditionError("pool restore: frames are already in use");
+  }
+  if (static_cast<int64_t>(refcounts.size()) != capacity_frames_ ||
+      static_cast<int64_t>(layers.size()) != capacity_frames_) {
+    return absl::DataLossError(absl::StrCat("pool restore: ", refcounts.size(), " counts for ",
+                                            capacity_frames_, " frames"));
+  }
+  for (int64_t frame = 0; frame < capacity_frames_; ++frame) {
+    if (refcounts[frame] < 0 ||
+        (refcounts[frame] > 0 && (layers[frame] < 0 || layers[frame] >= geometry_.layers))) {
+      return absl::DataLossError(absl::StrCat("pool restore: frame ", frame, " has count ",
+                                              refcounts[frame], " and layer ", layers[frame]));
+    }
+  }
+  free_list_.clear();
+  std::fill(used_per_layer_.begin(), used_per_layer_.end(), 0);
+  // The same order a fresh pool hands frames out in: ascending.
+  for (int64_t f = capacity_frames_ - 1; f >= 0; --f) {
+    refcount_[f] = refcounts[f];
+    if (refcounts[f] == 0) {
+      frame_layer_[f] = -1;
+      free_list_.push_back(static_cast<FrameId>(f));
+    } else {
+      frame_layer_[f] = layers[f];
+      ++used_per_layer_[layers[f]];
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status PagePool::CopyFrame(FrameId source, FrameId destination) {

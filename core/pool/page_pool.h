@@ -20,6 +20,7 @@ struct PagePoolOptions {
   Backend backend = Backend::kHost;
   int64_t capacity_frames = 0;  // in [1, 2^31 - 1]
   std::string name;             // a hint for the arena's name
+  HostArenaSource host_arena;   // host backend: the arena's exact name, attach or keep it
 };
 
 // Owns one MemoryArena of capacity_frames() * frame_bytes() bytes. Frame f lives at byte
@@ -57,6 +58,12 @@ class PagePool {
   // FAILED_PRECONDITION for a free or unknown frame: a double release is an error, never a
   // double free.
   [[nodiscard]] absl::StatusOr<bool> Release(FrameId frame);
+  // Sets every frame's reference count and layer at once (crash recovery: the counts follow
+  // from the block tables a journal kept); frames with count 0 go on the free list. DATA_LOSS
+  // naming the frame for a negative count or a used frame's layer outside the geometry, and
+  // FAILED_PRECONDITION unless every frame is free now; nothing changes then.
+  [[nodiscard]] absl::Status Restore(const std::vector<int32_t>& refcounts,
+                                     const std::vector<int32_t>& layers);
   // Copies a whole frame's bytes (copy-on-write). FAILED_PRECONDITION unless both are used.
   [[nodiscard]] absl::Status CopyFrame(FrameId source, FrameId destination);
 

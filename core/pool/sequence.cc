@@ -53,6 +53,46 @@ absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
   return child;
 }
 
+absl::StatusOr<Sequence> Sequence::FromSnapshot(std::string id, const ModelGeometry& geometry,
+                                                FrameLayout layout, int64_t length,
+                                                std::vector<std::vector<FrameId>> tables,
+                                                std::vector<std::vector<double>> head_weights) {
+  Sequence sequence(std::move(id), geometry, layout);
+  const auto fail = [&sequence](absl::string_view what) {
+    return absl::DataLossError(absl::StrCat("sequence \"", sequence.id_, "\": ", what));
+  };
+  if (length < 0 || length > kMaxSequenceTokens) return fail(absl::StrCat("length ", length));
+  sequence.length_ = length;
+  const int64_t pages = sequence.page_count();
+  if (tables.size() != sequence.tables_.size()) {
+    return fail(
+        absl::StrCat(tables.size(), " block tables, the model has ", sequence.tables_.size()));
+  }
+  for (size_t t = 0; t < tables.size(); ++t) {
+    if (static_cast<int64_t>(tables[t].size()) != pages) {
+      return fail(
+          absl::StrCat("block table ", t, " has ", tables[t].size(), " pages, not ", pages));
+    }
+    for (const FrameId frame : tables[t]) {
+      if (frame < kNoFrame) return fail(absl::StrCat("block table ", t, " names frame ", frame));
+    }
+  }
+  if (head_weights.size() != static_cast<size_t>(geometry.layers)) {
+    return fail(
+        absl::StrCat(head_weights.size(), " head-weight layers, the model has ", geometry.layers));
+  }
+  for (size_t layer = 0; layer < head_weights.size(); ++layer) {
+    if (!head_weights[layer].empty() &&
+        head_weights[layer].size() != static_cast<size_t>(geometry.query_heads)) {
+      return fail(absl::StrCat("layer ", layer, " caches ", head_weights[layer].size(),
+                               " head weights, the model has ", geometry.query_heads, " heads"));
+    }
+  }
+  sequence.tables_ = std::move(tables);
+  sequence.head_weights_ = std::move(head_weights);
+  return sequence;
+}
+
 int64_t Sequence::live_frames() const {
   int64_t live = 0;
   const int unit = unit_groups();

@@ -33,6 +33,12 @@ struct AppendResult {
   int64_t frames_copied = 0;  // shared tail frames copied on write (each frame_bytes)
 };
 
+// One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision).
+struct LayerKeep {
+  int32_t layer = 0;
+  std::vector<std::vector<int32_t>> kept_pages_per_group;
+};
+
 struct ApplyResult {
   std::vector<std::vector<int64_t>> evicted_pages_per_group;  // pages this call evicted
   std::vector<FrameId> freed_frames;                          // frames back on the free list
@@ -64,6 +70,14 @@ class Sequence {
   // INVALID_ARGUMENT for prefix_pages < 0, OUT_OF_RANGE above the parent's page count.
   [[nodiscard]] static absl::StatusOr<Sequence> Fork(std::string id, const Sequence& parent,
                                                      int64_t prefix_pages, PagePool& pool);
+
+  // A sequence as a journal recorded it (crash recovery): `tables` is [layer * kv_groups +
+  // group][page] with page_count() entries each, `head_weights` [layer] (empty or query_heads
+  // values). Checks the shape only (DATA_LOSS naming what is wrong); the references are the
+  // caller's (CacheState::Restore) to rebuild.
+  [[nodiscard]] static absl::StatusOr<Sequence> FromSnapshot(
+      std::string id, const ModelGeometry& geometry, FrameLayout layout, int64_t length,
+      std::vector<std::vector<FrameId>> tables, std::vector<std::vector<double>> head_weights);
 
   Sequence(Sequence&&) = default;
   Sequence& operator=(Sequence&&) = default;

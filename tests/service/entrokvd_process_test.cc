@@ -121,7 +121,7 @@ TEST(EntrokvdProcessTest, ConfigFileAndStateDirAreAccepted) {
   ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
   daemon.Signal(SIGTERM);
   EXPECT_EQ(daemon.WaitExit(10000), 0);
-  EXPECT_THAT(daemon.Stderr(), HasSubstr("journaling is not yet implemented"));
+  EXPECT_THAT(daemon.Stderr(), HasSubstr("journaling to " + dir + "/journal"));
 }
 
 // Abseil's --help lists only flags defined in main()'s file unless told otherwise; it printed

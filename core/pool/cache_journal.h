@@ -1,0 +1,43 @@
+// CacheJournal: what a CacheState tells a durable store about every change it makes, so that
+// a restarted daemon can rebuild the pool exactly (CacheState::Restore). core/ only defines
+// the interface; the store behind it (service side, --state_dir) is not core's concern.
+#ifndef ENTROKV_CORE_POOL_CACHE_JOURNAL_H_
+#define ENTROKV_CORE_POOL_CACHE_JOURNAL_H_
+
+#include <cstdint>
+#include <span>
+
+#include "absl/strings/string_view.h"
+#include "core/pool/sequence.h"
+
+namespace entrokv {
+
+// Every method is called under the CacheState's lock, after the change is made in memory and
+// before the call returns, in the order the changes happen; the Sequence passed shows the state
+// after the change. Methods must not fail: an implementation that cannot make a change durable
+// stops the process, so what a restart recovers never contradicts what a client was told.
+// Pool reference counts and the free list are never journaled: they follow from the block
+// tables.
+class CacheJournal {
+ public:
+  virtual ~CacheJournal() = default;
+  // A new sequence (opened or forked): everything about it.
+  virtual void SequenceOpened(const Sequence& sequence) = 0;
+  // The length changed; block-table entries changed only at pages >= first_changed_page (==
+  // page_count() when no entry changed).
+  virtual void TokensAppended(const Sequence& sequence, int64_t first_changed_page) = 0;
+  // One decision over one or more layers: entries of layers[i].layer changed at the pages
+  // results[i].evicted_pages_per_group names. Made durable as one write (all layers or none).
+  virtual void DecisionApplied(const Sequence& sequence, std::span<const LayerKeep> layers,
+                               std::span<const ApplyResult> results) = 0;
+  // The cached head weights of `layer` changed.
+  virtual void HeadWeightsSet(const Sequence& sequence, int32_t layer) = 0;
+  // The sequence is being closed (still intact when this is called).
+  virtual void SequenceClosed(const Sequence& sequence) = 0;
+  // A sequence marked lost at recovery was closed by its client (or reopened).
+  virtual void LostSequenceForgotten(absl::string_view sequence_id) = 0;
+};
+
+}  // namespace entrokv
+
+#endif  // ENTROKV_CORE_POOL_CACHE_JOURNAL_H_

@@ -1,0 +1,153 @@
+#include "service/arena_names.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+
+namespace entrokv::service {
+namespace {
+
+constexpr char kPrefix[] = "entrokv.";
+constexpr char kLockSuffix[] = ".lock";
+constexpr char kNewLockSuffix[] = ".lock-new";  // before the rename that publishes a lock
+
+std::string Path(absl::string_view file) { return absl::StrCat(kShmDirectory, "/", file); }
+
+std::vector<std::string> ListShm() {
+  std::vector<std::string> names;
+  DIR* dir = opendir(kShmDirectory);
+  if (dir == nullptr) return names;
+  while (const dirent* entry = readdir(dir)) {
+    if (absl::StartsWith(entry->d_name, kPrefix)) names.emplace_back(entry->d_name);
+  }
+  closedir(dir);
+  return names;
+}
+
+// The lock object's descriptor when it is a regular file of ours, else -1.
+int OpenOwnLock(const std::string& path) {
+  const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  struct stat info {};
+  if (fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) || info.st_uid != geteuid()) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+std::string SafeModel(absl::string_view model_id) {
+  std::string safe;
+  for (const char c : model_id.substr(0, 64)) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '_' || c == '-';
+    safe.push_back(ok ? c : '_');
+  }
+  return safe.empty() ? "model" : safe;
+}
+
+int64_t NowNanos() {
+  timespec now{};
+  clock_gettime(CLOCK_REALTIME, &now);
+  return now.tv_sec * int64_t{1000000000} + now.tv_nsec;
+}
+
+}  // namespace
+
+ArenaNamer::ArenaNamer(std::string stem, int lock_fd)
+    : stem_(std::move(stem)), start_(absl::StrCat(absl::Hex(NowNanos()))), lock_fd_(lock_fd) {}
+
+std::unique_ptr<ArenaNamer> ArenaNamer::ForState(absl::string_view instance) {
+  return std::unique_ptr<ArenaNamer>(new ArenaNamer(absl::StrCat("d", instance), -1));
+}
+
+absl::StatusOr<std::unique_ptr<ArenaNamer>> ArenaNamer::ForProcess() {
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const std::string stem = absl::StrCat("e", getpid(), "-", absl::Hex(NowNanos() + attempt));
+    // Made under a name the cleaner treats as a lock too, locked, then renamed into place, so
+    // that no moment exists where a cleaner could see the published lock unheld.
+    const std::string fresh = Path(absl::StrCat(kPrefix, stem, kNewLockSuffix));
+    const int fd = open(fresh.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd < 0) {
+      if (errno == EEXIST) continue;
+      return absl::InternalError(
+          absl::StrCat("arena lock ", fresh, ": open: ", std::strerror(errno)));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0 ||
+        rename(fresh.c_str(), Path(absl::StrCat(kPrefix, stem, kLockSuffix)).c_str()) != 0) {
+      // A cleaner took (and removed) it in between: try another stem.
+      close(fd);
+      unlink(fresh.c_str());
+      continue;
+    }
+    return std::unique_ptr<ArenaNamer>(new ArenaNamer(stem, fd));
+  }
+  return absl::InternalError("arena lock: could not take a lock object in /dev/shm");
+}
+
+ArenaNamer::~ArenaNamer() {
+  if (lock_fd_ < 0) return;
+  unlink(Path(absl::StrCat(kPrefix, stem_, kLockSuffix)).c_str());
+  close(lock_fd_);
+}
+
+std::string ArenaNamer::Next(absl::string_view model_id) {
+  return absl::StrCat("/", kPrefix, stem_, ".", SafeModel(model_id), ".", start_, "-",
+                      counter_.fetch_add(1));
+}
+
+int ArenaNamer::RemoveUnused(const absl::flat_hash_set<std::string>& in_use) const {
+  int removed = 0;
+  const std::string mine = absl::StrCat(kPrefix, stem_, ".");
+  for (const std::string& name : ListShm()) {
+    if (!absl::StartsWith(name, mine) || in_use.contains(absl::StrCat("/", name))) continue;
+    if (absl::EndsWith(name, kLockSuffix) || absl::EndsWith(name, kNewLockSuffix)) continue;
+    removed += unlink(Path(name).c_str()) == 0;
+  }
+  return removed;
+}
+
+int RemoveDeadDaemonArenas() {
+  int removed = 0;
+  const std::vector<std::string> names = ListShm();
+  for (const std::string& lock : names) {
+    absl::string_view stem = lock;
+    stem.remove_prefix(std::strlen(kPrefix));
+    if (!absl::StartsWith(stem, "e") ||
+        !(absl::ConsumeSuffix(&stem, kLockSuffix) || absl::ConsumeSuffix(&stem, kNewLockSuffix)) ||
+        absl::StrContains(stem, '.')) {
+      continue;
+    }
+    const int fd = OpenOwnLock(Path(lock));
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {  // its daemon is alive
+      close(fd);
+      continue;
+    }
+    // Holding the dead daemon's lock: its arenas first, then the lock itself.
+    const std::string arenas = absl::StrCat(kPrefix, stem, ".");
+    for (const std::string& name : ListShm()) {
+      if (!absl::StartsWith(name, arenas) || absl::EndsWith(name, kLockSuffix) ||
+          absl::EndsWith(name, kNewLockSuffix)) {
+        continue;
+      }
+      removed += unlink(Path(name).c_str()) == 0;
+    }
+    removed += unlink(Path(lock).c_str()) == 0;
+    close(fd);
+  }
+  return removed;
+}
+
+}  // namespace entrokv::service

@@ -1,0 +1,98 @@
+// The journal's records: keys and value encodings (fixed-width little-endian, bounds-checked on
+// the way back). The journal keeps state, not a log of operations: each record is the current
+// value of one piece, rewritten in place when it changes, so recovery reads each piece once and
+// nothing ever needs compacting by hand.
+//
+//   "F"                                  format marker (kFormatValue)
+//   "I"                                  instance name (arena names, see StateStore::instance)
+//   "M" lp(model)                        ModelRecord
+//   "S" lp(model) lp(seq)                the sequence's length (fixed64)
+//   "T" lp(model) lp(seq) be32(layer) be32(chunk)
+//                                        block-table chunk: kv_groups x up to kChunkPages
+//                                        frame ids (fixed32), [group][page - chunk*kChunkPages]
+//   "W" lp(model) lp(seq) be32(layer)    cached head weights: query_heads doubles
+//   "L" lp(model) lp(seq)                a sequence lost at recovery: the reason
+//
+// lp(s) is s's length as big-endian 32 bits, then s: keys of one model (or sequence) share a
+// prefix, and no id can pose as another's prefix.
+#ifndef ENTROKV_STORE_RECORDS_H_
+#define ENTROKV_STORE_RECORDS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "core/pool/cache_state.h"
+#include "core/pool/geometry.h"
+
+namespace entrokv::store {
+
+inline constexpr char kFormatKey[] = "F";
+inline constexpr char kInstanceKey[] = "I";
+inline constexpr char kFormatValue[] = "entrokv-state-1";
+// Pages per block-table record: an append that opens a page rewrites one chunk per (layer),
+// not the whole table; a decision rewrites only the chunks it evicted in.
+inline constexpr int64_t kChunkPages = 64;
+
+enum class RecordKind : char {
+  kModel = 'M',
+  kSequence = 'S',
+  kTableChunk = 'T',
+  kWeights = 'W',
+  kLost = 'L',
+};
+
+// [0-9a-f-]+, at most 40 characters: it becomes part of shared-memory names.
+[[nodiscard]] bool ValidInstance(absl::string_view instance);
+
+struct ModelRecord {
+  std::string model_id;
+  ModelGeometry geometry;
+  FrameLayout layout = FrameLayout::kGroup;
+  Backend backend = Backend::kHost;
+  int64_t capacity_bytes = 0;
+  std::string arena_name;  // host: the shared-memory name to attach again; cuda: empty
+};
+
+[[nodiscard]] std::string EncodeModel(const ModelRecord& model);
+// DATA_LOSS when the bytes are not a ModelRecord.
+[[nodiscard]] absl::StatusOr<ModelRecord> DecodeModel(absl::string_view bytes);
+
+[[nodiscard]] std::string ModelKey(absl::string_view model_id);
+// The prefix of every record of the model's sequences, of kind `kind`.
+[[nodiscard]] std::string ModelPrefix(RecordKind kind, absl::string_view model_id);
+[[nodiscard]] std::string SequenceKey(RecordKind kind, absl::string_view model_id,
+                                      absl::string_view sequence_id);
+[[nodiscard]] std::string ChunkKey(absl::string_view model_id, absl::string_view sequence_id,
+                                   int32_t layer, int64_t chunk);
+[[nodiscard]] std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id,
+                                     int32_t layer);
+
+// A parsed key. layer and chunk are set for kTableChunk (chunk) and kWeights (layer only).
+struct ParsedKey {
+  RecordKind kind = RecordKind::kModel;
+  std::string model_id;
+  std::string sequence_id;
+  int32_t layer = -1;
+  int64_t chunk = -1;
+};
+// DATA_LOSS for a key that is none of the above.
+[[nodiscard]] absl::StatusOr<ParsedKey> ParseKey(absl::string_view key);
+
+[[nodiscard]] std::string EncodeInt64(int64_t value);
+[[nodiscard]] absl::StatusOr<int64_t> DecodeInt64(absl::string_view bytes);
+// The chunk's entries of every group of `layer`: kv_groups x pages [first, last).
+[[nodiscard]] std::string EncodeChunk(const Sequence& sequence, int32_t layer, int32_t kv_groups,
+                                      int64_t first_page, int64_t last_page);
+// Frames [group][page]; DATA_LOSS unless the size is kv_groups x `pages` frame ids.
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<FrameId>>> DecodeChunk(absl::string_view bytes,
+                                                                            int32_t kv_groups,
+                                                                            int64_t pages);
+[[nodiscard]] std::string EncodeDoubles(const std::vector<double>& values);
+[[nodiscard]] absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes);
+
+}  // namespace entrokv::store
+
+#endif  // ENTROKV_STORE_RECORDS_H_

@@ -1,0 +1,123 @@
+#include "store/recovery.h"
+
+#include <map>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv::store {
+namespace {
+
+using SequenceId = std::pair<std::string, std::string>;  // (model, sequence)
+
+struct SequenceParts {
+  int64_t length = -1;                                        // -1: no "S" record seen
+  std::map<std::pair<int32_t, int64_t>, std::string> chunks;  // (layer, chunk) -> bytes
+  std::map<int32_t, std::string> weights;                     // layer -> bytes
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store) {
+  const auto damaged = [&store](absl::string_view what) {
+    return absl::DataLossError(
+        absl::StrCat("--state_dir: the journal in ", store.path(), " is inconsistent (", what,
+                     "); refusing to trust it. Move it away to start empty"));
+  };
+  std::map<std::string, RecoveredModel> models;
+  std::map<SequenceId, SequenceParts> sequences;
+  std::map<SequenceId, std::string> lost;
+  absl::Status scanned = store.Scan("", [&](absl::string_view key, absl::string_view value) {
+    if (key == kFormatKey || key == kInstanceKey) return absl::OkStatus();
+    absl::StatusOr<ParsedKey> parsed = ParseKey(key);
+    if (!parsed.ok()) return damaged(parsed.status().message());
+    const SequenceId id(parsed->model_id, parsed->sequence_id);
+    switch (parsed->kind) {
+      case RecordKind::kModel: {
+        absl::StatusOr<ModelRecord> model = DecodeModel(value);
+        if (!model.ok()) return damaged(model.status().message());
+        if (model->model_id != parsed->model_id) return damaged("model record under another id");
+        if (absl::Status valid = ValidateGeometry(model->geometry); !valid.ok()) {
+          return damaged(absl::StrCat("model '", model->model_id, "': ", valid.message()));
+        }
+        models[model->model_id].model = *std::move(model);
+        break;
+      }
+      case RecordKind::kSequence: {
+        absl::StatusOr<int64_t> length = DecodeInt64(value);
+        if (!length.ok()) return damaged(length.status().message());
+        if (*length < 0) return damaged("negative sequence length");
+        sequences[id].length = *length;
+        break;
+      }
+      case RecordKind::kTableChunk:
+        sequences[id].chunks[{parsed->layer, parsed->chunk}] = std::string(value);
+        break;
+      case RecordKind::kWeights:
+        sequences[id].weights[parsed->layer] = std::string(value);
+        break;
+      case RecordKind::kLost:
+        lost[id] = std::string(value);
+        break;
+    }
+    return absl::OkStatus();
+  });
+  RETURN_IF_ERROR(scanned);
+
+  for (auto& [id, parts] : sequences) {
+    const auto& [model_id, sequence_id] = id;
+    const std::string where = absl::StrCat("model '", model_id, "' sequence '", sequence_id, "'");
+    const auto model = models.find(model_id);
+    if (model == models.end()) return damaged(absl::StrCat(where, ": no model record"));
+    if (parts.length < 0) return damaged(absl::StrCat(where, ": records without a length"));
+    const ModelGeometry& g = model->second.model.geometry;
+    SequenceSnapshot snapshot;
+    snapshot.id = sequence_id;
+    snapshot.length = parts.length;
+    const int64_t pages = (parts.length + g.page_size - 1) / g.page_size;
+    const int64_t chunks = (pages + kChunkPages - 1) / kChunkPages;
+    if (static_cast<int64_t>(parts.chunks.size()) != chunks * g.layers) {
+      return damaged(absl::StrCat(where, ": ", parts.chunks.size(), " block-table chunks, ",
+                                  chunks * g.layers, " expected"));
+    }
+    snapshot.tables.assign(static_cast<size_t>(g.layers) * g.kv_groups, {});
+    for (auto& table : snapshot.tables) table.reserve(pages);
+    for (const auto& [position, bytes] : parts.chunks) {
+      const auto [layer, chunk] = position;
+      if (layer >= g.layers || chunk >= chunks) {
+        return damaged(absl::StrCat(where, ": chunk (", layer, ", ", chunk, ") out of range"));
+      }
+      const int64_t in_chunk = std::min(kChunkPages, pages - chunk * kChunkPages);
+      absl::StatusOr<std::vector<std::vector<FrameId>>> frames =
+          DecodeChunk(bytes, g.kv_groups, in_chunk);
+      if (!frames.ok()) return damaged(absl::StrCat(where, ": ", frames.status().message()));
+      // Chunks come in (layer, chunk) order, so appending fills each table page by page.
+      for (int32_t group = 0; group < g.kv_groups; ++group) {
+        auto& table = snapshot.tables[static_cast<size_t>(layer) * g.kv_groups + group];
+        table.insert(table.end(), (*frames)[group].begin(), (*frames)[group].end());
+      }
+    }
+    snapshot.head_weights.assign(g.layers, {});
+    for (const auto& [layer, bytes] : parts.weights) {
+      if (layer >= g.layers) return damaged(absl::StrCat(where, ": weights of layer ", layer));
+      absl::StatusOr<std::vector<double>> weights = DecodeDoubles(bytes);
+      if (!weights.ok()) return damaged(absl::StrCat(where, ": ", weights.status().message()));
+      snapshot.head_weights[layer] = *std::move(weights);
+    }
+    model->second.sequences.push_back(std::move(snapshot));
+  }
+  for (auto& [id, reason] : lost) {
+    const auto model = models.find(id.first);
+    if (model == models.end()) {
+      return damaged(
+          absl::StrCat("lost sequence '", id.second, "' of unknown model '", id.first, "'"));
+    }
+    model->second.lost.emplace_back(id.second, reason);
+  }
+  std::vector<RecoveredModel> out;
+  for (auto& [id, model] : models) out.push_back(std::move(model));
+  return out;
+}
+
+}  // namespace entrokv::store

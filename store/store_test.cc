@@ -1,0 +1,427 @@
+// The --state_dir journal: a CacheState rebuilt from what the journal recorded is the one that
+// was journaled (lengths, block tables, reference counts, free frames, cached weights), and a
+// damaged store is refused, never trusted.
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/pool/cache_state.h"
+#include "core/testing/status_matchers.h"
+#include "core/util/status_macros.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "store/model_journal.h"
+#include "store/records.h"
+#include "store/recovery.h"
+#include "store/state_store.h"
+
+namespace entrokv::store {
+namespace {
+
+using ::entrokv::testing::IsOk;
+using ::entrokv::testing::StatusIs;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/store_test.", name, ".", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+ModelRecord Model(FrameLayout layout, int64_t frames) {
+  ModelRecord model;
+  model.model_id = "m";
+  model.geometry = {.layers = 3,
+                    .query_heads = 4,
+                    .kv_groups = 2,
+                    .head_dim = 4,
+                    .page_size = 4,
+                    .element_bytes = 2};
+  model.layout = layout;
+  model.capacity_bytes = frames * FrameBytes(model.geometry, layout);
+  return model;
+}
+
+std::unique_ptr<CacheState> NewState(const ModelRecord& model) {
+  CacheOptions options;
+  options.geometry = model.geometry;
+  options.layout = model.layout;
+  options.capacity_bytes = model.capacity_bytes;
+  options.name = "store_test";
+  absl::StatusOr<std::unique_ptr<CacheState>> state = CacheState::Create(options);
+  EXPECT_THAT(state, IsOk());
+  return *std::move(state);
+}
+
+// Everything recovery must bring back, in a comparable form.
+struct Observed {
+  std::vector<std::string> ids;
+  std::vector<int64_t> lengths;
+  std::vector<int64_t> live;
+  std::vector<std::vector<std::vector<std::vector<FrameId>>>> tables;
+  std::vector<std::vector<std::vector<double>>> weights;
+  int64_t used = 0;
+  int64_t free = 0;
+  std::vector<int64_t> used_per_layer;
+  bool operator==(const Observed&) const = default;
+};
+
+Observed Observe(const CacheState& state) {
+  Observed out;
+  for (const SequenceInfo& info : state.ListSequences(/*with_block_tables=*/true)) {
+    out.ids.push_back(info.id);
+    out.lengths.push_back(info.length);
+    out.live.push_back(info.live_frames);
+    out.tables.push_back(info.block_tables);
+    std::vector<std::vector<double>> weights;
+    for (int layer = 0; layer < state.geometry().layers; ++layer) {
+      weights.push_back(*state.GetHeadWeights(info.id, layer));
+    }
+    out.weights.push_back(std::move(weights));
+  }
+  const PoolStats stats = state.Stats();
+  out.used = stats.used_frames;
+  out.free = stats.free_frames;
+  out.used_per_layer = stats.used_frames_per_layer;
+  return out;
+}
+
+// Random opens, forks, appends, decisions, weights and closes (fixed seed); errors such as an
+// exhausted pool are part of the workload.
+void RandomWorkload(CacheState& state, uint32_t seed, int steps) {
+  std::mt19937 rng(seed);
+  const ModelGeometry& g = state.geometry();
+  int next_id = 0;
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<SequenceInfo> open = state.ListSequences(false);
+    const int op = static_cast<int>(rng() % 6);
+    if (op == 0 || open.empty()) {
+      (void)state.OpenSequence(absl::StrCat("s", next_id++), rng() % 20);
+      continue;
+    }
+    const SequenceInfo& pick = open[rng() % open.size()];
+    const int64_t pages = (pick.length + g.page_size - 1) / g.page_size;
+    switch (op) {
+      case 1:
+        (void)state.ForkSequence(absl::StrCat("s", next_id++), pick.id,
+                                 static_cast<int64_t>(rng() % (pages + 1)));
+        break;
+      case 2:
+        (void)state.AppendTokens(pick.id, 1 + rng() % 9);
+        break;
+      case 3: {
+        std::vector<std::vector<int32_t>> kept(g.kv_groups);
+        for (auto& pages_kept : kept) {
+          for (int32_t page = 0; page < pages; ++page) {
+            if (rng() % 3 != 0) pages_kept.push_back(page);
+          }
+        }
+        ASSERT_THAT(
+            state.ApplyDecision(pick.id, static_cast<int32_t>(rng() % g.layers), pick.length, kept),
+            IsOk());
+        break;
+      }
+      case 4: {
+        std::vector<double> weights(g.query_heads);
+        for (double& w : weights) w = static_cast<double>(rng() % 1000) / 7.0;
+        ASSERT_THAT(state.SetHeadWeights(pick.id, static_cast<int32_t>(rng() % g.layers), weights),
+                    IsOk());
+        break;
+      }
+      case 5:
+        ASSERT_THAT(state.CloseSequence(pick.id), IsOk());
+        break;
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CacheState>> Recover(const std::string& dir,
+                                                    const ModelRecord& model) {
+  ASSIGN_OR_RETURN(std::unique_ptr<StateStore> store, StateStore::Open(dir, absl::Seconds(1)));
+  ASSIGN_OR_RETURN(std::vector<RecoveredModel> models, LoadState(*store));
+  if (models.size() != 1) return absl::InternalError("expected one model");
+  std::unique_ptr<CacheState> state = NewState(model);
+  RETURN_IF_ERROR(state->Restore(std::move(models[0].sequences)));
+  return state;
+}
+
+class RecoveryTest : public ::testing::TestWithParam<FrameLayout> {};
+
+TEST_P(RecoveryTest, RestoredStateEqualsTheJournaledOne) {
+  const std::string dir = FreshDir(absl::StrCat("equal", static_cast<int>(GetParam())));
+  const ModelRecord model = Model(GetParam(), 120);
+  Observed before;
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<StateStore> store,
+                                 StateStore::Open(dir, absl::Milliseconds(5)));
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    ModelJournal journal(store.get(), model.model_id, model.geometry);
+    std::unique_ptr<CacheState> state = NewState(model);
+    state->SetJournal(&journal);
+    RandomWorkload(*state, /*seed=*/7, 400);
+    ASSERT_THAT(state->CheckInvariants(), IsOk());
+    before = Observe(*state);
+    ASSERT_GT(before.ids.size(), 2u);
+    ASSERT_GT(before.used, 0);
+    state->SetJournal(nullptr);
+  }
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CacheState> after, Recover(dir, model));
+  EXPECT_THAT(after->CheckInvariants(), IsOk());  // refcounts == block-table references
+  const Observed recovered = Observe(*after);
+  EXPECT_EQ(recovered.ids, before.ids);
+  EXPECT_EQ(recovered.lengths, before.lengths);
+  EXPECT_EQ(recovered.tables, before.tables);
+  EXPECT_EQ(recovered.weights, before.weights);
+  EXPECT_TRUE(recovered == before);
+  EXPECT_EQ(recovered.used + recovered.free, 120);
+  // The recovered pool keeps working: a new sequence gets free frames, closing all frees all.
+  for (const std::string& id : recovered.ids) ASSERT_THAT(after->CloseSequence(id), IsOk());
+  EXPECT_EQ(after->Stats().used_frames, 0);
+  const int64_t frames_per_page =
+      model.geometry.layers * (GetParam() == FrameLayout::kGroup ? model.geometry.kv_groups : 1);
+  ASSERT_THAT(after->OpenSequence("new", 120 / frames_per_page * model.geometry.page_size),
+              IsOk());  // every frame
+  EXPECT_EQ(after->Stats().free_frames, 0);
+  ASSERT_THAT(after->CloseSequence("new"), IsOk());
+  EXPECT_EQ(after->Stats().used_frames, 0);
+  EXPECT_THAT(after->CheckInvariants(), IsOk());
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, RecoveryTest,
+                         ::testing::Values(FrameLayout::kGroup, FrameLayout::kLayer));
+
+TEST(RecoveryTest, ClosedSequencesLeaveNoRecords) {
+  const std::string dir = FreshDir("closed");
+  const ModelRecord model = Model(FrameLayout::kGroup, 500);
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    ModelJournal journal(store.get(), model.model_id, model.geometry);
+    std::unique_ptr<CacheState> state = NewState(model);
+    state->SetJournal(&journal);
+    ASSERT_THAT(state->OpenSequence("a", 300), IsOk());  // 75 pages: two chunks per layer
+    ASSERT_THAT(state->SetHeadWeights("a", 1, {1, 2, 3, 4}), IsOk());
+    ASSERT_THAT(state->CloseSequence("a"), IsOk());
+    int records = 0;
+    ASSERT_THAT(store->Scan("",
+                            [&records](absl::string_view key, absl::string_view) {
+                              ++records;
+                              return absl::OkStatus();
+                            }),
+                IsOk());
+    EXPECT_EQ(records, 3);  // format, instance, model
+    state->SetJournal(nullptr);
+  }
+}
+
+TEST(RecoveryTest, LostSequencesAnswerFailedPreconditionUntilClosed) {
+  const std::string dir = FreshDir("lost");
+  ModelRecord model = Model(FrameLayout::kGroup, 64);
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    ModelJournal journal(store.get(), model.model_id, model.geometry);
+    std::unique_ptr<CacheState> state = NewState(model);
+    state->SetJournal(&journal);
+    ASSERT_THAT(state->OpenSequence("a", 9), IsOk());
+    ASSERT_THAT(state->OpenSequence("b", 9), IsOk());
+    state->SetJournal(nullptr);
+    ASSERT_THAT(RecordLoss(*store, model, {"a", "b"}, "the arena died"), IsOk());
+  }
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<RecoveredModel> models, LoadState(*store));
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_TRUE(models[0].sequences.empty());
+  ASSERT_EQ(models[0].lost.size(), 2u);
+  std::unique_ptr<CacheState> state = NewState(model);
+  ModelJournal journal(store.get(), model.model_id, model.geometry);
+  state->SetJournal(&journal);
+  for (const auto& [id, reason] : models[0].lost) state->MarkLost({id}, reason);
+  EXPECT_EQ(state->Stats().sequences_lost, 2);
+  EXPECT_THAT(state->AppendTokens("a", 1),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       HasSubstr("\"a\" was lost when entrokvd restarted: the arena died")));
+  EXPECT_THAT(state->CloseSequence("a"), IsOk());  // the client acknowledges the loss
+  EXPECT_THAT(state->AppendTokens("a", 1), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
+  EXPECT_THAT(state->OpenSequence("b", 3), IsOk());  // reopening starts it afresh
+  state->SetJournal(nullptr);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(models, LoadState(*store));
+  EXPECT_TRUE(models[0].lost.empty());
+  ASSERT_EQ(models[0].sequences.size(), 1u);
+  EXPECT_EQ(models[0].sequences[0].length, 3);
+}
+
+TEST(RecoveryTest, DeleteModelRemovesItsRecordsOnly) {
+  const std::string dir = FreshDir("delete_model");
+  ModelRecord first = Model(FrameLayout::kGroup, 64);
+  ModelRecord second = first;
+  second.model_id = "m2";  // "m" is a prefix of "m2": the length prefix keeps them apart
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::Seconds(1)));
+  std::vector<std::unique_ptr<ModelJournal>> journals;
+  std::vector<std::unique_ptr<CacheState>> states;
+  for (const ModelRecord& model : {first, second}) {
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    journals.push_back(std::make_unique<ModelJournal>(store.get(), model.model_id, model.geometry));
+    states.push_back(NewState(model));
+    states.back()->SetJournal(journals.back().get());
+    ASSERT_THAT(states.back()->OpenSequence("s", 9), IsOk());
+    ASSERT_THAT(states.back()->SetHeadWeights("s", 0, {1, 2, 3, 4}), IsOk());
+  }
+  for (auto& state : states) state->SetJournal(nullptr);
+  ASSERT_THAT(DeleteModel(*store, "m"), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<RecoveredModel> models, LoadState(*store));
+  ASSERT_EQ(models.size(), 1u);
+  EXPECT_EQ(models[0].model.model_id, "m2");
+  ASSERT_EQ(models[0].sequences.size(), 1u);
+  EXPECT_EQ(models[0].sequences[0].length, 9);
+}
+
+// Writes a model with sequences and closes the store; `reopen` also reopens it once, which
+// moves LevelDB's log into a table file.
+void WriteSomeState(const std::string& dir, bool reopen) {
+  const ModelRecord model = Model(FrameLayout::kGroup, 120);
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::Seconds(1)));
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    ModelJournal journal(store.get(), model.model_id, model.geometry);
+    std::unique_ptr<CacheState> state = NewState(model);
+    state->SetJournal(&journal);
+    RandomWorkload(*state, /*seed=*/11, 200);
+    state->SetJournal(nullptr);
+  }
+  if (reopen) {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::Seconds(1)));
+  }
+}
+
+// Overwrites 16 bytes in the middle of every file whose name ends with `suffix` (or, for a
+// suffix ending in '-', starts with it).
+int CorruptFiles(const std::string& dir, const std::string& suffix) {
+  int corrupted = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/journal")) {
+    const std::string name = entry.path().filename().string();
+    const bool match =
+        suffix.back() == '-'
+            ? name.rfind(suffix, 0) == 0
+            : name.size() >= suffix.size() && name.substr(name.size() - suffix.size()) == suffix;
+    if (!match) continue;
+    const auto size = std::filesystem::file_size(entry.path());
+    if (size < 64) continue;
+    std::fstream file(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size / 2));
+    file.write("\xde\xad\xbe\xef\xde\xad\xbe\xef\xde\xad\xbe\xef\xde\xad\xbe\xef", 16);
+    ++corrupted;
+  }
+  return corrupted;
+}
+
+absl::Status OpenAndLoad(const std::string& dir) {
+  ASSIGN_OR_RETURN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+  return LoadState(*store).status();
+}
+
+TEST(CorruptionTest, DamagedLogIsRefused) {
+  const std::string dir = FreshDir("bad_log");
+  WriteSomeState(dir, /*reopen=*/false);
+  ASSERT_GT(CorruptFiles(dir, ".log"), 0);
+  EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")));
+}
+
+TEST(CorruptionTest, DamagedTableIsRefused) {
+  const std::string dir = FreshDir("bad_table");
+  WriteSomeState(dir, /*reopen=*/true);
+  ASSERT_GT(CorruptFiles(dir, ".ldb"), 0);
+  EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")));
+}
+
+TEST(CorruptionTest, MissingOrDamagedManifestIsRefused) {
+  const std::string dir = FreshDir("bad_manifest");
+  WriteSomeState(dir, /*reopen=*/true);
+  std::filesystem::remove(dir + "/journal/CURRENT");
+  EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")));
+  const std::string dir2 = FreshDir("bad_manifest2");
+  WriteSomeState(dir2, /*reopen=*/true);
+  ASSERT_GT(CorruptFiles(dir2, "MANIFEST-"), 0);
+  EXPECT_THAT(OpenAndLoad(dir2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")));
+}
+
+TEST(CorruptionTest, ForeignOrInconsistentRecordsAreRefused) {
+  const std::string dir = FreshDir("foreign");
+  WriteSomeState(dir, /*reopen=*/false);
+  {
+    // Records that pass LevelDB's checksums but are not the journal's: a chunk with no
+    // sequence, a model record that does not parse, an unknown key.
+    leveldb::Options options;
+    leveldb::DB* raw = nullptr;
+    ASSERT_TRUE(leveldb::DB::Open(options, dir + "/journal", &raw).ok());
+    std::unique_ptr<leveldb::DB> db(raw);
+    ASSERT_TRUE(db->Put({}, ChunkKey("m", "ghost", 0, 0), std::string(8, '\0')).ok());
+  }
+  EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ghost")));
+  for (const auto& [key, value] : std::vector<std::pair<std::string, std::string>>{
+           {ModelKey("m"), "garbage"}, {"Zzz", "?"}, {kFormatKey, "other-format"}}) {
+    const std::string dir2 = FreshDir("foreign2");
+    WriteSomeState(dir2, /*reopen=*/false);
+    {
+      leveldb::Options options;
+      leveldb::DB* raw = nullptr;
+      ASSERT_TRUE(leveldb::DB::Open(options, dir2 + "/journal", &raw).ok());
+      std::unique_ptr<leveldb::DB> db(raw);
+      ASSERT_TRUE(db->Put({}, key, value).ok());
+    }
+    EXPECT_THAT(OpenAndLoad(dir2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")))
+        << key;
+  }
+}
+
+TEST(CorruptionTest, RestoreRefusesFramesThePoolCannotHold) {
+  const ModelRecord model = Model(FrameLayout::kGroup, 8);
+  std::unique_ptr<CacheState> state = NewState(model);
+  SequenceSnapshot snapshot;
+  snapshot.id = "s";
+  snapshot.length = 4;                                // one page
+  snapshot.tables = {{0}, {1}, {2}, {3}, {4}, {99}};  // frame 99 is beyond the pool
+  snapshot.head_weights.assign(3, {});
+  EXPECT_THAT(state->Restore({snapshot}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("frame 99")));
+  snapshot.tables[5] = {5};
+  snapshot.tables[2] = {0};  // frame 0 named by layers 0 and 1
+  EXPECT_THAT(state->Restore({snapshot}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("named by layers")));
+  EXPECT_EQ(state->Stats().used_frames, 0);  // nothing changed
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+TEST(RecordsTest, ModelRoundTripsAndGarbageIsRefused) {
+  ModelRecord model = Model(FrameLayout::kLayer, 10);
+  model.backend = Backend::kCuda;
+  model.arena_name = "/entrokv.dabc.m.0";
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ModelRecord back, DecodeModel(EncodeModel(model)));
+  EXPECT_EQ(back.model_id, model.model_id);
+  EXPECT_EQ(back.geometry.query_heads, model.geometry.query_heads);
+  EXPECT_EQ(back.layout, model.layout);
+  EXPECT_EQ(back.backend, model.backend);
+  EXPECT_EQ(back.capacity_bytes, model.capacity_bytes);
+  EXPECT_EQ(back.arena_name, model.arena_name);
+  const std::string bytes = EncodeModel(model);
+  EXPECT_THAT(DecodeModel(bytes.substr(0, bytes.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(DecodeModel(bytes + "x"), StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(ParseKey(ChunkKey("m", "s", 2, 5).substr(0, 9)),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ParsedKey key, ParseKey(ChunkKey("m", "s", 2, 5)));
+  EXPECT_EQ(key.kind, RecordKind::kTableChunk);
+  EXPECT_EQ(key.model_id, "m");
+  EXPECT_EQ(key.sequence_id, "s");
+  EXPECT_EQ(key.layer, 2);
+  EXPECT_EQ(key.chunk, 5);
+}
+
+}  // namespace
+}  // namespace entrokv::store

@@ -1,0 +1,360 @@
+// R16 with the real binaries: entrokvd under load, kill -9, restarted on the same --state_dir,
+// holds exactly what it held (models, sequences, block tables, free frames, the host arena's
+// bytes); a damaged journal stops the start with exit 2; and without --state_dir the arenas of
+// a killed daemon do not stay behind in /dev/shm.
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/pool/arena.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/e2e/cli_runner.h"
+#include "tests/service/test_support.h"
+
+namespace entrokv::service {
+namespace {
+
+using ::entrokv::service::testing::BytesStatistic;
+using ::entrokv::service::testing::DaemonProcess;
+using ::entrokv::service::testing::MakeChannel;
+using ::entrokv::service::testing::RandomStatistic;
+using ::entrokv::service::testing::RegisterRequest;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& name) {
+  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, ".", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+std::vector<std::string> Args(const std::string& state_dir) {
+  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
+                                   "--worker_threads=2"};
+  if (!state_dir.empty()) args.push_back("--state_dir=" + state_dir);
+  return args;
+}
+
+bool ShmExists(const std::string& name) {
+  struct stat info {};
+  return ::stat(absl::StrCat("/dev/shm", name).c_str(), &info) == 0;
+}
+
+class Daemon {
+ public:
+  explicit Daemon(const std::string& state_dir) : process_(ENTROKVD_PATH, Args(state_dir)) {
+    listening_ = process_.WaitListening(20000);
+    if (listening_) {
+      address_ = absl::StrCat("127.0.0.1:", process_.port());
+      stub_ = v1::CacheManager::NewStub(MakeChannel(address_));
+    }
+  }
+  [[nodiscard]] bool listening() const { return listening_; }
+  DaemonProcess& process() { return process_; }
+  v1::CacheManager::Stub& stub() { return *stub_; }
+  const std::string& address() const { return address_; }
+
+ private:
+  DaemonProcess process_;
+  bool listening_ = false;
+  std::string address_;
+  std::unique_ptr<v1::CacheManager::Stub> stub_;
+};
+
+grpc::Status Open(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
+                  int64_t tokens, const std::string& parent = "", int64_t prefix_pages = 0) {
+  grpc::ClientContext context;
+  v1::OpenSequenceRequest request;
+  request.set_model_id(model);
+  request.set_sequence_id(id);
+  request.set_initial_tokens(tokens);
+  request.set_parent_sequence_id(parent);
+  request.set_prefix_pages(prefix_pages);
+  v1::OpenSequenceResponse response;
+  return stub.OpenSequence(&context, request, &response);
+}
+
+grpc::Status Append(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
+                    int64_t tokens) {
+  grpc::ClientContext context;
+  v1::AppendTokensRequest request;
+  request.set_model_id(model);
+  request.set_sequence_id(id);
+  request.set_tokens(tokens);
+  v1::AppendTokensResponse response;
+  return stub.AppendTokens(&context, request, &response);
+}
+
+grpc::Status Close(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id) {
+  grpc::ClientContext context;
+  v1::CloseSequenceRequest request;
+  request.set_model_id(model);
+  request.set_sequence_id(id);
+  v1::CloseSequenceResponse response;
+  return stub.CloseSequence(&context, request, &response);
+}
+
+grpc::Status Decide(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
+                    int layers, int heads, int64_t tokens, uint32_t seed) {
+  grpc::ClientContext context;
+  v1::DecideRequest request;
+  request.set_model_id(model);
+  request.set_sequence_id(id);
+  request.mutable_budget()->set_fraction(0.4);
+  for (int layer = 0; layer < layers; ++layer) {
+    v1::LayerStatistic* in = request.add_layers();
+    in->set_layer(layer);
+    *in->mutable_statistic() = BytesStatistic(RandomStatistic(heads, tokens, seed + layer), heads,
+                                              tokens, v1::DTYPE_FLOAT32);
+  }
+  v1::DecideResponse response;
+  return stub.Decide(&context, request, &response);
+}
+
+// Everything a client can see of the daemon's state, as bytes to compare.
+struct Snapshot {
+  std::string models;
+  std::vector<std::string> sequences;  // per model, with block tables
+  std::vector<std::string> stats;      // per model: used, free, active
+  std::string cli_json;
+};
+
+Snapshot Take(Daemon& daemon) {
+  Snapshot snapshot;
+  grpc::ClientContext context;
+  v1::ListModelsResponse models;
+  EXPECT_TRUE(daemon.stub().ListModels(&context, {}, &models).ok());
+  snapshot.models = models.SerializeAsString();
+  for (const v1::PoolInfo& pool : models.pools()) {
+    grpc::ClientContext list_context;
+    v1::ListSequencesRequest request;
+    request.set_model_id(pool.model_id());
+    request.set_include_block_tables(true);
+    v1::ListSequencesResponse sequences;
+    EXPECT_TRUE(daemon.stub().ListSequences(&list_context, request, &sequences).ok());
+    snapshot.sequences.push_back(sequences.SerializeAsString());
+    grpc::ClientContext stats_context;
+    v1::GetPoolStatsRequest stats_request;
+    stats_request.set_model_id(pool.model_id());
+    v1::PoolStats stats;
+    EXPECT_TRUE(daemon.stub().GetPoolStats(&stats_context, stats_request, &stats).ok());
+    snapshot.stats.push_back(absl::StrCat(stats.used_frames(), "/", stats.free_frames(), "/",
+                                          stats.capacity_frames(), "/", stats.sequences_active()));
+  }
+  const entrokv::testing::CliRun cli =
+      entrokv::testing::RunCli(absl::StrCat("sequences --json --server ", daemon.address()));
+  EXPECT_EQ(cli.exit_code, 0) << cli.out;
+  snapshot.cli_json = cli.out;
+  return snapshot;
+}
+
+std::string ArenaName(Daemon& daemon, const std::string& model) {
+  grpc::ClientContext context;
+  v1::GetModelRequest request;
+  request.set_model_id(model);
+  v1::GetModelResponse response;
+  EXPECT_TRUE(daemon.stub().GetModel(&context, request, &response).ok());
+  return response.pool().arena_name();
+}
+
+std::string ArenaBytes(const std::string& name) {
+  absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping = HostArenaMapping::OpenByName(name);
+  EXPECT_TRUE(mapping.ok()) << mapping.status();
+  if (!mapping.ok()) return "";
+  return std::string(static_cast<const char*>((*mapping)->data()),
+                     static_cast<size_t>((*mapping)->bytes()));
+}
+
+void Register(Daemon& daemon, const std::string& model, v1::FrameLayout layout) {
+  grpc::ClientContext context;
+  v1::RegisterModelRequest request = RegisterRequest(model, 3, 8, 2, uint64_t{4} << 20);
+  request.set_frame_layout(layout);
+  v1::RegisterModelResponse response;
+  ASSERT_TRUE(daemon.stub().RegisterModel(&context, request, &response).ok());
+}
+
+// Opens, forks, appends, decides (caching head weights) and closes on two models; then writes
+// a pattern into every byte of both arenas, as engines write K/V into their frames.
+void Load(Daemon& daemon) {
+  auto& stub = daemon.stub();
+  Register(daemon, "group", v1::FRAME_LAYOUT_GROUP);
+  Register(daemon, "layer", v1::FRAME_LAYOUT_LAYER);
+  for (const std::string model : {"group", "layer"}) {
+    ASSERT_TRUE(Open(stub, model, "a", 200).ok());
+    ASSERT_TRUE(Open(stub, model, "b", 90).ok());
+    ASSERT_TRUE(Decide(stub, model, "a", 3, 8, 200, 1).ok());
+    ASSERT_TRUE(Open(stub, model, "a/fork", 0, "a", 10).ok());  // shares evicted and live pages
+    ASSERT_TRUE(Append(stub, model, "a/fork", 7).ok());         // copy-on-write of the tail
+    ASSERT_TRUE(Append(stub, model, "a", 40).ok());
+    ASSERT_TRUE(Decide(stub, model, "a", 3, 8, 240, 2).ok());  // reuses the cached weights
+    ASSERT_TRUE(Open(stub, model, "c", 80).ok());
+    ASSERT_TRUE(Close(stub, model, "b").ok());
+    {
+      const grpc::Status decided = Decide(stub, model, "c", 3, 8, 80, 3);
+      ASSERT_TRUE(decided.ok()) << decided.error_message();
+    }
+    ASSERT_TRUE(Append(stub, model, "c", 1).ok());
+  }
+  for (const std::string model : {"group", "layer"}) {
+    absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
+        HostArenaMapping::OpenByName(ArenaName(daemon, model));
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    unsigned char* bytes = static_cast<unsigned char*>((*mapping)->data());
+    for (int64_t i = 0; i < (*mapping)->bytes(); ++i) bytes[i] = static_cast<unsigned char>(i * 7);
+  }
+}
+
+TEST(CrashRecoveryTest, KillNineAndRestartRecoverEverythingExactly) {  // R16
+  const std::string dir = FreshDir("crash_recovery");
+  Snapshot before;
+  std::string group_bytes;
+  std::string layer_bytes;
+  std::vector<std::string> arenas;
+  {
+    Daemon daemon(dir);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Load(daemon);
+    before = Take(daemon);
+    arenas = {ArenaName(daemon, "group"), ArenaName(daemon, "layer")};
+    group_bytes = ArenaBytes(arenas[0]);
+    layer_bytes = ArenaBytes(arenas[1]);
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  ASSERT_THAT(before.cli_json, HasSubstr("\"sequence_id\":\"a/fork\""));
+  Daemon daemon(dir);
+  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("model 'group' recovered: 3 sequences"));
+  const Snapshot after = Take(daemon);
+  EXPECT_EQ(after.models, before.models);  // same pools, same arena names
+  EXPECT_EQ(after.sequences, before.sequences);
+  EXPECT_EQ(after.stats, before.stats);
+  EXPECT_EQ(after.cli_json, before.cli_json);
+  EXPECT_TRUE(ArenaBytes(arenas[0]) == group_bytes);
+  EXPECT_TRUE(ArenaBytes(arenas[1]) == layer_bytes);
+
+  // The recovered daemon goes on: decisions, appends, and closing everything frees every frame.
+  auto& stub = daemon.stub();
+  for (const std::string model : {"group", "layer"}) {
+    {
+      const grpc::Status decided = Decide(stub, model, "a", 3, 8, 240, 4);
+      EXPECT_TRUE(decided.ok()) << decided.error_message();
+    }
+    EXPECT_TRUE(Append(stub, model, "a/fork", 30).ok());
+    for (const std::string id : {"a", "a/fork", "c"}) EXPECT_TRUE(Close(stub, model, id).ok());
+    grpc::ClientContext context;
+    v1::GetPoolStatsRequest request;
+    request.set_model_id(model);
+    v1::PoolStats stats;
+    ASSERT_TRUE(stub.GetPoolStats(&context, request, &stats).ok());
+    EXPECT_EQ(stats.used_frames(), 0);
+    EXPECT_EQ(stats.free_frames(), stats.capacity_frames());
+  }
+  daemon.process().Signal(SIGTERM);
+  EXPECT_EQ(daemon.process().WaitExit(20000), 0);
+  // A --state_dir daemon keeps its arenas for the next start.
+  EXPECT_TRUE(ShmExists(arenas[0]));
+  std::filesystem::remove_all(dir);
+  for (const std::string& name : arenas) shm_unlink(name.c_str());
+}
+
+TEST(CrashRecoveryTest, ArenaGoneMarksSequencesLost) {
+  const std::string dir = FreshDir("crash_lost");
+  std::string arena;
+  {
+    Daemon daemon(dir);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Register(daemon, "m", v1::FRAME_LAYOUT_GROUP);
+    ASSERT_TRUE(Open(daemon.stub(), "m", "s", 50).ok());
+    arena = ArenaName(daemon, "m");
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  ASSERT_EQ(shm_unlink(arena.c_str()), 0);  // what a reboot does to /dev/shm (and a cuda arena)
+  Daemon daemon(dir);
+  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("1 sequences lost"));
+  const grpc::Status appended = Append(daemon.stub(), "m", "s", 1);
+  EXPECT_EQ(appended.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(appended.error_message(), HasSubstr("was lost when entrokvd restarted"));
+  EXPECT_TRUE(Close(daemon.stub(), "m", "s").ok());
+  EXPECT_EQ(Append(daemon.stub(), "m", "s", 1).error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_TRUE(Open(daemon.stub(), "m", "s", 50).ok());
+  const std::string fresh = ArenaName(daemon, "m");
+  EXPECT_NE(fresh, arena);
+  daemon.process().Signal(SIGKILL);
+  EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  std::filesystem::remove_all(dir);
+  shm_unlink(fresh.c_str());
+}
+
+TEST(CrashRecoveryTest, DamagedJournalStopsTheStartWithExitTwo) {
+  const std::string dir = FreshDir("crash_corrupt");
+  std::string arena;
+  {
+    Daemon daemon(dir);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Register(daemon, "m", v1::FRAME_LAYOUT_GROUP);
+    for (int i = 0; i < 20; ++i)
+      ASSERT_TRUE(Open(daemon.stub(), "m", absl::StrCat("s", i), 40).ok());
+    arena = ArenaName(daemon, "m");
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  int corrupted = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/journal")) {
+    if (entry.path().extension() != ".log") continue;
+    const auto size = std::filesystem::file_size(entry.path());
+    std::fstream file(entry.path(), std::ios::in | std::ios::out | std::ios::binary);
+    file.seekp(static_cast<std::streamoff>(size / 2));
+    file.write("\xde\xad\xbe\xef\xde\xad\xbe\xef", 8);
+    ++corrupted;
+  }
+  ASSERT_GT(corrupted, 0);
+  DaemonProcess daemon(ENTROKVD_PATH, Args(dir));
+  EXPECT_EQ(daemon.WaitExit(20000), 2);
+  EXPECT_THAT(daemon.Stderr(), HasSubstr("--state_dir"));
+  EXPECT_THAT(daemon.Stderr(), HasSubstr("damaged"));
+  std::filesystem::remove_all(dir);
+  shm_unlink(arena.c_str());
+}
+
+TEST(CrashRecoveryTest, WithoutStateDirKilledDaemonsLeaveNoArenas) {
+  std::string dead_arena;
+  {
+    Daemon daemon("");
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Register(daemon, "m", v1::FRAME_LAYOUT_GROUP);
+    dead_arena = ArenaName(daemon, "m");
+    ASSERT_TRUE(ShmExists(dead_arena));
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  ASSERT_TRUE(ShmExists(dead_arena));  // kill -9 ran no destructor
+  // A live daemon's arenas stay while another starts; the dead one's go.
+  Daemon live("");
+  ASSERT_TRUE(live.listening()) << live.process().Stderr();
+  Register(live, "m", v1::FRAME_LAYOUT_GROUP);
+  const std::string live_arena = ArenaName(live, "m");
+  EXPECT_FALSE(ShmExists(dead_arena));
+  Daemon another("");
+  ASSERT_TRUE(another.listening()) << another.process().Stderr();
+  EXPECT_TRUE(ShmExists(live_arena));
+  another.process().Signal(SIGTERM);
+  EXPECT_EQ(another.process().WaitExit(20000), 0);
+  live.process().Signal(SIGTERM);
+  EXPECT_EQ(live.process().WaitExit(20000), 0);
+  EXPECT_FALSE(ShmExists(live_arena));  // a clean exit removes its own
+}
+
+}  // namespace
+}  // namespace entrokv::service
