@@ -16,11 +16,16 @@ packages=(
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-matplotlib
   prometheus openssl
+  yamllint python3-yaml
 )
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
 done
+# The deploy tests render the Kubernetes manifests with `kubectl kustomize`. Debian 12 packages
+# kubectl as kubernetes-client; a kubectl that is already there (another vendor's package) is
+# kept, since the two cannot be installed together.
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   echo "== installing ${missing[*]}"
   sudo_cmd=()
