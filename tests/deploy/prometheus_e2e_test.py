@@ -9,7 +9,8 @@ Prometheus has scraped the result, then evaluates through Prometheus' HTTP API:
     $__rate_interval and $pool substituted: each must evaluate without error and return data
     (at least one finite sample);
   * every rule expression: each must evaluate without error, and the rule manager must have
-    loaded every rule with health "ok".
+    loaded every rule with health "ok";
+  * every entrokv_* series name in those expressions must be one the daemon exported.
 
 --render PNG additionally keeps the load running for --load-seconds, queries each panel's
 range and draws the panels laid out like the dashboard (deploy/render_dashboard.py); that is how
@@ -24,6 +25,7 @@ import json
 import math
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -126,19 +128,24 @@ def replay(entrokv, server, policies, seed, *extra):
                    check=True, stdout=subprocess.DEVNULL)
 
 
-def load(entrokv, server, seconds):
+def load(entrokv, server, seconds, prometheus):
     """The replay load: one failing call (an unknown model, NOT_FOUND); rounds of two policies
-    (one pooled, one per head) on one pool until `seconds` have passed; then a second pool whose
-    sequences stay open, so a pool ends occupied."""
+    (one pooled, one per head) on one pool, at least two and until `seconds` have passed; then
+    a second pool whose sequences stay open, so a pool ends occupied. A pool's series appear in
+    Prometheus only at the first scrape after its registration, and rate() sees no increase
+    before that, so the second round starts only once Prometheus has scraped the pool."""
     start, seed = time.monotonic(), 1
     subprocess.run([entrokv, "sequences", "--server", server, "--model", "no-such-model"],
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    replay(entrokv, server, "page_entrokv,head_independent", seed)
+    wait_for("prometheus to scrape the first pool", lambda: finite_samples(prometheus.api(
+        "query", query=f'entrokv_decisions_total{{job="entrokv", pool="{MODEL}"}}')), 30)
     while True:
-        replay(entrokv, server, "page_entrokv,head_independent", seed)
         seed += 10
+        replay(entrokv, server, "page_entrokv,head_independent", seed)
         if time.monotonic() - start >= seconds:
             break
-    replay(entrokv, server, "page_entrokv", seed, "--model-id", "open-pool", "--keep-open")
+    replay(entrokv, server, "page_entrokv", seed + 10, "--model-id", "open-pool", "--keep-open")
 
 
 def dashboard_targets():
@@ -183,6 +190,14 @@ def check(prometheus, started):
             else:
                 print(f"ok   rule {rule['alert']}: evaluates "
                       f"({len(result['data']['result'])} series now)")
+    # A misspelt metric evaluates without error and never fires or draws: every entrokv_*
+    # name in the dashboard and the rules must be a series Prometheus scraped from the daemon.
+    scraped = set(prometheus.api("label/__name__/values")["data"])
+    exprs = [t["expr"] for _, t in dashboard_targets()]
+    exprs += [r["expr"] for g in rules["groups"] for r in g["rules"]]
+    for name in sorted({n for e in exprs for n in re.findall(r"\bentrokv_[a-z_]+", e)}):
+        if name not in scraped:
+            failures.append(f"{name} is used but not exported by entrokvd")
     loaded = wait_for("the rule manager to evaluate every rule", lambda: (
         [r for g in prometheus.api("rules")["data"]["groups"] for r in g["rules"]
          if r.get("lastEvaluation", "").startswith("20")] or None), 30)
@@ -212,7 +227,7 @@ def main():
             wait_for("the first scrape", lambda: finite_samples(
                 prometheus.api("query", query='up{job="entrokv"} == 1')), 30)
             started = time.time()
-            load(args.entrokv, server, args.load_seconds)
+            load(args.entrokv, server, args.load_seconds, prometheus)
             # The scrape after the load: Prometheus holds the final counters once its newest
             # sample of decisions equals what the daemon serves now.
             with urllib.request.urlopen(f"http://{metrics}/metrics", timeout=5) as response:
