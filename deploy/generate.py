@@ -46,7 +46,8 @@ def mean(metric, by, *matchers):
 PANELS = [
     ("Pools", "Pool occupancy", "timeseries", "percentunit",
      [(f'sum by (instance, pool) (entrokv_pool_frames{{{JOB}, state="used", {POOL}}})'
-       f' / sum by (instance, pool) (entrokv_pool_frames{{{JOB}, {POOL}}})', "{{pool}} {{instance}}")],
+       f' / sum by (instance, pool) (entrokv_pool_frames{{{JOB}, {POOL}}})',
+       "{{pool}} {{instance}}")],
      "Used frames / all frames per pool. EntrokvPoolNearlyFull fires above 95% for 5 minutes."),
     ("Pools", "Frames used and free", "timeseries", "short",
      [(f"sum by (pool, state) (entrokv_pool_frames{{{JOB}, {POOL}}})", "{{pool}} {{state}}")],
@@ -153,7 +154,7 @@ def layout():
 
 
 def dashboard():
-    panels, panel_id, seen_rows, y_of_row = [], 1, set(), {}
+    panels, panel_id, seen_rows = [], 1, set()
     for row, (_, title, kind, unit, targets, description), grid in layout():
         if row not in seen_rows:
             seen_rows.add(row)

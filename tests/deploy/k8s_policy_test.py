@@ -30,7 +30,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 
 import yaml
 
@@ -177,13 +176,14 @@ class Checker:
         ports = {p["containerPort"]: p.get("name") for p in c.get("ports", [])}
         names = {p.get("name") for p in c.get("ports", [])}
         self.check({"grpc", "metrics"} <= names, where, "ports grpc and metrics are not named")
-        for probe_name, service in (("startupProbe", HEALTH_READY), ("readinessProbe", HEALTH_READY),
-                                    ("livenessProbe", HEALTH_LIVE)):
+        probes = (("startupProbe", HEALTH_READY), ("readinessProbe", HEALTH_READY),
+                  ("livenessProbe", HEALTH_LIVE))
+        for probe_name, service in probes:
             probe = c.get(probe_name, {}).get("grpc")
             self.check(probe is not None, where, f"no gRPC {probe_name}")
             if probe:
                 self.check(probe.get("service") == service, where,
-                           f"{probe_name} asks for service {probe.get('service')!r}, not {service!r}")
+                           f"{probe_name} asks for {probe.get('service')!r}, not {service!r}")
                 self.check(ports.get(probe["port"]) == "grpc", where,
                            f"{probe_name} port {probe['port']} is not the grpc port")
         if is_init:
@@ -267,7 +267,7 @@ class Checker:
                     target = port.get("targetPort", port["port"])
                     for t in selected:
                         known = container_ports(t["spec"])
-                        ok = target in known if isinstance(target, str) else target in known.values()
+                        ok = target in (known if isinstance(target, str) else known.values())
                         self.check(ok, where, f"targetPort {target} is not a port of the pods")
             if obj["kind"] == "NetworkPolicy":
                 selected = [t for t in pods if matches(obj["spec"]["podSelector"]["matchLabels"],
@@ -276,22 +276,25 @@ class Checker:
                 for rule in obj["spec"].get("ingress", []):
                     for port in rule.get("ports", []):
                         for t in selected:
-                            self.check(port["port"] in container_ports(t["spec"]), where,
-                                       f"port {port['port']} is not a named port of the pods")
+                            known = container_ports(t["spec"])
+                            self.check(port["port"] in (known if isinstance(port["port"], str)
+                                                        else known.values()), where,
+                                       f"port {port['port']} is not a port of the pods")
             if obj["kind"] == "PodMonitor":
                 selected = [t for t in all_pods if matches(obj["spec"]["selector"]["matchLabels"],
                                                            t["metadata"]["labels"])]
                 self.check(len(selected) == len(WORKLOADS), where,
                            "selector does not match the pods of every workload overlay")
                 for t in selected:
-                    self.check(t["metadata"]["labels"].get(obj["spec"].get("jobLabel")) == "entrokv",
-                               where, "jobLabel does not give job=\"entrokv\"")
+                    job = t["metadata"]["labels"].get(obj["spec"].get("jobLabel"))
+                    self.check(job == "entrokv", where, "jobLabel does not give job=\"entrokv\"")
                     for endpoint in obj["spec"]["podMetricsEndpoints"]:
                         self.check(endpoint["port"] in container_ports(t["spec"]), where,
                                    f"port {endpoint['port']} is not a named port of the pods")
             if obj["kind"] == "ServiceMonitor":
-                services = [o for o in objects if o["kind"] == "Service" and
-                            matches(obj["spec"]["selector"]["matchLabels"], o["metadata"]["labels"])]
+                wanted = obj["spec"]["selector"]["matchLabels"]
+                services = [o for o in objects
+                            if o["kind"] == "Service" and matches(wanted, o["metadata"]["labels"])]
                 self.check(len(services) == 1, where, "selector does not match its one Service")
                 for service in services:
                     self.check(service["metadata"]["labels"].get(obj["spec"].get("jobLabel"))

@@ -23,7 +23,6 @@ usage: prometheus_e2e_test.py --entrokvd PATH --entrokv PATH [--prometheus PATH]
 import argparse
 import json
 import math
-import os
 import pathlib
 import re
 import signal
@@ -206,7 +205,8 @@ def check(prometheus, started):
         failures.append(f"prometheus loaded {len(loaded)} rules, the file has {expected}")
     for rule in loaded:
         if rule["health"] != "ok":
-            failures.append(f"rule {rule['name']}: health {rule['health']}: {rule.get('lastError')}")
+            failures.append(
+                f"rule {rule['name']}: health {rule['health']}: {rule.get('lastError')}")
     return failures
 
 
