@@ -34,7 +34,8 @@ def format_axis(ax, unit):
     if unit == "percentunit":
         ax.yaxis.set_major_formatter(PercentFormatter(1.0))
     elif unit == "s":
-        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v * 1e3:.3g} ms"))
+        ax.yaxis.set_major_formatter(
+            FuncFormatter(lambda v, _: f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s"))
     elif unit == "Bps":
         ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v / 2**20:.3g} MiB/s"))
     elif unit in ("ops", "reqps"):

@@ -3,7 +3,7 @@
 
 Starts entrokvd and a `prometheus` server (deploy/prometheus/prometheus.yml with this daemon as
 the target, 1 s scrapes, the real rule file), drives the daemon with `entrokv replay` (two
-policies, sequences left open so the pool is occupied) plus one call that fails, waits until
+policies on one pool, then a second pool whose sequences stay open), waits until
 Prometheus has scraped the result, then evaluates through Prometheus' HTTP API:
   * every PromQL expression of the Grafana dashboard (deploy/grafana/entrokv.json), with
     $__rate_interval and $pool substituted: each must evaluate without error and return data
@@ -128,14 +128,13 @@ def replay(entrokv, server, policies, seed, *extra):
 
 
 def load(entrokv, server, seconds, prometheus):
-    """The replay load: one failing call (an unknown model, NOT_FOUND); rounds of two policies
-    (one pooled, one per head) on one pool, at least two and until `seconds` have passed; then
-    a second pool whose sequences stay open, so a pool ends occupied. A pool's series appear in
+    """The replay load: rounds of two policies (one pooled, one per head) on one pool, at least
+    two and until `seconds` have passed (each round after the first re-registers the pool and
+    gets ALREADY_EXISTS, which replay accepts: the error panel's data); then a second pool
+    whose sequences stay open, so a pool ends occupied. A pool's series appear in
     Prometheus only at the first scrape after its registration, and rate() sees no increase
     before that, so the second round starts only once Prometheus has scraped the pool."""
     start, seed = time.monotonic(), 1
-    subprocess.run([entrokv, "sequences", "--server", server, "--model", "no-such-model"],
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
     replay(entrokv, server, "page_entrokv,head_independent", seed)
     wait_for("prometheus to scrape the first pool", lambda: finite_samples(prometheus.api(
         "query", query=f'entrokv_decisions_total{{job="entrokv", pool="{MODEL}"}}')), 30)
