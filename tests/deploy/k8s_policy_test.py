@@ -231,6 +231,11 @@ class Checker:
                      if token_file.startswith(m["mountPath"].rstrip("/") + "/")]
             self.check(bool(mount) and "secret" in volumes.get(mount[0]["name"], {}), where,
                        f"token_file {token_file} is not on a Secret volume")
+        state_dir = config.get("state_dir")
+        if state_dir:  # the root filesystem is read-only: the journal needs a writable volume
+            mount = [m for m in c.get("volumeMounts", []) if m["mountPath"] == state_dir]
+            self.check(bool(mount) and not mount[0].get("readOnly"), where,
+                       f"state_dir {state_dir} is not a writable volume mount")
         self.configs.append(config)
 
     def config(self, where, objects, c, volumes):
@@ -320,7 +325,7 @@ class Checker:
 
 
 def start_daemon_with(entrokvd, config):
-    """Starts the real daemon on the rendered config file (addresses, backend, secrets and sizes
+    """Starts the real daemon on the rendered config file (addresses, backend, paths and sizes
     overridden by flags, which win) and stops it with SIGTERM: the file must parse."""
     with tempfile.TemporaryDirectory() as work:
         conf = pathlib.Path(work, "entrokvd.conf")
@@ -330,7 +335,7 @@ def start_daemon_with(entrokvd, config):
         daemon = subprocess.Popen(
             [entrokvd, f"--config={conf}", "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
              "--backend=host", "--pool_capacity_bytes=16777216", f"--token_file={token}",
-             "--worker_threads=1"],
+             f"--state_dir={work}", "--worker_threads=1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = daemon.stdout.readline()
         if "listening on" not in line:
@@ -373,6 +378,10 @@ def mutations():
     def gpu_request(r):
         daemon_of(r, "overlays/sidecar")[1]["resources"]["requests"]["nvidia.com/gpu"] = 1
 
+    def no_state_volume(r):
+        container = daemon_of(r, "overlays/cpu-only")[1]
+        container["volumeMounts"] = [m for m in container["volumeMounts"] if m["name"] != "state"]
+
     def small_shm(r):
         spec = daemon_of(r, "overlays/daemonset")[0]
         [v for v in spec["volumes"] if v["name"] == "shm"][0]["emptyDir"]["sizeLimit"] = "1Gi"
@@ -389,7 +398,8 @@ def mutations():
             ("a wrong liveness service", wrong_probe), ("a sidecar that is not native", not_native),
             ("a Service selecting no pod", bad_selector), ("an inlined Secret", inline_secret),
             ("a GPU in requests", gpu_request), ("/dev/shm smaller than the pool", small_shm),
-            ("a NetworkPolicy port name typo", bad_port), ("a PrometheusRule drift", rule_drift)]
+            ("a NetworkPolicy port name typo", bad_port), ("a PrometheusRule drift", rule_drift),
+            ("state_dir on the read-only root", no_state_volume)]
 
 
 def main():
