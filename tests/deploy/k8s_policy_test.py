@@ -224,13 +224,14 @@ class Checker:
                            "/dev/shm is not a memory-backed emptyDir")
                 self.check(quantity_bytes(empty_dir.get("sizeLimit", "0")) >= pool, where,
                            "/dev/shm sizeLimit is smaller than the host pool")
-        token_file = config.get("token_file")
-        self.check(token_file is not None, where, "no token_file: the daemon accepts anyone")
-        if token_file:
-            mount = [m for m in c.get("volumeMounts", [])
-                     if token_file.startswith(m["mountPath"].rstrip("/") + "/")]
-            self.check(bool(mount) and "secret" in volumes.get(mount[0]["name"], {}), where,
-                       f"token_file {token_file} is not on a Secret volume")
+        self.check("token_file" in config, where, "no token_file: the daemon accepts anyone")
+        for option in ("token_file", "tls_cert", "tls_key", "tls_ca"):
+            path = config.get(option)
+            if path:
+                mount = [m for m in c.get("volumeMounts", [])
+                         if path.startswith(m["mountPath"].rstrip("/") + "/")]
+                self.check(bool(mount) and "secret" in volumes.get(mount[0]["name"], {}), where,
+                           f"{option} {path} is not on a Secret volume")
         state_dir = config.get("state_dir")
         if state_dir:  # the root filesystem is read-only: the journal needs a writable volume
             mount = [m for m in c.get("volumeMounts", []) if m["mountPath"] == state_dir]
