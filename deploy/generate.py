@@ -84,6 +84,10 @@ PANELS = [
     ("Selection", "Pages retained/s by policy", "timeseries", "ops",
      [(f"sum by (policy) ({rate('entrokv_pages_retained_total', POOL)})", "{{policy}}")],
      "Block-table pages kept by decisions, by policy."),
+    ("Selection", "Layer scope: frames saved/s", "timeseries", "ops",
+     [(f"sum by (pool) ({rate('entrokv_layer_scope_frames_saved_total', POOL)})", "{{pool}}")],
+     "Frames layer-scope selection kept fewer than per-group selection would have (pools in "
+     "the layer frame layout; 0 elsewhere)."),
     ("RPC", "RPC rate by method", "timeseries", "reqps",
      [(f"sum by (method) ({rate('entrokv_rpc_requests_total')})", "{{method}}")],
      "Finished calls per second by method."),

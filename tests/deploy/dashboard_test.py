@@ -18,7 +18,8 @@ POOL_SERIES = ("entrokv_pool_frames", "entrokv_pool_capacity_bytes", "entrokv_se
                "entrokv_decisions_total", "entrokv_pages_evicted_total",
                "entrokv_pages_retained_total", "entrokv_union_overhead_ratio",
                "entrokv_group_disagreement", "entrokv_page_union_ratio",
-               "entrokv_retained_mass_ratio")
+               "entrokv_retained_mass_ratio", "entrokv_group_scope_page_union_ratio",
+               "entrokv_layer_scope_frames_saved_total")
 
 
 def problems(dashboard):
