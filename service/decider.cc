@@ -37,6 +37,7 @@ struct LayerWork {
   std::optional<StatisticView> view;  // absent for policies without a statistic
   ShmRegion region;                   // keeps a shared-memory statistic mapped
   std::optional<std::vector<double>> cached_weights;
+  std::vector<uint8_t> live_pages;  // empty: every page held (see CacheState::LivePages)
   int64_t quota_pages = 0;
   LayerDecision decision;
 };
@@ -156,6 +157,12 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     request.quota_pages = work.quota_pages;
     request.scope = job.scope;
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
+    // A decision after earlier ones selects among the pages still held (issue 14 #4).
+    absl::StatusOr<std::vector<uint8_t>> live =
+        model.state().LivePages(job.sequence_id, work.layer);
+    if (!live.ok()) return Annotate(live.status(), work.field);
+    work.live_pages = *std::move(live);
+    request.live_pages = work.live_pages;
     const auto start = Clock::now();
     absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
     metrics_->ObservePhase(Phase::kScore, SecondsSince(start));

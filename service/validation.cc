@@ -184,8 +184,6 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::PolicyParams& params,
     }
     resolved.options.protections.recent_pages = params.protect_recent_pages();
   }
-  resolved.options.protections.page_size = page_size;
-  resolved.options.protections.sink_tokens = resolved.options.sink_tokens;
   RETURN_IF_ERROR(Annotate(ValidatePolicyOptions(resolved.options), "policy"));
   return resolved;
 }

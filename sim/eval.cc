@@ -23,6 +23,7 @@
 #include "core/scoring/weights.h"
 #include "core/util/status_macros.h"
 #include "sim/closed_form.h"
+#include "sim/needles.h"
 #include "sim/workload.h"
 
 namespace entrokv::sim {
@@ -149,17 +150,6 @@ struct WeightSums {
   double Mean() const { return count == 0 ? 0.0 : sum / static_cast<double>(count); }
 };
 
-bool Contains(const std::vector<int32_t>& sorted, int32_t page) {
-  return std::binary_search(sorted.begin(), sorted.end(), page);
-}
-
-bool NeedleKept(const NeedleSpan& needle, int page_size, const std::vector<int32_t>& kept) {
-  for (int64_t page = needle.begin / page_size; page <= (needle.end - 1) / page_size; ++page) {
-    if (!Contains(kept, static_cast<int32_t>(page))) return false;
-  }
-  return true;
-}
-
 std::string AlphaLabel(double alpha) {
   return alpha >= 1e300 ? std::string("inf") : absl::StrCat(alpha);
 }
@@ -185,16 +175,11 @@ HeadFacts MeasureHeads(std::span<const float> layer, const ModelPreset& model, i
     double sink = 0.0;
     for (int64_t t = 0; t < std::min<int64_t>(options.sink_tokens, tokens); ++t) sink += row[t];
     int head_class = sink / total >= options.sink_head_mass ? kSinkClass : kOtherClass;
-    for (size_t j = 0; j < needles.size(); ++j) {
-      double mass = 0.0;
-      for (int64_t t = needles[j].begin; t < needles[j].end; ++t) mass += row[t];
-      if (mass / total >= options.retrieval_head_mass) {
-        if (head_class != kSinkClass) head_class = kRetrievalClass;
-        std::vector<int>& group_targets = facts.targets[static_cast<size_t>(h / r)];
-        if (std::find(group_targets.begin(), group_targets.end(), static_cast<int>(j)) ==
-            group_targets.end()) {
-          group_targets.push_back(static_cast<int>(j));
-        }
+    std::vector<int>& group_targets = facts.targets[static_cast<size_t>(h / r)];
+    for (const int j : NeedlesLookedAt(row, needles, options.retrieval_head_mass)) {
+      if (head_class != kSinkClass) head_class = kRetrievalClass;
+      if (std::find(group_targets.begin(), group_targets.end(), j) == group_targets.end()) {
+        group_targets.push_back(j);
       }
     }
     facts.head_class.push_back(head_class);
@@ -336,6 +321,124 @@ UorSample AnalyseHeadIndependent(const std::vector<std::vector<float>>& page_max
   return sample;
 }
 
+// The policies to evaluate: the ones named, in their order, or every registered one.
+absl::StatusOr<std::vector<const Policy*>> SelectedPolicies(const EvalOptions& options) {
+  std::vector<const Policy*> policies;
+  const std::vector<absl::string_view> names =
+      options.policies.empty()
+          ? PolicyNames()
+          : std::vector<absl::string_view>(options.policies.begin(), options.policies.end());
+  for (const absl::string_view name : names) {
+    ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
+    policies.push_back(policy);
+  }
+  return policies;
+}
+
+// The core planner's plan for every (page size, budget) cell, page size major.
+absl::StatusOr<std::vector<BudgetPlan>> PlanEveryCell(const EvalOptions& options,
+                                                      const ModelPreset& model, int64_t tokens) {
+  std::vector<BudgetPlan> plans;
+  for (const int page_size : options.page_sizes) {
+    for (const double budget : options.budgets) {
+      BudgetRequest request;
+      request.layers = model.layers;
+      request.kv_groups = model.kv_groups;
+      request.page_size = page_size;
+      request.tokens = tokens;
+      request.fraction = budget;
+      ASSIGN_OR_RETURN(BudgetPlan plan, PlanBudget(request));
+      plans.push_back(std::move(plan));
+    }
+  }
+  return plans;
+}
+
+// Adds one (layer, group) decision to its cell: cardinality and UOR, retained mass of the group
+// mean, needles kept (targets and all layers) and, for the union policy, the certificates
+// checked against the head-independent sample of the same group.
+void AddGroupDecision(const std::vector<int32_t>& kept, int64_t expected,
+                      std::span<const float> group_mean, int page_size,
+                      const std::vector<NeedleSpan>& needles, const std::vector<int>& group_targets,
+                      bool exact_budget, const UorSample& sample, Cell& cell) {
+  const auto count = static_cast<int64_t>(kept.size());
+  const double uor = static_cast<double>(count) / static_cast<double>(expected);
+  cell.planned += expected;
+  cell.kept += count;
+  ++cell.groups;
+  cell.exact += count == expected ? 1 : 0;
+  cell.uor_sum += uor;
+  cell.uor_min = std::min(cell.uor_min, uor);
+  cell.uor_max = std::max(cell.uor_max, uor);
+  cell.uor_above_one += count > expected ? 1 : 0;
+  cell.mass_sum += RetainedMass(group_mean, page_size, kept);
+  for (size_t j = 0; j < needles.size(); ++j) {
+    const bool needle_kept = NeedleKept(needles[j], page_size, kept);
+    if (!needle_kept) cell.needle_all_layers[j] = 0;
+    if (std::find(group_targets.begin(), group_targets.end(), static_cast<int>(j)) !=
+        group_targets.end()) {
+      ++cell.targets;
+      cell.targets_kept += needle_kept ? 1 : 0;
+      if (!needle_kept) cell.needle_all_targets[j] = 0;
+    }
+  }
+  if (!exact_budget) {
+    cell.jaccard_sum += sample.jaccard_mean;
+    cell.bonferroni_sum += sample.bonferroni;
+    cell.lower_sum += sample.sandwich_lower;
+    cell.upper_sum += sample.sandwich_upper;
+    constexpr double kSlack = 1e-9;
+    // The union the policy kept must be the union of the per-head sets, and every
+    // certificate must hold on it.
+    if (std::abs(uor - sample.uor) > kSlack || uor < sample.bonferroni - kSlack ||
+        uor < sample.sandwich_lower - kSlack || uor > sample.sandwich_upper + kSlack) {
+      ++cell.violations;
+    }
+  }
+}
+
+// One results.csv row from a finished cell (the caller fills statistic, budget and page size).
+EvalRow RowOf(const Cell& cell, const std::vector<NeedleSpan>& needles,
+              const std::vector<char>& needle_has_target, const Policy& policy) {
+  EvalRow row;
+  row.policy = std::string(policy.name());
+  row.planned_frames = cell.planned;
+  row.kept_frames = cell.kept;
+  row.groups = cell.groups;
+  row.exact_groups = cell.exact;
+  const double n = static_cast<double>(std::max<int64_t>(cell.groups, 1));
+  row.uor_mean = cell.uor_sum / n;
+  row.uor_min = cell.groups == 0 ? 0.0 : cell.uor_min;
+  row.uor_max = cell.uor_max;
+  row.uor_above_one = static_cast<double>(cell.uor_above_one) / n;
+  row.retained_mass = cell.mass_sum / n;
+  row.needle_target_rate = cell.targets == 0 ? 0.0
+                                             : static_cast<double>(cell.targets_kept) /
+                                                   static_cast<double>(cell.targets);
+  int64_t with_target = 0;
+  int64_t all_targets = 0;
+  int64_t all_layers = 0;
+  for (size_t j = 0; j < needles.size(); ++j) {
+    all_layers += cell.needle_all_layers[j];
+    if (needle_has_target[j]) {
+      ++with_target;
+      all_targets += cell.needle_all_targets[j];
+    }
+  }
+  row.needle_all_targets =
+      with_target == 0 ? 0.0 : static_cast<double>(all_targets) / static_cast<double>(with_target);
+  row.needle_all_layers =
+      needles.empty() ? 0.0 : static_cast<double>(all_layers) / static_cast<double>(needles.size());
+  if (!policy.exact_budget()) {
+    row.jaccard_mean = cell.jaccard_sum / n;
+    row.bonferroni_mean = cell.bonferroni_sum / n;
+    row.sandwich_lower_mean = cell.lower_sum / n;
+    row.sandwich_upper_mean = cell.upper_sum / n;
+    row.bound_violations = cell.violations;
+  }
+  return row;
+}
+
 }  // namespace
 
 absl::Status ValidateEvalOptions(const EvalOptions& options) {
@@ -385,18 +488,7 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
   results.source = source->source();
   results.needles = needles;
 
-  std::vector<const Policy*> policies;
-  if (options.policies.empty()) {
-    for (const absl::string_view name : PolicyNames()) {
-      ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
-      policies.push_back(policy);
-    }
-  } else {
-    for (const std::string& name : options.policies) {
-      ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
-      policies.push_back(policy);
-    }
-  }
+  ASSIGN_OR_RETURN(const std::vector<const Policy*> policies, SelectedPolicies(options));
   if (source->kind() != StatisticKind::kLastRow) {
     results.notes.push_back(absl::StrCat("the trace's statistic is ",
                                          StatisticKindName(source->kind()),
@@ -412,19 +504,7 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
   // Plans per (page size, budget), all from the core planner.
   const size_t budget_count = options.budgets.size();
   const size_t size_count = options.page_sizes.size();
-  std::vector<BudgetPlan> plans;
-  for (const int page_size : options.page_sizes) {
-    for (const double budget : options.budgets) {
-      BudgetRequest request;
-      request.layers = model.layers;
-      request.kv_groups = model.kv_groups;
-      request.page_size = page_size;
-      request.tokens = tokens;
-      request.fraction = budget;
-      ASSIGN_OR_RETURN(BudgetPlan plan, PlanBudget(request));
-      plans.push_back(std::move(plan));
-    }
-  }
+  ASSIGN_OR_RETURN(const std::vector<BudgetPlan> plans, PlanEveryCell(options, model, tokens));
 
   std::vector<Cell> cells(policies.size() * size_count * budget_count);
   auto cell_at = [&](size_t p, size_t s, size_t b) -> Cell& {
@@ -534,43 +614,10 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
           Cell& cell = cell_at(p, s, b);
           std::vector<char> layer_kept(needles.size(), 1);
           for (int g = 0; g < model.kv_groups; ++g) {
-            const std::vector<int32_t>& kept = decision.groups[static_cast<size_t>(g)].kept_pages;
-            const auto count = static_cast<int64_t>(kept.size());
-            const double uor = static_cast<double>(count) / static_cast<double>(expected);
-            cell.planned += expected;
-            cell.kept += count;
-            ++cell.groups;
-            cell.exact += count == expected ? 1 : 0;
-            cell.uor_sum += uor;
-            cell.uor_min = std::min(cell.uor_min, uor);
-            cell.uor_max = std::max(cell.uor_max, uor);
-            cell.uor_above_one += count > expected ? 1 : 0;
-            cell.mass_sum += RetainedMass(group_mean[static_cast<size_t>(g)], page_size, kept);
-            for (size_t j = 0; j < needles.size(); ++j) {
-              const bool needle_kept = NeedleKept(needles[j], page_size, kept);
-              if (!needle_kept) cell.needle_all_layers[j] = 0;
-              const auto& group_targets = facts.targets[static_cast<size_t>(g)];
-              if (std::find(group_targets.begin(), group_targets.end(), static_cast<int>(j)) !=
-                  group_targets.end()) {
-                ++cell.targets;
-                cell.targets_kept += needle_kept ? 1 : 0;
-                if (!needle_kept) cell.needle_all_targets[j] = 0;
-              }
-            }
-            if (!policy.exact_budget()) {
-              const UorSample& sample = samples[static_cast<size_t>(g)];
-              cell.jaccard_sum += sample.jaccard_mean;
-              cell.bonferroni_sum += sample.bonferroni;
-              cell.lower_sum += sample.sandwich_lower;
-              cell.upper_sum += sample.sandwich_upper;
-              constexpr double kSlack = 1e-9;
-              // The union the policy kept must be the union of the per-head sets, and every
-              // certificate must hold on it.
-              if (std::abs(uor - sample.uor) > kSlack || uor < sample.bonferroni - kSlack ||
-                  uor < sample.sandwich_lower - kSlack || uor > sample.sandwich_upper + kSlack) {
-                ++cell.violations;
-              }
-            }
+            AddGroupDecision(decision.groups[static_cast<size_t>(g)].kept_pages, expected,
+                             group_mean[static_cast<size_t>(g)], page_size, needles,
+                             facts.targets[static_cast<size_t>(g)], policy.exact_budget(),
+                             samples[static_cast<size_t>(g)], cell);
           }
         }
       }
@@ -630,50 +677,12 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
   for (size_t p = 0; p < policies.size(); ++p) {
     for (size_t b = 0; b < budget_count; ++b) {
       for (size_t s = 0; s < size_count; ++s) {
-        const Cell& cell = cell_at(p, s, b);
-        EvalRow row;
-        row.policy = std::string(policies[p]->name());
+        EvalRow row = RowOf(cell_at(p, s, b), needles, needle_has_target, *policies[p]);
         row.statistic = std::string(
             StatisticKindName(policies[p]->name() == "h2o" ? h2o_kind : source->kind()));
         if (!policies[p]->needs_statistic()) row.statistic = "none";
         row.budget = options.budgets[b];
         row.page_size = options.page_sizes[s];
-        row.planned_frames = cell.planned;
-        row.kept_frames = cell.kept;
-        row.groups = cell.groups;
-        row.exact_groups = cell.exact;
-        const double n = static_cast<double>(std::max<int64_t>(cell.groups, 1));
-        row.uor_mean = cell.uor_sum / n;
-        row.uor_min = cell.groups == 0 ? 0.0 : cell.uor_min;
-        row.uor_max = cell.uor_max;
-        row.uor_above_one = static_cast<double>(cell.uor_above_one) / n;
-        row.retained_mass = cell.mass_sum / n;
-        row.needle_target_rate = cell.targets == 0 ? 0.0
-                                                   : static_cast<double>(cell.targets_kept) /
-                                                         static_cast<double>(cell.targets);
-        int64_t with_target = 0;
-        int64_t all_targets = 0;
-        int64_t all_layers = 0;
-        for (size_t j = 0; j < needles.size(); ++j) {
-          all_layers += cell.needle_all_layers[j];
-          if (needle_has_target[j]) {
-            ++with_target;
-            all_targets += cell.needle_all_targets[j];
-          }
-        }
-        row.needle_all_targets =
-            with_target == 0 ? 0.0
-                             : static_cast<double>(all_targets) / static_cast<double>(with_target);
-        row.needle_all_layers =
-            needles.empty() ? 0.0
-                            : static_cast<double>(all_layers) / static_cast<double>(needles.size());
-        if (!policies[p]->exact_budget()) {
-          row.jaccard_mean = cell.jaccard_sum / n;
-          row.bonferroni_mean = cell.bonferroni_sum / n;
-          row.sandwich_lower_mean = cell.lower_sum / n;
-          row.sandwich_upper_mean = cell.upper_sum / n;
-          row.bound_violations = cell.violations;
-        }
         results.rows.push_back(std::move(row));
       }
     }

@@ -71,7 +71,6 @@ double CoreMsPerLayer(const std::vector<std::string>& layers) {
   entrokv::PolicyOptions options;
   options.page_size = kPageSize;
   options.protections.tail_page = true;
-  options.protections.page_size = kPageSize;
   const entrokv::Policy& policy = **entrokv::FindPolicy("page_entrokv");
   const int64_t quota = static_cast<int64_t>(kFraction * kTokens / kPageSize);
   std::vector<double> passes;

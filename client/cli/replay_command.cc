@@ -26,6 +26,7 @@
 #include "core/scoring/policy.h"
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
+#include "sim/needles.h"
 #include "sim/presets.h"
 #include "sim/workload.h"
 
@@ -89,6 +90,11 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
   workload.seed = options.seed + static_cast<uint64_t>(index);
   workload.kind = policy == "h2o" ? StatisticKind::kAccumulated : StatisticKind::kLastRow;
   const sim::WorkloadGenerator generator(preset, workload);
+  // Needle targets are measured on the LAST_ROW statistic, as `entrokv eval` measures them,
+  // also when the policy decides on another kind (h2o).
+  const bool other_kind = workload.kind != StatisticKind::kLastRow;
+  std::vector<float> last_row_values(
+      other_kind ? static_cast<size_t>(preset.query_heads * options.tokens) : 0);
   const std::string sequence_id = SequenceId(options, policy, index);
 
   std::vector<float> values(static_cast<size_t>(preset.query_heads * options.tokens));
@@ -97,7 +103,6 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
   const auto& needles = generator.needles();
   std::vector<char> has_target(needles.size(), 0);
   std::vector<char> kept_everywhere(needles.size(), 1);
-  const int r = preset.query_heads / groups;
   PolicyReport local;
   for (int layer = 0; layer < preset.layers; ++layer) {
     generator.GenerateLayer(layer, values);
@@ -118,6 +123,11 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
     request.mutable_policy()->set_scope(options.scope);
     v1::LayerDecision decision;
     if (!stream->Write(request) || !stream->Read(&decision)) break;  // Finish() says why
+    // The needles each group targets, by the definition `entrokv eval` uses (sim/needles.h).
+    if (other_kind) generator.GenerateLayer(layer, StatisticKind::kLastRow, last_row_values);
+    const std::vector<std::vector<int>> targets =
+        sim::NeedleTargets(other_kind ? last_row_values : values, preset.query_heads, groups,
+                           options.tokens, needles, sim::kRetrievalHeadMass);
     local.frames_freed += decision.freed_frames_size();
     local.group_scope_frames += decision.group_scope_union_pages();
     local.scope = decision.scope();
@@ -126,24 +136,15 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
       local.kept_pages += group.kept_pages_size();
       local.shadow_uor_sum += group.has_shadow_uor() ? group.shadow_uor() : 1.0;
       local.retained_mass_sum += group.has_retained_mass() ? group.retained_mass() : 0.0;
-      for (size_t n = 0; n < needles.size(); ++n) {
-        bool targeted = false;
-        for (int h = group.group() * r; h < (group.group() + 1) * r; ++h) {
-          const sim::HeadPlan plan = generator.Plan(layer, h);
-          targeted |= plan.archetype == sim::HeadArchetype::kRetrieval &&
-                      plan.needle == static_cast<int>(n);
-        }
-        if (!targeted) continue;
-        bool kept = true;
-        for (int64_t page = needles[n].begin / options.page_size;
-             page <= (needles[n].end - 1) / options.page_size; ++page) {
-          kept = kept && std::binary_search(group.kept_pages().begin(), group.kept_pages().end(),
-                                            static_cast<int32_t>(page));
-        }
+      for (const int n : targets[static_cast<size_t>(group.group())]) {
+        const bool kept =
+            sim::NeedleKept(needles[static_cast<size_t>(n)], options.page_size,
+                            std::span<const int32_t>(group.kept_pages().data(),
+                                                     static_cast<size_t>(group.kept_pages_size())));
         ++local.needle_targets;
         local.needle_targets_kept += kept;
-        has_target[n] = 1;
-        kept_everywhere[n] &= kept;
+        has_target[static_cast<size_t>(n)] = 1;
+        kept_everywhere[static_cast<size_t>(n)] &= kept;
       }
     }
   }

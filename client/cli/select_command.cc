@@ -87,9 +87,17 @@ void PrintJson(const std::vector<LayerDecision>& layers) {
 }
 
 void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view policy) {
-  std::printf("policy %s, %s scope, %lld pages per group in all\n", std::string(policy).c_str(),
-              std::string(SelectionScopeName(layers.front().scope)).c_str(),
-              static_cast<long long>(layers.front().page_count));
+  long long kept = 0;   // NOLINT(runtime/int): printf's %lld
+  long long pages = 0;  // NOLINT(runtime/int)
+  for (const LayerDecision& layer : layers) {
+    for (const GroupDecision& group : layer.groups) {
+      kept += static_cast<long long>(group.kept_pages.size());  // NOLINT(runtime/int)
+      pages += layer.page_count;
+    }
+  }
+  std::printf("policy %s, %s scope, %lld of %lld pages kept over every layer and group\n",
+              std::string(policy).c_str(),
+              std::string(SelectionScopeName(layers.front().scope)).c_str(), kept, pages);
   std::printf("%5s %5s %5s %8s %9s  %s\n", "layer", "group", "kept", "uor", "retained", "weights");
   for (size_t l = 0; l < layers.size(); ++l) {
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {

@@ -129,6 +129,28 @@ absl::StatusOr<std::vector<double>> CacheState::GetHeadWeights(absl::string_view
   return it->second.head_weights(layer);
 }
 
+absl::StatusOr<std::vector<uint8_t>> CacheState::LivePages(absl::string_view sequence_id,
+                                                           int32_t layer) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return NotFound("sequence", sequence_id);
+  if (layer < 0 || layer >= geometry_.layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
+  }
+  const Sequence& sequence = it->second;
+  std::vector<uint8_t> live;
+  bool any_evicted = false;
+  for (int group = 0; group < geometry_.kv_groups; ++group) {
+    for (const FrameId frame : sequence.block_table(layer, group)) {
+      live.push_back(frame != kNoFrame ? 1 : 0);
+      any_evicted |= frame == kNoFrame;
+    }
+  }
+  if (!any_evicted) live.clear();
+  return live;
+}
+
 absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);

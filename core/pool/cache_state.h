@@ -98,6 +98,13 @@ class CacheState {
   // The cached weights, empty when none. NOT_FOUND unknown id; FAILED_PRECONDITION bad layer.
   [[nodiscard]] absl::StatusOr<std::vector<double>> GetHeadWeights(absl::string_view sequence_id,
                                                                    int32_t layer) const;
+  // Which pages of `layer` each group still holds, group-major, one entry per page of the
+  // current length: 1 while the block table names a frame, 0 once evicted. Empty when every
+  // page is held (nothing evicted yet), so a prefill decision pays nothing. A decode-time
+  // decision passes it as LayerRequest::live_pages. NOT_FOUND unknown id; FAILED_PRECONDITION
+  // bad layer.
+  [[nodiscard]] absl::StatusOr<std::vector<uint8_t>> LivePages(absl::string_view sequence_id,
+                                                               int32_t layer) const;
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
 

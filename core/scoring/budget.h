@@ -18,26 +18,43 @@ enum class LayerAllocator : uint8_t {
 };
 [[nodiscard]] absl::StatusOr<LayerAllocator> ParseLayerAllocator(absl::string_view name);
 
+// The ranges PlanBudget accepts (INVALID_ARGUMENT naming the field beyond them): wide enough
+// for any model, narrow enough that no arithmetic of the plan can overflow.
+inline constexpr int64_t kMaxBudgetLayers = int64_t{1} << 16;
+inline constexpr int64_t kMaxBudgetGroups = int64_t{1} << 16;
+inline constexpr int64_t kMaxBudgetPageSize = int64_t{1} << 20;
+inline constexpr int64_t kMaxBudgetTokens = int64_t{1} << 40;
+inline constexpr int64_t kMaxBudgetTokenSlots = int64_t{1} << 62;
+
 struct BudgetRequest {
   int layers = 0;
   int kv_groups = 0;
   int page_size = 16;
-  int64_t tokens = 0;  // sequence length T; needed for `fraction`
+  // Sequence length T: needed for `fraction`; when > 0 it also caps every K_l at n = ceil(T/B).
+  int64_t tokens = 0;
   // Exactly one of the two.
   std::optional<int64_t> token_slots;  // S: tokens x KV heads over the whole model
-  std::optional<double> fraction;      // F: share of the sequence, P = floor(F * T * L / B)
+  // F: share of the sequence, P = floor(F * T * L / B), computed exactly for F read as the
+  // shortest decimal that gives the same double (0.03 is 3/100), at most 18 places.
+  std::optional<double> fraction;
   LayerAllocator allocator = LayerAllocator::kUniform;
 };
 
 struct BudgetPlan {
-  std::vector<int64_t> pages_per_layer;  // K_l, the quota of every group of layer l
-  int64_t layer_pages = 0;               // P = sum_l K_l
-  int64_t planned_slots = 0;             // P * G * B
-  int64_t residual_slots = 0;            // asked for but not page-aligned, < G * B for slots
+  std::vector<int64_t> pages_per_layer;  // K_l, the quota of every group of layer l, <= n
+  int64_t layer_pages = 0;               // sum_l K_l: the P the budget buys, or L * n if less
+  int64_t planned_slots = 0;             // layer_pages * G * B, the slots the plan keeps
+  // Asked for but not planned: < G * B (not page-aligned) unless the budget exceeds the
+  // sequence (P > L * n: every layer keeps its n pages and the rest is reported here).
+  int64_t residual_slots = 0;
 };
 
-// INVALID_ARGUMENT when the geometry is not positive, both or neither of token_slots and
-// fraction are given, or the budget is below one page per layer.
+// Spreads P over the layers by largest remainder in exact integer arithmetic, at least one page
+// and (when `tokens` is known) at most n pages per layer: a layer whose share exceeds n gets n
+// and the excess goes to the others by the same rule, so sum_l K_l == P whenever P <= L * n.
+// INVALID_ARGUMENT naming the field when the geometry is not positive or beyond the kMaxBudget
+// ranges, both or neither of token_slots and fraction are given, or the budget is below one page
+// per layer.
 [[nodiscard]] absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request);
 
 }  // namespace entrokv

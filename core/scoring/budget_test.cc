@@ -1,7 +1,11 @@
 #include "core/scoring/budget.h"
 
+#include <algorithm>
+#include <limits>
 #include <numeric>
+#include <random>
 
+#include "core/scoring/pages.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -78,6 +82,113 @@ TEST(BudgetTest, FractionOfTheSequence) {
   EXPECT_EQ(plan.layer_pages, 45875);  // floor(45875.2)
   EXPECT_EQ(std::accumulate(plan.pages_per_layer.begin(), plan.pages_per_layer.end(), int64_t{0}),
             45875);
+}
+
+// Issue 14 #2: no layer gets more than its n pages, and what a capped layer cannot take goes to
+// the others, so G * P frames are kept whenever P <= L * n.
+TEST(BudgetTest, NoLayerGetsMoreThanItsPagesAndTheExcessGoesToTheOthers) {
+  BudgetRequest request;
+  request.layers = 6;
+  request.kv_groups = 4;
+  request.page_size = 16;
+  request.tokens = 386;  // n = 25
+  request.fraction = 0.869;
+  request.allocator = LayerAllocator::kPyramid;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(BudgetPlan plan, PlanBudget(request));
+  EXPECT_EQ(plan.layer_pages, 125);
+  EXPECT_EQ(plan.pages_per_layer, (std::vector<int64_t>{25, 25, 25, 24, 17, 9}));
+
+  std::mt19937_64 rng(14);
+  auto pick = [&](int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng);
+  };
+  for (int trial = 0; trial < 2000; ++trial) {
+    request.layers = static_cast<int>(pick(1, 40));
+    request.kv_groups = static_cast<int>(pick(1, 8));
+    request.page_size = static_cast<int>(pick(1, 32));
+    request.tokens = pick(1, 5000);
+    request.allocator = pick(0, 1) == 0 ? LayerAllocator::kUniform : LayerAllocator::kPyramid;
+    const int64_t n = PageCount(request.tokens, request.page_size);
+    const int64_t pages = pick(request.layers, request.layers * n + 5);
+    request.fraction.reset();
+    request.token_slots = pages * request.kv_groups * request.page_size;
+    SCOPED_TRACE(::testing::Message()
+                 << "trial " << trial << " L " << request.layers << " B " << request.page_size
+                 << " T " << request.tokens << " P " << pages);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(plan, PlanBudget(request));
+    for (const int64_t quota : plan.pages_per_layer) {
+      EXPECT_GE(quota, 1);
+      EXPECT_LE(quota, n);
+    }
+    const int64_t kept = std::min(pages, request.layers * n);
+    EXPECT_EQ(std::accumulate(plan.pages_per_layer.begin(), plan.pages_per_layer.end(), int64_t{0}),
+              kept);
+    EXPECT_EQ(plan.layer_pages, kept);
+    // The frames kept in the GROUP layout: G * min(K_l, n) per layer.
+    int64_t frames = 0;
+    for (const int64_t quota : plan.pages_per_layer) {
+      frames += request.kv_groups * std::min(quota, n);
+    }
+    EXPECT_EQ(frames, request.kv_groups * kept);
+    if (request.allocator == LayerAllocator::kPyramid) {
+      EXPECT_TRUE(std::is_sorted(plan.pages_per_layer.rbegin(), plan.pages_per_layer.rend()));
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Issue 14 #3: a decimal fraction plans what the formula says, not what its binary double
+// floors to: floor(0.03 * 1440 * 5 / 8) = 27 (the double 0.03 is 0.029999..., giving 26).
+TEST(BudgetTest, DecimalFractionsPlanExactly) {
+  BudgetRequest request;
+  request.layers = 5;
+  request.kv_groups = 1;
+  request.page_size = 8;
+  request.tokens = 1440;
+  request.fraction = 0.03;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(BudgetPlan plan, PlanBudget(request));
+  EXPECT_EQ(plan.layer_pages, 27);
+  EXPECT_EQ(plan.residual_slots, 0);  // 0.03 * 1440 * 5 * 1 = 216 slots = 27 pages of 8
+  request.fraction = 0.1;
+  request.tokens = 160;
+  request.layers = 1;
+  request.page_size = 16;  // 0.1 * 160 / 16 = 1 exactly
+  ENTROKV_ASSERT_OK_AND_ASSIGN(plan, PlanBudget(request));
+  EXPECT_EQ(plan.layer_pages, 1);
+  request.fraction = 1.0;
+  request.tokens = 1000;
+  request.layers = 3;
+  request.page_size = 10;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(plan, PlanBudget(request));
+  EXPECT_EQ(plan.pages_per_layer, (std::vector<int64_t>{100, 100, 100}));
+}
+
+// Issue 12 #6: values a client can send that overflowed int64 are refused before any arithmetic.
+TEST(BudgetTest, RefusesValuesThatWouldOverflow) {
+  BudgetRequest request = Llama8B();
+  request.token_slots = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(PlanBudget(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token_slots")));
+  request.token_slots = kMaxBudgetTokenSlots;  // the largest accepted: no overflow
+  ENTROKV_ASSERT_OK_AND_ASSIGN(BudgetPlan plan, PlanBudget(request));
+  EXPECT_EQ(plan.layer_pages, kMaxBudgetTokenSlots / 128);
+  request.token_slots.reset();
+  request.fraction = 0.5;
+  request.tokens = std::numeric_limits<int64_t>::max();
+  EXPECT_THAT(PlanBudget(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+  request.tokens = kMaxBudgetTokens;
+  request.layers = std::numeric_limits<int>::max();
+  EXPECT_THAT(PlanBudget(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("layers")));
+  request.layers = static_cast<int>(kMaxBudgetLayers);
+  request.kv_groups = static_cast<int>(kMaxBudgetGroups);
+  request.page_size = 1;
+  request.fraction = 0.999999999999999;
+  EXPECT_TRUE(PlanBudget(request).ok());
+  request.fraction = 1e-30;  // more than 18 decimal places
+  EXPECT_THAT(PlanBudget(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fraction")));
 }
 
 TEST(BudgetTest, RejectsBadRequestsNamingTheField) {

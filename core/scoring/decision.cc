@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
+#include "core/scoring/weights.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv {
@@ -56,21 +57,46 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
         absl::StrCat("cached_weights: ", request.cached_weights.size(), " weights for ",
                      request.query_heads, " query heads"));
   }
+  if (!request.live_pages.empty()) {
+    const int64_t pages = PageCount(request.tokens, options.page_size);
+    const auto entries = static_cast<int64_t>(request.live_pages.size());
+    if (entries != pages && entries != pages * request.kv_groups) {
+      return absl::FailedPreconditionError(absl::StrCat("live_pages: ", entries, " entries for ",
+                                                        pages, " pages and ", request.kv_groups,
+                                                        " groups; give n or G * n"));
+    }
+  }
   if (check_values && request.statistic.has_value()) {
     RETURN_IF_ERROR(request.statistic->ValidateValues());
   }
   return absl::OkStatus();
 }
 
+std::span<const uint8_t> GroupLivePages(const LayerRequest& request, int64_t pages, int group) {
+  if (request.live_pages.empty()) return {};
+  if (static_cast<int64_t>(request.live_pages.size()) == pages) return request.live_pages;
+  return request.live_pages.subspan(static_cast<size_t>(group) * static_cast<size_t>(pages),
+                                    static_cast<size_t>(pages));
+}
+
+std::vector<uint8_t> LayerLivePages(const LayerRequest& request, int64_t pages) {
+  if (request.live_pages.empty()) return {};
+  std::vector<uint8_t> live(static_cast<size_t>(pages), 1);
+  for (int g = 0; g < request.kv_groups; ++g) {
+    const std::span<const uint8_t> group = GroupLivePages(request, pages, g);
+    for (size_t b = 0; b < live.size(); ++b) live[b] = (live[b] != 0 && group[b] != 0) ? 1 : 0;
+  }
+  return live;
+}
+
 void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,
                   int64_t quota_pages, GroupDecision* decision) {
   std::vector<std::vector<int32_t>> per_head;
   per_head.reserve(rows.size());
-  std::vector<float> mean(rows.front().size(), 0.0f);
-  const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(rows.size()));
+  std::vector<float> mean(rows.front().size());
+  MeanRows(rows, mean);
   for (const std::span<const float> row : rows) {
     per_head.push_back(SelectTopPages(PageMaxima(row, options.page_size), quota_pages));
-    for (size_t t = 0; t < mean.size(); ++t) mean[t] += inverse_r * row[t];
   }
   const int64_t effective_k = std::min<int64_t>(
       quota_pages, PageCount(static_cast<int64_t>(mean.size()), options.page_size));
@@ -106,6 +132,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
       load_rows(g);
       input.rows = rows;
     }
+    input.live = GroupLivePages(request, decision.page_count, g);
     if (!request.cached_weights.empty()) {
       input.cached_weights =
           request.cached_weights.subspan(static_cast<size_t>(g * r), static_cast<size_t>(r));
@@ -132,7 +159,8 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
   if (page_scores.size() == decision.groups.size()) {
     score_spans.assign(page_scores.begin(), page_scores.end());
   }
-  ApplyLayerScope(score_spans, request.combine, options, &decision);
+  ApplyLayerScope(score_spans, request.combine, options, request.tokens,
+                  LayerLivePages(request, decision.page_count), &decision);
   if (request.measure && request.statistic.has_value()) {
     for (int g = 0; g < request.kv_groups; ++g) {
       load_rows(g);

@@ -21,11 +21,25 @@ struct LayerRequest {
   int64_t tokens = 0;                      // T; must equal the statistic's
   int64_t quota_pages = 0;                 // K per group, >= 1; K > n keeps every page
   std::span<const double> cached_weights;  // H_Q weights from prefill, or empty
-  bool measure = true;                     // compute the shadow UOR, disagreement, mass
+  // The pages each group still holds, 1 = held, for decisions after earlier evictions: empty
+  // (every page held), n entries (shared by every group) or G * n (group-major). Evicted pages
+  // are never kept; each group keeps exactly min(K, its live pages), protections included. In
+  // layer scope the candidates are the pages every group still holds.
+  std::span<const uint8_t> live_pages;
+  bool measure = true;  // compute the shadow UOR, disagreement, mass
   // One page set per (layer, group), or one per layer shared by every group (§3.9).
   SelectionScope scope = SelectionScope::kGroup;
   LayerCombine combine = kDefaultLayerCombine;  // how layer scope combines the groups' scores
 };
+
+// The live mask of group g of a layer of `pages` pages (empty when every page is held).
+// REQUIRES: request validated.
+[[nodiscard]] std::span<const uint8_t> GroupLivePages(const LayerRequest& request, int64_t pages,
+                                                      int group);
+
+// The pages every group of the layer still holds (the intersection of the groups' masks), the
+// candidates of layer scope; empty when every page is held. REQUIRES: request validated.
+[[nodiscard]] std::vector<uint8_t> LayerLivePages(const LayerRequest& request, int64_t pages);
 
 struct GroupDecision {
   std::vector<int32_t> kept_pages;  // ascending logical page indices
@@ -52,8 +66,8 @@ struct LayerDecision {
 
 // Validates everything before computing: INVALID_ARGUMENT naming the field for a bad shape,
 // H_Q not a multiple of G, non-finite or negative values, a bad option, quota_pages < 1;
-// FAILED_PRECONDITION when the statistic's token count is not `tokens` or cached weights do not
-// match the heads.
+// FAILED_PRECONDITION when the statistic's token count is not `tokens`, cached weights do not
+// match the heads or live_pages does not match the pages (n or G * n entries).
 [[nodiscard]] absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy,
                                                         const PolicyOptions& options,
                                                         const LayerRequest& request);

@@ -83,6 +83,58 @@ TEST(DecisionPropertyTest, PooledPoliciesKeepExactlyTheQuota) {
   }
 }
 
+// Issue 14 #4: a decision after earlier evictions selects among the live pages only and keeps
+// exactly min(K, live pages) per group, with the protections still applied to live pages.
+TEST(DecisionPropertyTest, DecodeTimeDecisionsKeepOnlyLivePagesAndExactlyTheQuota) {
+  std::mt19937_64 rng(kSeed + 7);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Case c = RandomCase(rng);
+    const std::vector<float> data = testing::MixedRows(c.query_heads, c.tokens, rng);
+    const int64_t n = PageCount(c.tokens, c.page_size);
+    std::vector<uint8_t> live(static_cast<size_t>(n * c.kv_groups));
+    for (uint8_t& page : live) page = rng() % 3 != 0 ? 1 : 0;
+    PolicyOptions options;
+    options.page_size = c.page_size;
+    options.protections.tail_page = true;
+    options.protections.recent_pages = static_cast<int>(rng() % 3);
+    for (const absl::string_view name :
+         {"page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming"}) {
+      LayerRequest request;
+      request.statistic =
+          *StatisticView::Create(data.data(), DType::kFloat32, c.query_heads, c.tokens);
+      request.query_heads = c.query_heads;
+      request.kv_groups = c.kv_groups;
+      request.tokens = c.tokens;
+      request.quota_pages = c.quota;
+      request.live_pages = live;
+      ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision decision,
+                                   DecideLayer(**FindPolicy(name), options, request));
+      for (int g = 0; g < c.kv_groups; ++g) {
+        const std::span<const uint8_t> group_live(live.data() + g * n, static_cast<size_t>(n));
+        const int64_t live_count = std::count(group_live.begin(), group_live.end(), 1);
+        const std::vector<int32_t>& kept = decision.groups[static_cast<size_t>(g)].kept_pages;
+        ASSERT_EQ(static_cast<int64_t>(kept.size()), std::min(c.quota, live_count))
+            << name << " trial " << trial << " group " << g;
+        for (const int32_t page : kept) ASSERT_EQ(group_live[page], 1) << name << " page " << page;
+        if (group_live[n - 1] != 0) {  // the live tail page is protected
+          EXPECT_TRUE(std::binary_search(kept.begin(), kept.end(), n - 1)) << name;
+        }
+      }
+    }
+  }
+  LayerRequest request;
+  const std::vector<float> data(2 * 64, 0.5f);
+  const std::vector<uint8_t> wrong(3, 1);
+  request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, 2, 64);
+  request.query_heads = 2;
+  request.kv_groups = 1;
+  request.tokens = 64;
+  request.quota_pages = 1;
+  request.live_pages = wrong;  // 4 pages of 16
+  EXPECT_THAT(DecideLayer(**FindPolicy("mean"), {}, request),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("live_pages")));
+}
+
 TEST(DecisionPropertyTest, ShadowUnionOverheadStaysInsideItsBounds) {
   std::mt19937_64 rng(kSeed + 1);
   for (int trial = 0; trial < 300; ++trial) {
@@ -189,8 +241,9 @@ TEST(DecisionNeedleTest, MeanPoolingDilutesTheNeedleAndEntropyPoolingKeepsIt) {
     // The retrieval head's sink-isolated H2 is eta_ret (about -2 ln 0.95); the bound with its
     // own eta must hold.
     const double eta = SinkIsolatedEntropy(std::span<const float>(data.data(), tokens), 4, 2.0);
-    EXPECT_GE(at_needle, 0.95 - NeedleBoundDelta(tokens, r, tau, eta, 0.95, 4) - 1e-6)
-        << "T " << tokens;
+    const double delta = NeedleBoundDelta(tokens, r, tau, eta, 0.95, 4);
+    // Float32 rounding of the inputs, not a constant: 1e-6 exceeded delta itself.
+    EXPECT_GE(at_needle, 0.95 - delta - Float32PoolingTolerance(0.95)) << "T " << tokens;
     double mean_at_needle = 0.0;
     for (int h = 0; h < r; ++h) mean_at_needle += data[h * tokens + needle] / r;
     EXPECT_NEAR(mean_at_needle, MeanPooledNeedle(tokens, r, 0.95), 1e-6) << "T " << tokens;

@@ -15,8 +15,9 @@
 
 namespace entrokv {
 
-// True for the policies the fused path computes itself (page_entrokv, raw_entropy, mean, h2o,
-// max); the others go through DecideLayer unchanged.
+// True for the policies the fused path computes itself, by their Policy::pooling() (entropy-
+// weighted, mean, max: page_entrokv, raw_entropy, mean, h2o, max); the others go through
+// DecideLayer unchanged.
 [[nodiscard]] bool IsFusedPolicy(const Policy& policy);
 
 // Owns its scratch buffers (they grow to the largest layer seen and are then reused, so a
@@ -48,7 +49,6 @@ class FusedScorer {
   PolicyOptions options_;
   std::vector<float> widened_;              // chunk buffers for half-precision rows
   std::vector<const float*> row_pointers_;  // the group's rows at the current chunk
-  std::vector<float> float_weights_;        // float(w_h), as PoolRows rounds them
   std::vector<float> pooled_;               // one chunk of the pooled row
   std::vector<float> page_max_;             // I_g[b] for the current group
   std::vector<uint32_t> keys_;              // selection keys, one per page, then as many of work

@@ -118,7 +118,8 @@ void FinishGroupScope(LayerDecision* decision) {
 }
 
 void ApplyLayerScope(std::span<const std::span<const float>> group_scores, LayerCombine combine,
-                     const PolicyOptions& options, LayerDecision* decision) {
+                     const PolicyOptions& options, int64_t tokens,
+                     std::span<const uint8_t> layer_live, LayerDecision* decision) {
   decision->scope = SelectionScope::kLayer;
   const std::vector<std::vector<int32_t>> per_group = KeptPerGroup(*decision);
   std::vector<int32_t> union_pages = UnionOfPages(per_group);
@@ -126,11 +127,17 @@ void ApplyLayerScope(std::span<const std::span<const float>> group_scores, Layer
   std::vector<int32_t> layer_pages;
   if (group_scores.empty()) {
     layer_pages = std::move(union_pages);
+    if (!layer_live.empty()) {  // a page one group no longer holds cannot be shared by all
+      std::erase_if(layer_pages,
+                    [&](int32_t page) { return layer_live[static_cast<size_t>(page)] == 0; });
+    }
     decision->combine_weights.clear();
   } else {
     std::vector<float> combined;
     CombineGroupScores(group_scores, combine, options, &combined, &decision->combine_weights);
-    layer_pages = SelectTopPages(combined, decision->quota_pages, EffectiveProtections(options));
+    layer_pages = SelectTopPages(
+        combined, decision->quota_pages,
+        ProtectedPagesOf(options, tokens, decision->quota_pages, layer_live), layer_live);
   }
   decision->union_pages = static_cast<int64_t>(layer_pages.size());
   for (GroupDecision& group : decision->groups) group.kept_pages = layer_pages;

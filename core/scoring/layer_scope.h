@@ -65,10 +65,14 @@ void FinishGroupScope(LayerDecision* decision);
 // (`group_scores`, one span per group) the set is the min(K, n) pages of the highest combined
 // score (ties to the lower page, protections as in §3.7); a policy without page scores
 // (group_scores empty: head_independent, streaming) keeps the union of its groups' pages, which
-// for head_independent is the union over every head of the layer. Weights and measurements of
-// the groups are left as they are (the caller re-measures retained mass against the new set).
+// for head_independent is the union over every head of the layer. `layer_live` (empty: every
+// page) marks the pages every group still holds: only those can be kept or protected, so after
+// earlier evictions the layer keeps exactly min(K, live pages) (`tokens` is the layer's T, for
+// the protections). Weights and measurements of the groups are left as they are (the caller
+// re-measures retained mass against the new set).
 void ApplyLayerScope(std::span<const std::span<const float>> group_scores, LayerCombine combine,
-                     const PolicyOptions& options, LayerDecision* decision);
+                     const PolicyOptions& options, int64_t tokens,
+                     std::span<const uint8_t> layer_live, LayerDecision* decision);
 
 }  // namespace entrokv
 

@@ -93,7 +93,7 @@ TEST(LayerScopeTest, CombinedSelectionIsExactAndKeepsTheLargestCombinedScore) {
     std::vector<std::vector<int32_t>> per_group;
     for (const auto& row : scores) per_group.push_back(SelectTopPages(row, quota));
     LayerDecision decision = GroupScopeDecision(per_group, pages, quota);
-    ApplyLayerScope(Spans(scores), combine, PolicyOptions{}, &decision);
+    ApplyLayerScope(Spans(scores), combine, PolicyOptions{}, pages * 16, {}, &decision);
 
     const int64_t expected = std::min(quota, pages);
     EXPECT_EQ(decision.scope, SelectionScope::kLayer);
@@ -127,7 +127,7 @@ TEST(LayerScopeTest, TiesGoToTheLowerPage) {
   const std::vector<std::vector<float>> scores = {{1, 1, 1, 1, 1, 1}, {2, 2, 2, 2, 2, 2}};
   for (const LayerCombine combine : kCombines) {
     LayerDecision decision = GroupScopeDecision({{0, 1, 2}, {0, 1, 2}}, 6, 3);
-    ApplyLayerScope(Spans(scores), combine, PolicyOptions{}, &decision);
+    ApplyLayerScope(Spans(scores), combine, PolicyOptions{}, 6 * 16, {}, &decision);
     EXPECT_THAT(decision.groups[1].kept_pages, ::testing::ElementsAre(0, 1, 2))
         << LayerCombineName(combine);
   }
@@ -138,7 +138,7 @@ TEST(LayerScopeTest, TiesGoToTheLowerPage) {
 TEST(LayerScopeTest, MassMaxKeepsEveryGroupsBestPage) {
   const std::vector<std::vector<float>> scores = {{1000, 900, 800, 0, 0, 0}, {0, 0, 0, 0, 0, 1}};
   LayerDecision decision = GroupScopeDecision({{0, 1}, {5, 0}}, 6, 2);
-  ApplyLayerScope(Spans(scores), LayerCombine::kMassMax, PolicyOptions{}, &decision);
+  ApplyLayerScope(Spans(scores), LayerCombine::kMassMax, PolicyOptions{}, 6 * 16, {}, &decision);
   EXPECT_THAT(decision.groups[0].kept_pages, ::testing::ElementsAre(0, 5));
   EXPECT_EQ(decision.group_scope_union_pages, 3);
 }
@@ -161,12 +161,31 @@ TEST(LayerScopeTest, EntropyWeightsFavourTheConcentratedGroup) {
 // A policy without page scores keeps the union of its groups' pages in layer scope.
 TEST(LayerScopeTest, WithoutPageScoresTheLayerKeepsTheUnion) {
   LayerDecision decision = GroupScopeDecision({{0, 3}, {1, 3}, {3, 7}}, 8, 2);
-  ApplyLayerScope({}, kDefaultLayerCombine, PolicyOptions{}, &decision);
+  ApplyLayerScope({}, kDefaultLayerCombine, PolicyOptions{}, 8 * 16, {}, &decision);
   for (const GroupDecision& group : decision.groups) {
     EXPECT_THAT(group.kept_pages, ::testing::ElementsAre(0, 1, 3, 7));
   }
   EXPECT_EQ(decision.union_pages, 4);
   EXPECT_EQ(decision.group_scope_union_pages, 4);
+}
+
+// After earlier evictions only the pages every group still holds are candidates: the highest
+// scores sit on evicted pages, yet the layer keeps exactly K live pages (decode-time decisions
+// must not shrink the budget by re-selecting what is gone).
+TEST(LayerScopeTest, EvictedPagesAreNeverKept) {
+  const std::vector<std::vector<float>> scores = {{1, 9, 8, 2, 3, 7, 4, 5}, {1, 9, 8, 2, 3, 7, 4, 5}};
+  const std::vector<uint8_t> live = {1, 0, 1, 1, 1, 0, 1, 1};  // pages 1 and 5 are gone
+  for (const LayerCombine combine : kCombines) {
+    LayerDecision decision = GroupScopeDecision({{0, 2, 3}, {0, 2, 3}}, 8, 3);
+    ApplyLayerScope(Spans(scores), combine, PolicyOptions{}, 8 * 16, live, &decision);
+    EXPECT_THAT(decision.groups[0].kept_pages, ::testing::ElementsAre(2, 6, 7))
+        << LayerCombineName(combine);
+    EXPECT_EQ(decision.union_pages, 3);
+  }
+  // Without page scores (the union of the groups' sets), an evicted page is dropped too.
+  LayerDecision decision = GroupScopeDecision({{0, 1}, {1, 2}}, 8, 2);
+  ApplyLayerScope({}, kDefaultLayerCombine, PolicyOptions{}, 8 * 16, live, &decision);
+  EXPECT_THAT(decision.groups[1].kept_pages, ::testing::ElementsAre(0, 2));
 }
 
 struct Case {

@@ -55,6 +55,15 @@ void PageSums(std::span<const float> values, int page_size, std::span<double> su
 // Delta(T) = (1 - eps) D / (C + D), C = exp(-eta / tau), D = (r - 1) (T - s)^(-1/tau).
 [[nodiscard]] double NeedleBoundDelta(int64_t tokens, int r, double tau, double eta_ret,
                                       double needle_mass, int sink_tokens);
+// How far float32 rounding can move a pooled score from its value on the exact inputs: each
+// float32 input is off by at most 2^-24 of itself (round to nearest) and the pooled score is
+// rounded to float32 once more, so with weights summing to 1 the score moves by at most
+// 2 * 2^-24 * (largest input). The tolerance of the needle-bound checks: a fixed 1e-6 would
+// exceed Delta(T) itself for T >= 4K and let the check pass whatever the score.
+[[nodiscard]] inline double Float32PoolingTolerance(double largest_input) {
+  return 2.0 * 0x1p-24 * largest_input;
+}
+
 // Mean pooling at the needle with uniform siblings: ((1 - eps) + (r - 1) / T) / r.
 [[nodiscard]] double MeanPooledNeedle(int64_t tokens, int r, double needle_mass);
 

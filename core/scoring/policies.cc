@@ -16,13 +16,20 @@
 namespace entrokv {
 namespace {
 
+// The top pages of `scores` for the group: protections first, evicted pages never.
+std::vector<int32_t> SelectScores(std::span<const float> scores, const GroupInput& input,
+                                  const PolicyOptions& options) {
+  return SelectTopPages(scores, input.quota_pages,
+                        ProtectedPagesOf(options, input.tokens, input.quota_pages, input.live),
+                        input.live);
+}
+
 // Page maxima of the pooled row into selection->page_scores (layer scope combines them), then
 // the top pages into selection->kept_pages.
 void SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
                       const PolicyOptions& options, GroupSelection* selection) {
   selection->page_scores = PageMaxima(pooled, options.page_size);
-  selection->kept_pages =
-      SelectTopPages(selection->page_scores, input.quota_pages, EffectiveProtections(options));
+  selection->kept_pages = SelectScores(selection->page_scores, input, options);
 }
 
 // The weighted pooling policies' last two steps: pool the rows with selection->weights, keep the
@@ -41,6 +48,9 @@ class EntropyWeightedPolicy final : public Policy {
   EntropyWeightedPolicy(absl::string_view name, bool isolate_sinks)
       : name_(name), isolate_sinks_(isolate_sinks) {}
   absl::string_view name() const override { return name_; }
+  Pooling pooling() const override {
+    return {.kind = PoolingKind::kEntropyWeighted, .isolate_sinks = isolate_sinks_};
+  }
 
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
@@ -67,10 +77,13 @@ class MeanPolicy final : public Policy {
  public:
   explicit MeanPolicy(absl::string_view name) : name_(name) {}
   absl::string_view name() const override { return name_; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMean}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
-    selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
-    SelectWithWeights(input, options, &selection);
+    selection.weights.assign(input.rows.size(), MeanScale(input.rows.size()));
+    std::vector<float> pooled(static_cast<size_t>(input.tokens));
+    MeanRows(input.rows, pooled);
+    SelectFromPooled(pooled, input, options, &selection);
     return selection;
   }
 
@@ -81,6 +94,7 @@ class MeanPolicy final : public Policy {
 class MaxPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "max"; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMax}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
     for (const std::span<const float> row : input.rows) {
@@ -97,11 +111,12 @@ class MaxPolicy final : public Policy {
 class SnapKvPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "snapkv"; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kMaxPoolThenMean}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const auto tokens = static_cast<int64_t>(input.tokens);
     const int64_t half = options.snapkv_kernel / 2;
-    const auto inverse_r = static_cast<float>(1.0 / static_cast<double>(input.rows.size()));
-    std::vector<float> pooled(static_cast<size_t>(tokens), 0.0f);
+    // The group mean of the max-pooled rows as MeanRows takes it: summed in double, scaled once.
+    std::vector<double> sums(static_cast<size_t>(tokens), 0.0);
     std::deque<int64_t> window;  // indices of a decreasing run: front is the window max
     for (const std::span<const float> row : input.rows) {
       window.clear();
@@ -115,9 +130,13 @@ class SnapKvPolicy final : public Policy {
           window.push_back(next);
         }
         while (window.front() < t - half) window.pop_front();
-        pooled[static_cast<size_t>(t)] += inverse_r * row[static_cast<size_t>(window.front())];
+        sums[static_cast<size_t>(t)] +=
+            static_cast<double>(row[static_cast<size_t>(window.front())]);
       }
     }
+    const double scale = MeanScale(input.rows.size());
+    std::vector<float> pooled(static_cast<size_t>(tokens));
+    for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = static_cast<float>(sums[t] * scale);
     GroupSelection selection;
     SelectFromPooled(pooled, input, options, &selection);
     return selection;
@@ -129,13 +148,12 @@ class SnapKvPolicy final : public Policy {
 class HeadIndependentPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "head_independent"; }
-  bool exact_budget() const override { return false; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kUnion}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
-    const Protections protections = EffectiveProtections(options);
     GroupSelection selection;
     for (const std::span<const float> row : input.rows) {
       const std::vector<int32_t> own =
-          SelectTopPages(PageMaxima(row, options.page_size), input.quota_pages, protections);
+          SelectScores(PageMaxima(row, options.page_size), input, options);
       selection.kept_pages.insert(selection.kept_pages.end(), own.begin(), own.end());
     }
     std::sort(selection.kept_pages.begin(), selection.kept_pages.end());
@@ -150,15 +168,21 @@ class HeadIndependentPolicy final : public Policy {
 class StreamingPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "streaming"; }
-  bool needs_statistic() const override { return false; }
+  Pooling pooling() const override { return {.kind = PoolingKind::kPosition}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
-    const std::vector<float> no_scores(
-        static_cast<size_t>(PageCount(input.tokens, options.page_size)), 0.0f);
-    Protections protections = EffectiveProtections(options);
-    protections.sink_pages = true;
-    protections.recent_pages = static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
+    // The sinks and the newest K pages are protected; when evicted pages leave room, the page
+    // index as score fills it with the newest live pages.
+    const int64_t pages = PageCount(input.tokens, options.page_size);
+    std::vector<float> newest_first(static_cast<size_t>(pages));
+    for (int64_t page = 0; page < pages; ++page) {
+      newest_first[static_cast<size_t>(page)] = static_cast<float>(page);
+    }
+    PolicyOptions streaming = options;
+    streaming.protections.sink_pages = true;
+    streaming.protections.recent_pages =
+        static_cast<int>(std::min<int64_t>(input.quota_pages, INT32_MAX));
     GroupSelection selection;
-    selection.kept_pages = SelectTopPages(no_scores, input.quota_pages, protections);
+    selection.kept_pages = SelectScores(newest_first, input, streaming);
     return selection;
   }
 };
@@ -184,11 +208,14 @@ const Registry& GetRegistry() {
 
 }  // namespace
 
-Protections EffectiveProtections(const PolicyOptions& options) {
-  Protections protections = options.protections;
-  protections.page_size = options.page_size;
-  protections.sink_tokens = options.sink_tokens;
-  return protections;
+int64_t SinkPageCount(const PolicyOptions& options, int64_t tokens) {
+  return PageCount(std::min<int64_t>(options.sink_tokens, tokens), options.page_size);
+}
+
+std::vector<int32_t> ProtectedPagesOf(const PolicyOptions& options, int64_t tokens, int64_t quota,
+                                      std::span<const uint8_t> live) {
+  return ProtectedPages(options.protections, SinkPageCount(options, tokens),
+                        PageCount(tokens, options.page_size), quota, live);
 }
 
 absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
@@ -212,7 +239,7 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("snapkv_kernel: must be odd and >= 1, got ", options.snapkv_kernel));
   }
-  return ValidateProtections(EffectiveProtections(options));
+  return ValidateProtections(options.protections);
 }
 
 absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {

@@ -127,6 +127,38 @@ TEST(PolicyTest, MaxPoolingTakesTheLargestHeadPerToken) {
   EXPECT_THAT(Select("max", rows, 2, 8, 2, options).kept_pages, ElementsAre(0, 3));
 }
 
+// Issue 14 #1: two pages whose columns hold the same six values in a different head order are a
+// tie, which goes to the lower page index (ARCHITECTURE §3.7), not to whichever rounding of
+// float(1/6) * x summed head by head came out one ulp higher.
+std::vector<float> PermutedColumns() {
+  const std::vector<float> values = {0.1f, 0.7f, 0.3f, 0.9f, 0.05f, 0.45f};
+  std::vector<float> statistic;  // [6, 2]: column 0 = values, column 1 = values reversed
+  for (size_t h = 0; h < values.size(); ++h) {
+    statistic.push_back(values[h]);
+    statistic.push_back(values[values.size() - 1 - h]);
+  }
+  return statistic;
+}
+
+TEST(PolicyTest, MeanPoolingTiesDoNotDependOnTheHeadOrder) {
+  PolicyOptions options;
+  options.page_size = 1;
+  options.snapkv_kernel = 1;
+  for (const absl::string_view name : {"mean", "h2o", "snapkv"}) {
+    EXPECT_THAT(Select(name, PermutedColumns(), 6, 2, 1, options).kept_pages, ElementsAre(0))
+        << name;
+  }
+}
+
+TEST(WeightsTest, MeanRowsIsTheSameForEveryHeadOrder) {
+  const std::vector<float> statistic = PermutedColumns();
+  const std::vector<std::span<const float>> rows = Rows(statistic, 6, 2);
+  std::vector<float> mean(2);
+  MeanRows(rows, mean);
+  EXPECT_EQ(mean[0], mean[1]);
+  EXPECT_EQ(mean[0], static_cast<float>((0.1 + 0.7 + 0.3 + 0.9 + 0.05 + 0.45) / 6.0));
+}
+
 TEST(PolicyTest, HeadIndependentKeepsTheUnion) {
   std::vector<float> rows(2 * 8, 0.0f);
   rows[0 * 8 + 0] = 1.0f;

@@ -16,19 +16,26 @@ namespace entrokv {
 
 // Parameters of the scoring pipeline, validated once by ValidatePolicyOptions.
 struct PolicyOptions {
-  int page_size = 16;       // B, tokens per page
-  int sink_tokens = 4;      // s, left out of the entropy (and the sink pages of `streaming`)
-  double alpha = 2.0;       // Renyi order, > 0; +inf allowed
-  double tau = 0.5;         // softmax temperature of the head weights, > 0
-  int snapkv_kernel = 7;    // width of snapkv's 1-D max-pool along tokens, odd, >= 1
-  Protections protections;  // page_size and sink_tokens here are overwritten from above
+  int page_size = 16;     // B, tokens per page
+  int sink_tokens = 4;    // s, left out of the entropy (and the sink pages of `streaming`)
+  double alpha = 2.0;     // Renyi order, > 0; +inf allowed
+  double tau = 0.5;       // softmax temperature of the head weights, > 0
+  int snapkv_kernel = 7;  // width of snapkv's 1-D max-pool along tokens, odd, >= 1
+  Protections protections;
 };
 
 // INVALID_ARGUMENT naming the option: page_size <= 0, tau <= 0, alpha <= 0, ...
 [[nodiscard]] absl::Status ValidatePolicyOptions(const PolicyOptions& options);
 
-// options.protections with page_size and sink_tokens taken from the options themselves.
-[[nodiscard]] Protections EffectiveProtections(const PolicyOptions& options);
+// The pages holding the first min(sink_tokens, T) tokens: ceil(min(s, T) / B), no overflow for
+// any s. REQUIRES: options valid, tokens >= 0.
+[[nodiscard]] int64_t SinkPageCount(const PolicyOptions& options, int64_t tokens);
+
+// The protected pages of one (layer, group) of `tokens` tokens under options.protections
+// (selection.h's ProtectedPages, the one statement of the rules), at most `quota`, none evicted.
+[[nodiscard]] std::vector<int32_t> ProtectedPagesOf(const PolicyOptions& options, int64_t tokens,
+                                                    int64_t quota,
+                                                    std::span<const uint8_t> live = {});
 
 // One (layer, group): the r rows of the group's query heads.
 struct GroupInput {
@@ -37,6 +44,9 @@ struct GroupInput {
   int64_t tokens = 0;
   int64_t quota_pages = 0;                 // K, >= 1
   std::span<const double> cached_weights;  // r weights from an earlier call, or empty
+  // Per page, 1 while the group still holds it; empty when every page is held. An evicted
+  // page scores as absent: it is never kept, and the group keeps min(K, live pages).
+  std::span<const uint8_t> live;
 };
 
 struct GroupSelection {
@@ -48,15 +58,33 @@ struct GroupSelection {
   std::vector<float> page_scores;
 };
 
+// How a policy turns a group's rows into page scores (ARCHITECTURE §3.10, steps 4-6). The fused
+// scorer (fused_scorer.h) computes the first three kinds itself from this description alone and
+// sends the others to SelectGroup, so a new policy touches policies.cc only.
+enum class PoolingKind : uint8_t {
+  kEntropyWeighted,  // softmax(-H / tau) weights (or cached ones), PoolRows, page maxima
+  kMean,             // MeanRows, page maxima
+  kMax,              // the max over the heads, page maxima
+  kMaxPoolThenMean,  // each row max-pooled along tokens (snapkv_kernel), then MeanRows
+  kUnion,            // each head's own top-K pages, the group keeps their union
+  kPosition,         // no statistic: the sink pages and the newest pages
+};
+
+struct Pooling {
+  PoolingKind kind = PoolingKind::kMean;
+  bool isolate_sinks = false;  // kEntropyWeighted: the entropy leaves out the sink tokens
+};
+
 // Stateless and thread-safe: one instance serves every caller.
 class Policy {
  public:
   virtual ~Policy() = default;
   [[nodiscard]] virtual absl::string_view name() const = 0;
+  [[nodiscard]] virtual Pooling pooling() const = 0;
   // False only for policies that select by position (streaming).
-  [[nodiscard]] virtual bool needs_statistic() const { return true; }
-  // False only for head_independent, which keeps a union of up to r * K pages.
-  [[nodiscard]] virtual bool exact_budget() const { return true; }
+  [[nodiscard]] bool needs_statistic() const { return pooling().kind != PoolingKind::kPosition; }
+  // False only for the union (head_independent), which keeps up to r * K pages.
+  [[nodiscard]] bool exact_budget() const { return pooling().kind != PoolingKind::kUnion; }
   // REQUIRES: options valid; input consistent (DecideLayer checks both).
   [[nodiscard]] virtual GroupSelection SelectGroup(const GroupInput& input,
                                                    const PolicyOptions& options) const = 0;

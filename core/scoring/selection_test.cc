@@ -1,5 +1,6 @@
 #include "core/scoring/selection.h"
 
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -27,24 +28,60 @@ TEST(SelectionTest, KLargerThanPageCountKeepsEverything) {
   EXPECT_THAT(SelectTopPages(std::vector<float>{3, 1, 2}, 10), ElementsAre(0, 1, 2));
 }
 
+// SelectTopPages after the protections' pages, as every policy calls it.
+std::vector<int32_t> SelectProtected(const std::vector<float>& scores, int64_t k,
+                                     const Protections& protections, int64_t sink_pages,
+                                     std::span<const uint8_t> live = {}) {
+  const auto pages = static_cast<int64_t>(scores.size());
+  return SelectTopPages(scores, k, ProtectedPages(protections, sink_pages, pages, k, live), live);
+}
+
 TEST(SelectionTest, ProtectionsCountInsideK) {
   const std::vector<float> scores = {0.0f, 0.9f, 0.8f, 0.7f, 0.0f, 0.1f};
   Protections tail;
   tail.tail_page = true;
-  EXPECT_THAT(SelectTopPages(scores, 2, tail), ElementsAre(1, 5));
+  EXPECT_THAT(SelectProtected(scores, 2, tail, 0), ElementsAre(1, 5));
   Protections sinks;
   sinks.sink_pages = true;
-  sinks.sink_tokens = 20;  // two pages of 16
-  sinks.page_size = 16;
-  EXPECT_THAT(SelectTopPages(scores, 3, sinks), ElementsAre(0, 1, 2));
+  EXPECT_THAT(SelectProtected(scores, 3, sinks, 2), ElementsAre(0, 1, 2));
   Protections recent;
   recent.recent_pages = 2;
-  EXPECT_THAT(SelectTopPages(scores, 3, recent), ElementsAre(1, 4, 5));
+  EXPECT_THAT(SelectProtected(scores, 3, recent, 0), ElementsAre(1, 4, 5));
   // Protected pages beyond K: the tail first, then the sinks, then the recent pages.
   Protections all = sinks;
   all.tail_page = true;
   all.recent_pages = 3;
-  EXPECT_THAT(SelectTopPages(scores, 2, all), ElementsAre(0, 5));
+  EXPECT_THAT(SelectProtected(scores, 2, all, 2), ElementsAre(0, 5));
+  EXPECT_THAT(ProtectedPages(all, 2, 6, 10), ElementsAre(5, 0, 1, 4, 3));
+}
+
+// Issue 12 #5: protections of any size cost what the page count costs and list each page once.
+TEST(SelectionTest, HugeProtectionsAreClampedToThePages) {
+  Protections huge;
+  huge.tail_page = true;
+  huge.sink_pages = true;
+  huge.recent_pages = std::numeric_limits<int32_t>::max();
+  EXPECT_THAT(ProtectedPages(huge, std::numeric_limits<int64_t>::max(), 4, 100),
+              ElementsAre(3, 0, 1, 2));
+  EXPECT_THAT(ProtectedPages(huge, 0, 5, 3), ElementsAre(4, 3, 2));
+  const std::vector<float> scores(1000, 1.0f);
+  EXPECT_THAT(SelectProtected(scores, 2, huge, 0), ElementsAre(998, 999));
+}
+
+// Issue 14 #4: evicted pages are never kept, even when they score highest or are protected,
+// and the group keeps exactly min(K, live pages).
+TEST(SelectionTest, EvictedPagesAreNeverKept) {
+  const std::vector<float> scores = {9.0f, 8.0f, 1.0f, 2.0f, 7.0f, 3.0f};
+  const std::vector<uint8_t> live = {0, 1, 1, 1, 0, 0};
+  EXPECT_THAT(SelectTopPages(scores, 2, {}, live), ElementsAre(1, 3));
+  EXPECT_THAT(SelectTopPages(scores, 3, {}, live), ElementsAre(1, 2, 3));
+  EXPECT_THAT(SelectTopPages(scores, 5, {}, live), ElementsAre(1, 2, 3));
+  Protections all;
+  all.tail_page = true;  // page 5 is evicted: nothing to protect there
+  all.sink_pages = true;
+  all.recent_pages = 3;
+  EXPECT_THAT(ProtectedPages(all, 1, 6, 2, live), ElementsAre(3));
+  EXPECT_THAT(SelectProtected(scores, 2, all, 1, live), ElementsAre(1, 3));
 }
 
 TEST(SelectionTest, MatchesTheSortReferenceOnRandomAndTiedScores) {

@@ -19,11 +19,19 @@ std::vector<double> EntropyWeights(std::span<const double> entropies, double tau
 
 void PoolRows(std::span<const std::span<const float>> rows, std::span<const double> weights,
               std::span<float> out) {
-  std::fill(out.begin(), out.end(), 0.0f);
-  for (size_t h = 0; h < rows.size(); ++h) {
-    const auto weight = static_cast<float>(weights[h]);
-    const std::span<const float> row = rows[h];
-    for (size_t t = 0; t < out.size(); ++t) out[t] += weight * row[t];
+  for (size_t t = 0; t < out.size(); ++t) {
+    double sum = 0.0;
+    for (size_t h = 0; h < rows.size(); ++h) sum += weights[h] * static_cast<double>(rows[h][t]);
+    out[t] = static_cast<float>(sum);
+  }
+}
+
+void MeanRows(std::span<const std::span<const float>> rows, std::span<float> out) {
+  const double scale = MeanScale(rows.size());
+  for (size_t t = 0; t < out.size(); ++t) {
+    double sum = 0.0;
+    for (const std::span<const float> row : rows) sum += static_cast<double>(row[t]);
+    out[t] = static_cast<float>(sum * scale);
   }
 }
 

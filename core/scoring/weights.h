@@ -11,10 +11,22 @@ namespace entrokv {
 // REQUIRES: tau > 0, entropies non-empty and finite.
 [[nodiscard]] std::vector<double> EntropyWeights(std::span<const double> entropies, double tau);
 
-// out[t] = sum_h weights[h] * rows[h][t] over the raw rows (sinks included).
+// out[t] = float(sum_h weights[h] * rows[h][t]) over the raw rows (sinks included), the
+// products and the sum in double (ARCHITECTURE §3.1), head by head from +0, rounded once.
 // REQUIRES: rows.size() == weights.size(); every row and `out` have the same length.
 void PoolRows(std::span<const std::span<const float>> rows, std::span<const double> weights,
               std::span<float> out);
+
+// The group mean: out[t] = float((sum_h rows[h][t]) * (1.0 / r)), the sum in double from +0,
+// scaled and rounded once. Scaling after summing makes equal values in any head order give the
+// same float (the double sum of float32 values is exact while they span less than about
+// 2^(29 - log2 r) in magnitude; beyond that the order can move only the last double bit), so
+// ties between pages are broken by the page index, not by rounding. REQUIRES: rows non-empty,
+// every row and `out` of the same length.
+void MeanRows(std::span<const std::span<const float>> rows, std::span<float> out);
+
+// The scale of MeanRows: 1.0 / r.
+[[nodiscard]] inline double MeanScale(size_t rows) { return 1.0 / static_cast<double>(rows); }
 
 }  // namespace entrokv
 

@@ -158,6 +158,37 @@ TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {
             "\"kept_pages\":[0,1]");
 }
 
+// Issue 14 #1: the two columns hold the same six values in a different head order, a tie that
+// goes to page 0 (ARCHITECTURE §3.7) under mean pooling, whatever the rounding.
+TEST_F(SelectCliTest, MeanPoolingTieKeepsTheLowerPage) {
+  const std::vector<float> values = {0.1f, 0.7f, 0.3f, 0.9f, 0.05f, 0.45f};
+  std::vector<float> data;  // [6, 2]
+  for (size_t h = 0; h < values.size(); ++h) {
+    data.push_back(values[h]);
+    data.push_back(values[values.size() - 1 - h]);
+  }
+  const std::string path =
+      Write("tie.npy", NpyType::kFloat32, {6, 2}, data.data(), data.size() * sizeof(float));
+  for (const char* policy : {"mean", "h2o"}) {
+    const CliRun run = RunCli(absl::StrCat("select --stats ", path, " --policy ", policy,
+                                           " --kv-heads 1 --page-size 1 --pages 1"));
+    ASSERT_EQ(run.exit_code, 0) << run.out;
+    EXPECT_EQ(ActualKeptPages(run.out), "\"kept_pages\":[0]") << policy;
+  }
+}
+
+// Issue 14 #7: the table's headline counts the pages kept, not the pages a layer has.
+TEST_F(SelectCliTest, TableHeadlineCountsThePagesKept) {
+  std::vector<float> data(2 * 4 * 160, 1.0f);
+  const std::string path =
+      Write("flat.npy", NpyType::kFloat32, {2, 4, 160}, data.data(), data.size() * 4);
+  // 5 layer-pages: 3 per group in layer 0, 2 in layer 1, 2 groups; 10 pages per (layer, group).
+  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
+                                         " --kv-heads 2 --page-size 16 --budget 0.25 --format table"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("10 of 40 pages kept"));
+}
+
 TEST_F(SelectCliTest, HalfPrecisionFilesDecideLikeFloat32) {
   std::mt19937_64 rng(5);
   const std::vector<float> data = testing::MixedRows(4, 300, rng);

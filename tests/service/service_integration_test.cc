@@ -34,11 +34,11 @@ using ::entrokv::service::testing::ServiceTest;
 
 // The core's decision for a statistic the test encoded the same way.
 LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t tokens, int64_t pages,
-                           std::span<const double> cached = {}) {
+                           std::span<const double> cached = {},
+                           std::span<const uint8_t> live_pages = {}) {
   PolicyOptions options;  // the daemon's defaults: tau 0.5, alpha 2, 4 sinks, tail page kept
   options.page_size = 16;
   options.protections.tail_page = true;
-  options.protections.page_size = 16;
   const DType core_dtype = dtype == v1::DTYPE_FLOAT32 ? DType::kFloat32 : DType::kBFloat16;
   LayerRequest request;
   request.statistic = *StatisticView::Create(bytes.data(), core_dtype, kHeads, tokens);
@@ -47,6 +47,7 @@ LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t to
   request.tokens = tokens;
   request.quota_pages = pages;
   request.cached_weights = cached;
+  request.live_pages = live_pages;
   absl::StatusOr<LayerDecision> decision =
       DecideLayer(**FindPolicy("page_entrokv"), options, request);
   EXPECT_TRUE(decision.ok()) << decision.status();
@@ -149,6 +150,13 @@ TEST_F(ServiceTest, DecisionsEqualTheCoreAndCachedWeightsAreReused) {
   v1::DecideResponse response;
   ASSERT_TRUE(stub_->Decide(&context, request, &response).ok());
   std::vector<double> layer0_weights;
+  std::vector<uint8_t> layer0_live(kGroups * 64, 0);  // after the append below: 64 pages
+  for (int g = 0; g < kGroups; ++g) {
+    for (const int32_t page : response.layers(0).groups(g).kept_pages()) {
+      layer0_live[g * 64 + page] = 1;
+    }
+    layer0_live[g * 64 + 63] = 1;  // the page the append adds
+  }
   for (int i = 0; i < kLayers; ++i) {
     const LayerDecision core =
         CoreDecision(request.layers(i).statistic().data(), v1::DTYPE_BFLOAT16, 1000, 12);
@@ -183,12 +191,54 @@ TEST_F(ServiceTest, DecisionsEqualTheCoreAndCachedWeightsAreReused) {
   v1::DecideResponse decoded;
   const grpc::Status status = stub_->Decide(&decode_context, decode, &decoded);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  const LayerDecision core =
-      CoreDecision(in->statistic().data(), v1::DTYPE_FLOAT32, 1016, 10, layer0_weights);
+  const LayerDecision core = CoreDecision(in->statistic().data(), v1::DTYPE_FLOAT32, 1016, 10,
+                                          layer0_weights, layer0_live);
   for (int g = 0; g < kGroups; ++g) {
     EXPECT_THAT(decoded.layers(0).groups(g).kept_pages(),
                 ElementsAreArray(core.groups[g].kept_pages));
   }
+  ExpectInvariants("m");
+}
+
+// Issue 14 #4: a decode-time decision (cached weights) selects among the pages still held, so
+// the sequence keeps exactly G * K frames per layer, not fewer because it chose evicted pages.
+TEST_F(ServiceTest, DecodeTimeDecisionKeepsExactlyTheQuotaOfLiveFrames) {
+  Register("m");
+  Open("m", "s", 1000);  // 63 pages
+  grpc::ClientContext context;
+  v1::DecideResponse response;
+  ASSERT_TRUE(stub_->Decide(&context, DecideAll("m", "s", 1000, 12, 99), &response).ok());
+  EXPECT_EQ(Stats("m").used_frames(), kLayers * kGroups * 12);
+  grpc::ClientContext append_context;
+  v1::AppendTokensRequest append;
+  append.set_model_id("m");
+  append.set_sequence_id("s");
+  append.set_tokens(16);  // 1016 tokens: one more page, 13 live per (layer, group)
+  v1::AppendTokensResponse appended;
+  ASSERT_TRUE(stub_->AppendTokens(&append_context, append, &appended).ok());
+  v1::DecideRequest decode;
+  decode.set_model_id("m");
+  decode.set_sequence_id("s");
+  decode.set_use_cached_weights(true);
+  decode.mutable_budget()->set_pages_per_group(10);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    v1::LayerStatistic* in = decode.add_layers();
+    in->set_layer(layer);
+    // A fresh statistic: most of its best pages are among the 51 the prefill evicted.
+    *in->mutable_statistic() =
+        BytesStatistic(RandomStatistic(kHeads, 1016, 17 + layer), kHeads, 1016, v1::DTYPE_FLOAT32);
+  }
+  grpc::ClientContext decode_context;
+  v1::DecideResponse decoded;
+  const grpc::Status status = stub_->Decide(&decode_context, decode, &decoded);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  for (const v1::LayerDecision& layer : decoded.layers()) {
+    for (const v1::GroupDecision& group : layer.groups()) {
+      EXPECT_EQ(group.kept_pages_size(), 10);
+      EXPECT_EQ(group.evicted_pages_size(), 3);  // 13 live, 10 kept
+    }
+  }
+  EXPECT_EQ(Stats("m").used_frames(), kLayers * kGroups * 10);
   ExpectInvariants("m");
 }
 
