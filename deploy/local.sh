@@ -18,11 +18,16 @@ packages=(
   nlohmann-json3-dev python3-pip python3-setuptools
   prometheus openssl
   libleveldb-dev libsnappy-dev libsqlite3-dev
+  yamllint python3-yaml
 )
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
 done
+# The deploy tests render the Kubernetes manifests with `kubectl kustomize`. Debian 12 packages
+# kubectl as kubernetes-client; a kubectl that is already there (another vendor's package) is
+# kept, since the two cannot be installed together.
+command -v kubectl >/dev/null || missing+=(kubernetes-client)
 if ((${#missing[@]})); then
   echo "== installing ${missing[*]}"
   sudo_cmd=()
