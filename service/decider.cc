@@ -34,7 +34,12 @@ struct LayerWork {
   int layer = 0;
   std::string field;                  // "layers[i]" for messages
   std::optional<StatisticView> view;  // absent for policies without a statistic
-  ShmRegion region;                   // keeps a shared-memory statistic mapped
+  // A shared-memory statistic is checked in step 1 but copied only just before its layer is
+  // scored (into the job's one buffer), so a job holds one layer's copy at a time.
+  const v1::SharedMemoryRegion* shm = nullptr;
+  std::string shm_field;
+  DType dtype = DType::kFloat32;
+  int query_heads = 0;
   std::optional<std::vector<double>> cached_weights;
   int64_t quota_pages = 0;
   LayerDecision decision;
@@ -99,10 +104,12 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
       return absl::InvalidArgumentError(absl::StrCat(
           shm_field, ".offset_bytes: ", ref.offset_bytes(), " is not element-aligned"));
     }
-    ASSIGN_OR_RETURN(work.region,
-                     shm.Read(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
-    data = work.region.data;
-    metrics.AddStatsBytes(StatSource::kSharedMemory, static_cast<int64_t>(expected));
+    RETURN_IF_ERROR(shm.Check(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
+    work.shm = &ref;
+    work.shm_field = shm_field;
+    work.dtype = dtype;
+    work.query_heads = stat.query_heads();
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(work.view,
                    StatisticView::Create(data, dtype, stat.query_heads(), stat.tokens()));
@@ -138,7 +145,18 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // Step 2: score every layer. One scorer per job: it is not thread-safe, and its scratch
   // buffers are reused across the job's layers.
   FusedScorer scorer(job.policy.options);
+  std::vector<char> copied;  // the shared-memory statistic of the layer being scored
   for (LayerWork& work : job.layers) {
+    if (work.shm != nullptr) {
+      const auto copy_start = Clock::now();
+      RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
+                                 work.shm->length_bytes(), &copied));
+      ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype,
+                                                        work.query_heads, job.tokens));
+      metrics_->AddStatsBytes(StatSource::kSharedMemory,
+                              static_cast<int64_t>(work.shm->length_bytes()));
+      metrics_->ObservePhase(Phase::kDecode, SecondsSince(copy_start));
+    }
     LayerRequest request;
     request.statistic = work.view;
     request.query_heads = geometry.query_heads;
@@ -151,6 +169,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);
+    if (work.shm != nullptr) work.view.reset();  // it points into `copied`
   }
   if (cancelled()) return absl::CancelledError("call cancelled before the decision was applied");
   // Step 3: apply, layer by layer.

@@ -179,13 +179,14 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::WaitListening(int timeout_ms) {
-  static const std::regex kLine(R"(entrokvd listening on [^ ]+:(\d+) metrics on [^ ]+:(\d+))");
+  static const std::regex kLine(
+      R"(entrokvd listening on [^ ]+:(\d+) metrics (?:on [^ ]+:(\d+)|off))");
   const int64_t deadline = NowMs() + timeout_ms;
   while (NowMs() < deadline) {
     std::smatch match;
     if (std::regex_search(stdout_text_, match, kLine)) {
       port_ = std::stoi(match[1]);
-      metrics_port_ = std::stoi(match[2]);
+      metrics_port_ = match[2].matched ? std::stoi(match[2]) : 0;
       return true;
     }
     pollfd fd{stdout_fd_, POLLIN, 0};

@@ -54,7 +54,7 @@ class DaemonProcess {
   // True once the listening line was read; then port()/metrics_port() are set.
   [[nodiscard]] bool WaitListening(int timeout_ms);
   [[nodiscard]] int port() const { return port_; }
-  [[nodiscard]] int metrics_port() const { return metrics_port_; }
+  [[nodiscard]] int metrics_port() const { return metrics_port_; }  // 0: metrics off
   [[nodiscard]] pid_t pid() const { return pid_; }
   void Signal(int signal_number);
   // The exit code, or -1 on timeout / death by signal.
