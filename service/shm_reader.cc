@@ -24,7 +24,8 @@ absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, ui
                             "most 255 characters"));
   }
   const std::string key(name);
-  const int opened = ::shm_open(key.c_str(), O_RDONLY, 0);
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int opened = ::shm_open(key.c_str(), O_RDONLY | O_NONBLOCK, 0);
   if (opened < 0) {
     return absl::NotFoundError(
         absl::StrCat(field, ".segment: cannot open '", name, "': ", std::strerror(errno)));
@@ -33,6 +34,11 @@ absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, ui
   if (::fstat(opened, &info) != 0) {
     ::close(opened);
     return absl::NotFoundError(absl::StrCat(field, ".segment: cannot stat '", name, "'"));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(opened);
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".segment: '", name, "' is not a regular shared-memory file"));
   }
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   if (offset > size || length > size - offset) {

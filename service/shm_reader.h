@@ -19,8 +19,8 @@ class ShmReader {
  public:
   // Checks that `length` bytes at `offset` of segment `name` can be read, without reading
   // them (the cheap checks of a request, before any scoring). Errors name `field`:
-  // INVALID_ARGUMENT for a name not of the form "/entrokv<chars without '/'>" or a range
-  // outside the segment; NOT_FOUND when no such segment exists or it cannot be opened.
+  // INVALID_ARGUMENT for a name not of the form "/entrokv<chars without '/'>", anything but a
+  // regular file (a FIFO or device is refused without blocking) or a range outside the segment; NOT_FOUND when no such segment exists or it cannot be opened.
   [[nodiscard]] absl::Status Check(absl::string_view field, absl::string_view name,
                                    uint64_t offset, uint64_t length) const;
 
