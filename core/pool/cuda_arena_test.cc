@@ -62,8 +62,10 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   EXPECT_EQ(info.bytes, options.capacity_bytes);
   EXPECT_GE(info.device, 0);
 
-  // A forked sequence's append into the shared tail copies the frame on the device.
-  ASSERT_THAT(state->OpenSequence("p", 5), IsOk());
+  // A forked sequence's append into the shared tail copies the frame on the device. 20 tokens
+  // at B = 16 make two pages, the tail (page 1) holding 4 tokens, so a fork of both pages
+  // shares a partial tail.
+  ASSERT_THAT(state->OpenSequence("p", 20), IsOk());
   ENTROKV_ASSERT_OK_AND_ASSIGN(SequenceInfo parent, state->GetSequence("p"));
   const FrameId parent_tail = parent.block_tables[1][1][1];
   const int64_t frame_bytes = state->Stats().frame_bytes;
