@@ -101,7 +101,7 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       bearer_token_(bearer_token.empty() ? "" : absl::StrCat("Bearer ", bearer_token)),
       metrics_(metrics),
       workers_(workers),
-      registry_(options.pool_capacity_bytes, metrics),
+      registry_(options.pool_capacity_bytes, options.max_models, metrics),
       decider_(options, metrics, &shm_) {}
 
 absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {
@@ -195,11 +195,32 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     }
     FillFrames(appended->new_frames, response->mutable_new_frames());
   }
+  if (model->retired()) {  // UnregisterModel raced this call and missed the new sequence
+    (void)state.CloseSequence(request.sequence_id());
+    return absl::NotFoundError(
+        absl::StrCat("model_id: '", request.model_id(), "' is not registered"));
+  }
   ASSIGN_OR_RETURN(const SequenceInfo info,
                    state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
   FillSequence(info, response->mutable_sequence());
   model->RefreshOccupancy();
   return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoUnregisterModel(const v1::UnregisterModelRequest& request,
+                                                    v1::UnregisterModelResponse* response) {
+  RETURN_IF_ERROR(ValidateId("model_id", request.model_id()));
+  ASSIGN_OR_RETURN(const int64_t closed, registry_.Unregister(request.model_id(), request.force()));
+  response->set_closed_sequences(closed);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::UnregisterModel(
+    grpc::CallbackServerContext* context, const v1::UnregisterModelRequest* request,
+    v1::UnregisterModelResponse* response) {
+  UnaryCall call(this, context, Method::kUnregisterModel);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  return call.Finish(DoUnregisterModel(*request, response));
 }
 
 grpc::ServerUnaryReactor* CacheManagerService::OpenSequence(grpc::CallbackServerContext* context,

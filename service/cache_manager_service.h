@@ -64,6 +64,9 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
                                           const v1::ListSequencesRequest* request,
                                           v1::ListSequencesResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* context,
+                                            const v1::UnregisterModelRequest* request,
+                                            v1::UnregisterModelResponse* response) override;
 
  private:
   class UnaryCall;
@@ -76,6 +79,8 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
 
   absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
                                v1::RegisterModelResponse* response);
+  absl::Status DoUnregisterModel(const v1::UnregisterModelRequest& request,
+                                 v1::UnregisterModelResponse* response);
   absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,
                               v1::OpenSequenceResponse* response);
 

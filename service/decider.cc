@@ -151,8 +151,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       const auto copy_start = Clock::now();
       RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
                                  work.shm->length_bytes(), &copied));
-      ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype,
-                                                        work.query_heads, job.tokens));
+      ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
+                                                        job.tokens));
       metrics_->AddStatsBytes(StatSource::kSharedMemory,
                               static_cast<int64_t>(work.shm->length_bytes()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(copy_start));

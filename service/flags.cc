@@ -28,6 +28,8 @@ ABSL_FLAG(bool, protect_tail_page, true, "Always keep the page being written");
 ABSL_FLAG(int64_t, max_message_bytes, 64 << 20, "Max gRPC message size in bytes");
 ABSL_FLAG(int32_t, max_inflight_decisions, 64,
           "Decision jobs queued or running; more are shed with RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_models, 256,
+          "Registered models at most; more RegisterModel calls get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)");
 ABSL_FLAG(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms");
 ABSL_FLAG(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)");
@@ -58,6 +60,7 @@ const absl::flat_hash_set<std::string>& ConfigurableNames() {
                                                                   "protect_tail_page",
                                                                   "max_message_bytes",
                                                                   "max_inflight_decisions",
+                                                                  "max_models",
                                                                   "worker_threads",
                                                                   "keepalive_ms",
                                                                   "max_connection_age_ms",
@@ -141,6 +144,7 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.protect_tail_page = absl::GetFlag(FLAGS_protect_tail_page);
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_inflight_decisions = absl::GetFlag(FLAGS_max_inflight_decisions);
+  options.max_models = absl::GetFlag(FLAGS_max_models);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
   options.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);

@@ -3,6 +3,7 @@
 #ifndef ENTROKV_SERVICE_MODEL_REGISTRY_H_
 #define ENTROKV_SERVICE_MODEL_REGISTRY_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -20,8 +21,10 @@
 
 namespace entrokv::service {
 
-// One registered model. Thread-safe: the CacheState is, and the rest is immutable. Shared
-// (std::shared_ptr) by the registry and the calls using it; never removed.
+// One registered model. Thread-safe: the CacheState is, and the rest is immutable but for the
+// retired flag. Shared (std::shared_ptr) by the registry and the calls using it; after
+// UnregisterModel it lives until the last call using it lets go, and only then are its arena
+// and metric series released.
 class Model {
  public:
   Model(std::string id, Backend backend, std::unique_ptr<CacheState> state, PoolMetrics* metrics)
@@ -40,23 +43,36 @@ class Model {
   void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
   // Copies the pool's occupancy into the gauges.
   void RefreshOccupancy() const { metrics_->UpdateOccupancy(state_->Stats()); }
+  // True once UnregisterModel took the model out of the registry (or is about to): a sequence
+  // opened by a call that raced it must be closed again.
+  [[nodiscard]] bool retired() const { return retired_.load(); }
 
  private:
+  friend class ModelRegistry;
   const std::string id_;
   const Backend backend_;
   const std::unique_ptr<CacheState> state_;
   PoolMetrics* const metrics_;
+  std::atomic<bool> retired_{false};
+  int64_t reserved_bytes_ = 0;  // of the registry's capacity, given back on release
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.
 class ModelRegistry {
  public:
-  // `capacity_bytes` bounds the sum of every model's arena; `metrics` must outlive this.
-  ModelRegistry(int64_t capacity_bytes, ServiceMetrics* metrics)
-      : capacity_bytes_(capacity_bytes), metrics_(metrics) {}
+  // `capacity_bytes` bounds the sum of every model's arena and `max_models` their number
+  // (models still being released count); `metrics` must outlive this.
+  ModelRegistry(int64_t capacity_bytes, int max_models, ServiceMetrics* metrics)
+      : capacity_bytes_(capacity_bytes), max_models_(max_models), metrics_(metrics) {}
+  // Releases every model nobody else holds; the rest release themselves later (they must not
+  // outlive the ServiceMetrics).
+  ~ModelRegistry();
+  ModelRegistry(const ModelRegistry&) = delete;
+  ModelRegistry& operator=(const ModelRegistry&) = delete;
 
-  // Creates the model's pool. ALREADY_EXISTS for a registered id; RESOURCE_EXHAUSTED naming
-  // capacity_bytes when the daemon's remaining capacity is smaller; the CacheState's errors.
+  // Creates the model's pool. ALREADY_EXISTS for a registered id or one still being released;
+  // RESOURCE_EXHAUSTED naming max_models when that many exist, or capacity_bytes when the
+  // daemon's remaining capacity is smaller; the CacheState's errors.
   // REQUIRES: the caller validated the id and geometry.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Register(const std::string& model_id,
                                                                 const CacheOptions& options);
@@ -64,15 +80,28 @@ class ModelRegistry {
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view model_id) const;
   // Every model, ordered by id.
   [[nodiscard]] std::vector<std::shared_ptr<Model>> All() const;
+  // Takes the model out of the registry; its arena bytes, descriptors and metric series are
+  // released when the last call using it finishes. NOT_FOUND naming model_id; without `force`,
+  // FAILED_PRECONDITION naming force while sequences are open (nothing changes then); with it,
+  // closes them first. Returns the sequences closed.
+  [[nodiscard]] absl::StatusOr<int64_t> Unregister(absl::string_view model_id, bool force);
+  // Models registered, being created or still being released.
+  [[nodiscard]] int size() const;
 
  private:
+  // The shared_ptr deleter of every Model: drops its series and capacity, then the model.
+  void Release(Model* model);
+
   const int64_t capacity_bytes_;
+  const int max_models_;
   ServiceMetrics* const metrics_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Ids being created right now (the arena is made outside the lock).
   absl::flat_hash_map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  // Ids unregistered whose Model some call still holds.
+  absl::flat_hash_map<std::string, int64_t> releasing_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace entrokv::service

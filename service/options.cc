@@ -102,6 +102,9 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return Invalid("max_inflight_decisions",
                    absl::StrCat("must be >= 1, got ", options.max_inflight_decisions));
   }
+  if (options.max_models < 1 || options.max_models > 65536) {
+    return Invalid("max_models", absl::StrCat("must be in [1, 65536], got ", options.max_models));
+  }
   if (options.worker_threads < 0 || options.worker_threads > 1024) {
     return Invalid("worker_threads",
                    absl::StrCat("must be in [0, 1024], got ", options.worker_threads));

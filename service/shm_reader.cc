@@ -20,8 +20,9 @@ absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, ui
   if (!absl::StartsWith(name, "/entrokv") || name.size() > 255 ||
       absl::StrContains(name.substr(1), "/")) {
     return absl::InvalidArgumentError(
-        absl::StrCat(field, ".segment: must start with /entrokv, contain no other '/' and be at "
-                            "most 255 characters"));
+        absl::StrCat(field,
+                     ".segment: must start with /entrokv, contain no other '/' and be at "
+                     "most 255 characters"));
   }
   const std::string key(name);
   // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
@@ -66,8 +67,8 @@ absl::Status ShmReader::Copy(absl::string_view field, absl::string_view name, ui
   out->resize(length);
   uint64_t done = 0;
   while (done < length) {
-    const ssize_t n = ::pread(fd, out->data() + done, length - done,
-                              static_cast<off_t>(offset + done));
+    const ssize_t n =
+        ::pread(fd, out->data() + done, length - done, static_cast<off_t>(offset + done));
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;  // end of file: the segment shrank after the size check
     done += static_cast<uint64_t>(n);

@@ -36,21 +36,21 @@ class HostileClientTest : public ::testing::Test {
   void SetUp() override { Start({}); }
 
   void Start(const std::vector<std::string>& extra) {
-    std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=",
-                                     "--worker_threads=2"};
+    std::vector<std::string> args = {"--listen=127.0.0.1:0",
+                                     "--metrics_listen=", "--worker_threads=2"};
     args.insert(args.end(), extra.begin(), extra.end());
     daemon_ = std::make_unique<DaemonProcess>(ENTROKVD_PATH, args);
     ASSERT_TRUE(daemon_->WaitListening(10000)) << daemon_->Stderr();
-    stub_ = v1::CacheManager::NewStub(
-        MakeChannel("127.0.0.1:" + std::to_string(daemon_->port())));
+    stub_ = v1::CacheManager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(daemon_->port())));
   }
 
   // Registers model "m" (one layer) and opens sequence "s" of `tokens` tokens.
   void RegisterAndOpen(int64_t tokens) {
     grpc::ClientContext c1;
     v1::RegisterModelResponse registered;
-    ASSERT_TRUE(stub_->RegisterModel(&c1, RegisterRequest("m", 1, kHeads, 2, uint64_t{64} << 20),
-                                     &registered)
+    ASSERT_TRUE(stub_
+                    ->RegisterModel(&c1, RegisterRequest("m", 1, kHeads, 2, uint64_t{64} << 20),
+                                    &registered)
                     .ok());
     grpc::ClientContext c2;
     v1::OpenSequenceRequest open;
@@ -81,8 +81,7 @@ class HostileClientTest : public ::testing::Test {
 
   grpc::Status Decide(const v1::DecideRequest& request, int timeout_ms = 10000) {
     grpc::ClientContext context;
-    context.set_deadline(std::chrono::system_clock::now() +
-                         std::chrono::milliseconds(timeout_ms));
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
     v1::DecideResponse response;
     return stub_->Decide(&context, request, &response);
   }
@@ -124,8 +123,7 @@ TEST_F(HostileClientTest, ShrinkingASegmentWhileDecidingFailsTheCallNotTheDaemon
     const grpc::Status status = Decide(request);
     if (!status.ok() && status.error_code() != grpc::StatusCode::INVALID_ARGUMENT &&
         status.error_code() != grpc::StatusCode::FAILED_PRECONDITION) {
-      ADD_FAILURE() << "call " << i << ": " << status.error_code() << " "
-                    << status.error_message();
+      ADD_FAILURE() << "call " << i << ": " << status.error_code() << " " << status.error_message();
       break;
     }
     (status.ok() ? ok : refused) += 1;
