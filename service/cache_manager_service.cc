@@ -102,6 +102,9 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       metrics_(metrics),
       workers_(workers),
       registry_(options.pool_capacity_bytes, options.max_models, metrics),
+      shm_(ShmReader::Access{
+          .allowed_uids = options.allowed_shm_uids,
+          .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
       decider_(options, metrics, &shm_) {}
 
 absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {

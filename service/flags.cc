@@ -9,6 +9,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "core/util/status_macros.h"
@@ -38,6 +39,9 @@ ABSL_FLAG(bool, reflection, false, "Serve gRPC server reflection");
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (TLS on when set)");
 ABSL_FLAG(std::string, tls_key, "", "PEM server private key");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed");
+ABSL_FLAG(std::string, allowed_shm_uids, "",
+          "Comma-separated uids whose shared-memory segments may be read as statistics, besides "
+          "the daemon's own");
 ABSL_FLAG(std::string, token_file, "", "File holding the bearer token clients must send");
 ABSL_FLAG(std::string, state_dir, "",
           "Directory for the crash-recovery journal (reserved: not yet written)");
@@ -70,6 +74,7 @@ const absl::flat_hash_set<std::string>& ConfigurableNames() {
                                                                   "tls_key",
                                                                   "tls_ca",
                                                                   "token_file",
+                                                                  "allowed_shm_uids",
                                                                   "state_dir"};
   return *names;
 }
@@ -154,6 +159,15 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.tls_key = absl::GetFlag(FLAGS_tls_key);
   options.tls_ca = absl::GetFlag(FLAGS_tls_ca);
   options.token_file = absl::GetFlag(FLAGS_token_file);
+  for (const absl::string_view item :
+       absl::StrSplit(absl::GetFlag(FLAGS_allowed_shm_uids), ',', absl::SkipWhitespace())) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(item, &uid)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--allowed_shm_uids: '", item, "' is not a uid"));
+    }
+    options.allowed_shm_uids.push_back(static_cast<uid_t>(uid));
+  }
   options.state_dir = absl::GetFlag(FLAGS_state_dir);
   return options;
 }

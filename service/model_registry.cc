@@ -1,5 +1,7 @@
 #include "service/model_registry.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <utility>
 
@@ -58,6 +60,13 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
   std::shared_ptr<Model> model(new Model(model_id, options.backend, *std::move(state), metrics),
                                [this](Model* m) { Release(m); });
   model->reserved_bytes_ = options.capacity_bytes;
+  if (const ArenaInfo arena = model->state().arena(); arena.fd >= 0) {
+    struct stat info;
+    if (::fstat(arena.fd, &info) == 0) {
+      model->arena_file_.emplace(info.st_dev, info.st_ino);
+      arena_files_.insert(*model->arena_file_);
+    }
+  }
   model->RefreshOccupancy();
   models_[model_id] = model;
   return model;
@@ -94,6 +103,7 @@ void ModelRegistry::Release(Model* model) {
     absl::MutexLock lock(&mu_);
     metrics_->RemovePool(model->id());
     reserved_bytes_ -= model->reserved_bytes_;
+    if (model->arena_file_.has_value()) arena_files_.erase(*model->arena_file_);
     releasing_.erase(model->id());
   }
   delete model;  // unmaps and unlinks the arena, closes its descriptor
@@ -124,6 +134,11 @@ absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bo
     if (model->state().CloseSequence(info.id).ok()) ++closed;
   }
   return closed;  // `model` lets go here; Release runs when the last call does too
+}
+
+bool ModelRegistry::IsArena(dev_t dev, ino_t ino) const {
+  absl::MutexLock lock(&mu_);
+  return arena_files_.contains(std::pair<uint64_t, uint64_t>(dev, ino));
 }
 
 int ModelRegistry::size() const {

@@ -3,15 +3,19 @@
 #ifndef ENTROKV_SERVICE_MODEL_REGISTRY_H_
 #define ENTROKV_SERVICE_MODEL_REGISTRY_H_
 
+#include <sys/types.h>
 #include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -55,6 +59,7 @@ class Model {
   PoolMetrics* const metrics_;
   std::atomic<bool> retired_{false};
   int64_t reserved_bytes_ = 0;  // of the registry's capacity, given back on release
+  std::optional<std::pair<uint64_t, uint64_t>> arena_file_;  // host arena (dev, inode)
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.
@@ -87,6 +92,8 @@ class ModelRegistry {
   [[nodiscard]] absl::StatusOr<int64_t> Unregister(absl::string_view model_id, bool force);
   // Models registered, being created or still being released.
   [[nodiscard]] int size() const;
+  // True when (dev, ino) is the shared-memory file of a host arena this registry holds.
+  [[nodiscard]] bool IsArena(dev_t dev, ino_t ino) const;
 
  private:
   // The shared_ptr deleter of every Model: drops its series and capacity, then the model.
@@ -102,6 +109,8 @@ class ModelRegistry {
   absl::flat_hash_map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
   // Ids unregistered whose Model some call still holds.
   absl::flat_hash_map<std::string, int64_t> releasing_ ABSL_GUARDED_BY(mu_);
+  // (dev, inode) of every live host arena, so no request can name one as its statistic.
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> arena_files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace entrokv::service

@@ -2,8 +2,11 @@
 #ifndef ENTROKV_SERVICE_OPTIONS_H_
 #define ENTROKV_SERVICE_OPTIONS_H_
 
+#include <sys/types.h>
 #include <cstdint>
+
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -38,6 +41,7 @@ struct ServerOptions {
   std::string tls_key;                             // PEM server key
   std::string tls_ca;                              // PEM CA: clients must present a cert it signed
   std::string token_file;                          // file holding the bearer token; empty: none
+  std::vector<uid_t> allowed_shm_uids;             // segment owners readable besides our uid
   std::string state_dir;                           // reserved for the crash-recovery journal
 };
 

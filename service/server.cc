@@ -16,6 +16,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
+#include "service/call_guard.h"
 #include "service/log.h"
 
 namespace entrokv::service {
@@ -102,8 +103,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           ? options.worker_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
-  server->service_ = std::make_unique<CacheManagerService>(
-      options, std::move(token), server->metrics_.get(), server->workers_.get());
+  server->service_ = std::make_unique<CacheManagerService>(options, token, server->metrics_.get(),
+                                                           server->workers_.get());
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -124,6 +125,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                static_cast<int>(options.drain_timeout_ms));
   }
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
+  guards.push_back(std::make_unique<CallGuardFactory>(token));
+  builder.experimental().SetInterceptorCreators(std::move(guards));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

@@ -5,14 +5,34 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace entrokv::service {
+namespace {
+
+// "/entrokv.<pool>.<pid>.<n>", the host arenas' names (core/pool/arena.h).
+bool LooksLikeArena(absl::string_view name) {
+  if (!absl::StartsWith(name, "/entrokv.")) return false;
+  const std::vector<absl::string_view> parts = absl::StrSplit(name.substr(1), '.');
+  if (parts.size() < 4) return false;
+  for (const absl::string_view number : {parts[parts.size() - 2], parts.back()}) {
+    if (number.empty()) return false;
+    for (const char c : number) {
+      if (c < '0' || c > '9') return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
 
 absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, uint64_t offset,
                              uint64_t length, int* fd) const {
@@ -40,6 +60,19 @@ absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, ui
     ::close(opened);
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".segment: '", name, "' is not a regular shared-memory file"));
+  }
+  if (info.st_uid != ::geteuid() &&
+      std::find(access_.allowed_uids.begin(), access_.allowed_uids.end(), info.st_uid) ==
+          access_.allowed_uids.end()) {
+    ::close(opened);
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ".segment: '", name, "' belongs to uid ", info.st_uid,
+                     ", not the daemon's; --allowed_shm_uids lists the users it may read"));
+  }
+  if (LooksLikeArena(name) || (access_.is_arena && access_.is_arena(info.st_dev, info.st_ino))) {
+    ::close(opened);
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ".segment: '", name, "' is a pool arena, not a statistic; arenas are never read"));
   }
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   if (offset > size || length > size - offset) {

@@ -8,6 +8,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -19,10 +20,14 @@
 namespace entrokv::service {
 namespace {
 
+using ::entrokv::service::testing::BytesStatistic;
+using ::entrokv::service::testing::CallReflection;
+using ::entrokv::service::testing::Encode;
 using ::entrokv::service::testing::kGroups;
 using ::entrokv::service::testing::kHeads;
 using ::entrokv::service::testing::kLayers;
 using ::entrokv::service::testing::LoopbackOptions;
+using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
 using ::entrokv::service::testing::ServiceTest;
 using ::testing::HasSubstr;
@@ -68,6 +73,35 @@ class HardeningTest : public ServiceTest {
     if (closed != nullptr) *closed = response.closed_sequences();
     return status;
   }
+  // A one-layer Decide of `sequence` (`tokens` long) reading a bf16 statistic from `segment`.
+  grpc::Status ShmDecide(const std::string& model, const std::string& sequence, int64_t tokens,
+                         const std::string& segment) {
+    v1::DecideRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    request.mutable_budget()->set_pages_per_group(2);
+    v1::LayerStatistic* layer = request.add_layers();
+    layer->set_layer(0);
+    v1::Statistic* stat = layer->mutable_statistic();
+    stat->set_dtype(v1::DTYPE_BFLOAT16);
+    stat->set_query_heads(kHeads);
+    stat->set_tokens(tokens);
+    stat->mutable_shared_memory()->set_segment(segment);
+    stat->mutable_shared_memory()->set_length_bytes(static_cast<uint64_t>(kHeads) * tokens * 2);
+    grpc::ClientContext context;
+    v1::DecideResponse response;
+    return stub_->Decide(&context, request, &response);
+  }
+  // A worker segment holding a random bf16 statistic; unlinked by the caller.
+  static std::string MakeSegment(const std::string& tag, int64_t tokens) {
+    const std::string name = "/entrokv-" + tag + "-" + std::to_string(::getpid());
+    const std::string values = Encode(RandomStatistic(kHeads, tokens, 5), v1::DTYPE_BFLOAT16);
+    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
+    ::close(fd);
+    return name;
+  }
 };
 
 // Issue 12 #3: every model kept its arena descriptor for good and added ~84 series.
@@ -109,6 +143,77 @@ TEST_F(HardeningTest, MaxModelsIsAnsweredWithResourceExhausted) {
   EXPECT_THAT(full.error_message(), HasSubstr("max_models"));
   ASSERT_TRUE(Unregister("a", false).ok());
   EXPECT_TRUE(RegisterStatus("c").ok());
+}
+
+// Issue 12 #10: any /entrokv* segment was read, another model's arena included.
+TEST_F(HardeningTest, ArenasAreNeverReadAsStatistics) {
+  Register("victim");
+  Register("m");
+  Open("m", "s", 400);
+  grpc::ClientContext context;
+  v1::GetModelRequest request;
+  request.set_model_id("victim");
+  v1::GetModelResponse victim;
+  ASSERT_TRUE(stub_->GetModel(&context, request, &victim).ok());
+  const v1::PoolStats before = Stats("m");
+  for (const std::string& model : {"victim", "m"}) {  // another model's arena, and its own
+    const std::string arena =
+        model == "m" ? server_->service().registry().Find("m").value()->state().arena().name
+                     : victim.pool().arena_name();
+    const grpc::Status status = ShmDecide("m", "s", 400, arena);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("arena"));
+  }
+  EXPECT_EQ(Stats("m").DebugString(), before.DebugString());
+  // An ordinary worker segment still decides.
+  const std::string segment = MakeSegment("ok", 400);
+  const grpc::Status ok = ShmDecide("m", "s", 400, segment);
+  ::shm_unlink(segment.c_str());
+  EXPECT_TRUE(ok.ok()) << ok.error_message();
+}
+
+// Issue 12 #10: a daemon running as root read other users' 0600 segments for anyone.
+TEST_F(HardeningTest, SegmentsOfOtherUsersNeedAllowedShmUids) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a segment to another uid";
+  constexpr uid_t kOther = 4242;
+  Register("m");
+  Open("m", "s", 400);
+  const std::string segment = MakeSegment("foreign", 400);
+  const int fd = ::shm_open(segment.c_str(), O_RDWR, 0);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::fchown(fd, kOther, kOther), 0);
+  ::close(fd);
+  const grpc::Status refused = ShmDecide("m", "s", 400, segment);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("allowed_shm_uids"));
+
+  ServerOptions options = LoopbackOptions();
+  options.allowed_shm_uids = {kOther};
+  Restart(options);
+  Register("m");
+  Open("m", "s", 400);
+  const grpc::Status allowed = ShmDecide("m", "s", 400, segment);
+  ::shm_unlink(segment.c_str());
+  EXPECT_TRUE(allowed.ok()) << allowed.error_message();
+}
+
+// Issue 12 #10: with --reflection, reflection answered without the bearer token.
+TEST_F(HardeningTest, ReflectionRequiresTheBearerToken) {
+  const std::string path = ::testing::TempDir() + "/entrokv_reflection_token";
+  FILE* f = std::fopen(path.c_str(), "w");
+  std::fputs("tok-456\n", f);
+  std::fclose(f);
+  ServerOptions options = LoopbackOptions();
+  options.token_file = path;
+  options.reflection = true;
+  Restart(options);
+  const grpc::Status anonymous = CallReflection(*channel_);
+  EXPECT_THAT(anonymous.error_code(),
+              ::testing::AnyOf(grpc::StatusCode::UNAUTHENTICATED, grpc::StatusCode::CANCELLED))
+      << anonymous.error_message();
+  EXPECT_EQ(CallReflection(*channel_, "wrong").error_code(), anonymous.error_code());
+  const grpc::Status with_token = CallReflection(*channel_, "tok-456");
+  EXPECT_TRUE(with_token.ok()) << with_token.error_message();
 }
 
 }  // namespace

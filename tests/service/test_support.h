@@ -41,8 +41,9 @@ v1::Statistic BytesStatistic(const std::vector<float>& values, int heads, int64_
 int HealthCheck(grpc::Channel& channel, const std::string& service, grpc::Status* status = nullptr,
                 int timeout_ms = 1000);
 
-// One ServerReflectionInfo exchange (list_services) as a unary generic call.
-grpc::Status CallReflection(grpc::Channel& channel);
+// One ServerReflectionInfo exchange (list_services) as a unary generic call, with the bearer
+// token when one is given.
+grpc::Status CallReflection(grpc::Channel& channel, const std::string& token = "");
 
 // A real entrokvd process. Owns it: the destructor kills it (SIGKILL) if still running.
 class DaemonProcess {
