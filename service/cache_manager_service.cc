@@ -1,5 +1,6 @@
 #include "service/cache_manager_service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -56,6 +57,42 @@ void FillSequence(const SequenceInfo& info, v1::SequenceInfo* out) {
       table->mutable_frames()->Assign(frames.begin(), frames.end());
     }
   }
+}
+
+// Bytes of a varint holding `value` (>= 0).
+int64_t VarintBytes(int64_t value) {
+  int64_t bytes = 1;
+  while (value >= 128) {
+    value >>= 7;
+    ++bytes;
+  }
+  return bytes;
+}
+
+// RESOURCE_EXHAUSTED naming `field` and --max_message_bytes when a reply listing the frames of
+// pages [first_page, end_page) of every (layer, group) could exceed `max_message_bytes`. An
+// upper bound (each frame id at the pool's largest), so it never lets a too-large reply pass.
+absl::Status CheckReplyFits(const Model& model, int64_t first_page, int64_t end_page,
+                            int64_t max_message_bytes, absl::string_view field) {
+  const CacheState& state = model.state();
+  const ModelGeometry& geometry = state.geometry();
+  const int64_t groups = state.layout() == FrameLayout::kGroup ? geometry.kv_groups : 1;
+  const int64_t frames = (end_page - first_page) * geometry.layers * groups;
+  if (frames <= 0) return absl::OkStatus();
+  // FrameAssignment{layer, group, page, frame}: four tagged varints inside a tagged,
+  // length-prefixed entry (tag 1 byte, length at most 2 bytes for these sizes).
+  const int64_t entry = 3 + (1 + VarintBytes(geometry.layers)) + (1 + VarintBytes(groups)) +
+                        (1 + VarintBytes(end_page)) +
+                        (1 + VarintBytes(state.Stats().capacity_frames));
+  constexpr int64_t kSequenceInfoBytes = 256;  // id (<= 128) and four small fields
+  // Compared as a quotient: frames * entry may be far beyond int64 for absurd requests.
+  if (frames > (max_message_bytes - kSequenceInfoBytes) / entry) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": the reply would list ", frames, " frames (up to ", entry,
+                     " bytes each), more than --max_message_bytes=", max_message_bytes,
+                     " allows; nothing was allocated. Ask for fewer tokens and append the rest"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -173,6 +210,16 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
         absl::StrCat("initial_tokens: must be in [0, 2^31), got ", request.initial_tokens()));
   }
   CacheState& state = model->state();
+  {
+    // The reply lists every new frame; one that gRPC could not send must not leave the
+    // sequence behind, so the bound is checked before anything is created.
+    const int64_t page_size = state.geometry().page_size;
+    const int64_t new_pages = (request.initial_tokens() + page_size - 1) / page_size;
+    // A prefix beyond any sequence is refused by ForkSequence; here it only must not overflow.
+    const int64_t first_page = std::clamp<int64_t>(request.prefix_pages(), 0, int64_t{1} << 40);
+    RETURN_IF_ERROR(CheckReplyFits(*model, first_page, first_page + new_pages,
+                                   options_.max_message_bytes, "initial_tokens"));
+  }
   if (request.parent_sequence_id().empty()) {
     if (request.prefix_pages() != 0) {
       return absl::InvalidArgumentError("prefix_pages: needs parent_sequence_id");
@@ -247,6 +294,16 @@ grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(grpc::CallbackServer
   if (request->tokens() < 1 || request->tokens() > (int64_t{1} << 31) - 1) {
     return call.Finish(absl::InvalidArgumentError(
         absl::StrCat("tokens: must be in [1, 2^31), got ", request->tokens())));
+  }
+  absl::StatusOr<int64_t> length = (*model)->state().SequenceLength(request->sequence_id());
+  if (!length.ok()) return call.Finish(length.status());
+  const int64_t page_size = (*model)->state().geometry().page_size;
+  // From the page holding the last token: a shared tail page is copied on write.
+  if (absl::Status fits = CheckReplyFits(**model, *length / page_size,
+                                         (*length + request->tokens() + page_size - 1) / page_size,
+                                         options_.max_message_bytes, "tokens");
+      !fits.ok()) {
+    return call.Finish(fits);
   }
   absl::StatusOr<AppendResult> appended =
       (*model)->state().AppendTokens(request->sequence_id(), request->tokens());

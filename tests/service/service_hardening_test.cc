@@ -216,5 +216,27 @@ TEST_F(HardeningTest, ReflectionRequiresTheBearerToken) {
   EXPECT_TRUE(with_token.ok()) << with_token.error_message();
 }
 
+// Issue 12 #7: OpenSequence whose reply exceeded --max_message_bytes answered
+// RESOURCE_EXHAUSTED but kept the sequence and its frames; a retry got ALREADY_EXISTS.
+TEST_F(HardeningTest, OpenSequenceChangesNothingWhenItsReplyCannotBeSent) {
+  ServerOptions options = LoopbackOptions();
+  options.max_message_bytes = 64 << 10;
+  Restart(options);
+  Register("m", 64 << 20);
+  const v1::PoolStats before = Stats("m");
+  grpc::ClientContext context;
+  v1::OpenSequenceRequest request;
+  request.set_model_id("m");
+  request.set_sequence_id("big");
+  request.set_initial_tokens(16000);  // 1000 pages x 8 (layer, group) frames
+  v1::OpenSequenceResponse response;
+  const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_message_bytes"));
+  EXPECT_EQ(Stats("m").DebugString(), before.DebugString());
+  Open("m", "big", 160);  // the id is free; a smaller prompt fits
+  ExpectInvariants("m");
+}
+
 }  // namespace
 }  // namespace entrokv::service
