@@ -1,12 +1,27 @@
 # One helper per kind of target, so every module's CMakeLists reads the same way.
 
+# Warnings for the project's own code (not for generated protobuf code): every helper below links
+# it; plain add_executable targets link it themselves. -Werror is on by default so a
+# warning fails CI; -DENTROKV_WERROR=OFF for a compiler other than Debian 12's g++.
+option(ENTROKV_WERROR "Treat warnings in the project's own code as errors" ON)
+set(_entrokv_warning_flags -Wall -Wextra -Wno-unused-parameter)
+if(ENTROKV_WERROR)
+  list(APPEND _entrokv_warning_flags -Werror)
+endif()
+# nvcc takes host-compiler flags through -Xcompiler (its own -Werror means something else).
+list(JOIN _entrokv_warning_flags "," _entrokv_host_warning_flags)
+add_library(entrokv_warnings INTERFACE)
+target_compile_options(entrokv_warnings INTERFACE
+  "$<$<COMPILE_LANGUAGE:CXX>:${_entrokv_warning_flags}>"
+  "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_entrokv_host_warning_flags}>")
+
 # entrokv_library(NAME name SRCS ... DEPS ...): a static library with an entrokv:: alias.
 function(entrokv_library)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
   add_library(entrokv_${ARG_NAME} STATIC ${ARG_SRCS})
   add_library(entrokv::${ARG_NAME} ALIAS entrokv_${ARG_NAME})
   target_include_directories(entrokv_${ARG_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
-  target_link_libraries(entrokv_${ARG_NAME} PUBLIC ${ARG_DEPS})
+  target_link_libraries(entrokv_${ARG_NAME} PUBLIC ${ARG_DEPS} PRIVATE entrokv_warnings)
 endfunction()
 
 # entrokv_test(NAME name LABEL unit|integration|e2e|gpu SRCS ... DEPS ...)
@@ -16,7 +31,8 @@ function(entrokv_test)
     return()
   endif()
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} entrokv::testing GTest::gmock GTest::gtest_main)
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} entrokv::testing entrokv_warnings
+    GTest::gmock GTest::gtest_main)
   gtest_discover_tests(${ARG_NAME} PROPERTIES LABELS ${ARG_LABEL} DISCOVERY_TIMEOUT 60)
 endfunction()
 
@@ -24,5 +40,15 @@ endfunction()
 function(entrokv_benchmark)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
   add_executable(${ARG_NAME} ${ARG_SRCS})
-  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} benchmark::benchmark benchmark::benchmark_main)
+  target_link_libraries(${ARG_NAME} PRIVATE ${ARG_DEPS} entrokv_warnings benchmark::benchmark
+    benchmark::benchmark_main)
+endfunction()
+
+# entrokv_copy_plot_script(TARGET): puts sim/plots/eval_plots.py beside the target's binary,
+# where DefaultPlotScript() (sim/report.h) looks for it, so the build tree can move.
+function(entrokv_copy_plot_script target)
+  add_custom_command(TARGET ${target} POST_BUILD
+    COMMAND ${CMAKE_COMMAND} -E copy_if_different
+      ${PROJECT_SOURCE_DIR}/sim/plots/eval_plots.py $<TARGET_FILE_DIR:${target}>/eval_plots.py
+    VERBATIM)
 endfunction()

@@ -97,7 +97,9 @@ absl::Status CheckReplyFits(const Model& model, int64_t first_page, int64_t end_
 
 }  // namespace
 
-// One unary call: admission, then exactly one Finish that also records the metrics.
+// One unary call: admission, then exactly one Finish that also records the metrics. Every
+// unary handler goes through it (Serve, or Decide directly), so none can skip admission or the
+// metrics.
 class CacheManagerService::UnaryCall {
  public:
   UnaryCall(CacheManagerService* service, grpc::CallbackServerContext* context, Method method)
@@ -163,6 +165,22 @@ absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindModel(absl::stri
   return registry_.Find(id);
 }
 
+template <typename Request, typename Response>
+grpc::ServerUnaryReactor* CacheManagerService::Serve(grpc::CallbackServerContext* context,
+                                                     Method method, Handler<Request, Response> body,
+                                                     const Request* request, Response* response) {
+  UnaryCall call(this, context, method);
+  if (!call.admission().ok()) return call.Finish(call.admission());
+  return call.Finish((this->*body)(*request, response));
+}
+
+absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindSequenceModel(
+    absl::string_view model_id, absl::string_view sequence_id) const {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(model_id));
+  RETURN_IF_ERROR(ValidateId("sequence_id", sequence_id));
+  return model;
+}
+
 absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
                                                   v1::RegisterModelResponse* response) {
   ASSIGN_OR_RETURN(const CacheOptions cache, ToCacheOptions(request, options_));
@@ -171,44 +189,26 @@ absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest
   return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::RegisterModel(
-    grpc::CallbackServerContext* context, const v1::RegisterModelRequest* request,
-    v1::RegisterModelResponse* response) {
-  UnaryCall call(this, context, Method::kRegisterModel);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  return call.Finish(DoRegisterModel(*request, response));
+absl::Status CacheManagerService::DoGetModel(const v1::GetModelRequest& request,
+                                             v1::GetModelResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
+  FillPoolInfo(*model, response->mutable_pool());
+  return absl::OkStatus();
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::GetModel(grpc::CallbackServerContext* context,
-                                                        const v1::GetModelRequest* request,
-                                                        v1::GetModelResponse* response) {
-  UnaryCall call(this, context, Method::kGetModel);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
-  if (!model.ok()) return call.Finish(model.status());
-  FillPoolInfo(**model, response->mutable_pool());
-  return call.Finish(absl::OkStatus());
-}
-
-grpc::ServerUnaryReactor* CacheManagerService::ListModels(grpc::CallbackServerContext* context,
-                                                          const v1::ListModelsRequest* request,
-                                                          v1::ListModelsResponse* response) {
-  UnaryCall call(this, context, Method::kListModels);
-  if (!call.admission().ok()) return call.Finish(call.admission());
+absl::Status CacheManagerService::DoListModels(const v1::ListModelsRequest& /*request*/,
+                                               v1::ListModelsResponse* response) {
   for (const std::shared_ptr<Model>& model : registry_.All()) {
     FillPoolInfo(*model, response->add_pools());
   }
-  return call.Finish(absl::OkStatus());
+  return absl::OkStatus();
 }
 
 absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& request,
                                                  v1::OpenSequenceResponse* response) {
-  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
-  RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
-  if (request.initial_tokens() < 0 || request.initial_tokens() > (int64_t{1} << 31) - 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("initial_tokens: must be in [0, 2^31), got ", request.initial_tokens()));
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  RETURN_IF_ERROR(ValidateTokenCount("initial_tokens", request.initial_tokens(), 0));
   CacheState& state = model->state();
   {
     // The reply lists every new frame; one that gRPC could not send must not leave the
@@ -268,52 +268,126 @@ absl::Status CacheManagerService::DoUnregisterModel(const v1::UnregisterModelReq
 grpc::ServerUnaryReactor* CacheManagerService::UnregisterModel(
     grpc::CallbackServerContext* context, const v1::UnregisterModelRequest* request,
     v1::UnregisterModelResponse* response) {
-  UnaryCall call(this, context, Method::kUnregisterModel);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  return call.Finish(DoUnregisterModel(*request, response));
+  return Serve(context, Method::kUnregisterModel, &CacheManagerService::DoUnregisterModel, request,
+               response);
+}
+
+absl::Status CacheManagerService::DoAppendTokens(const v1::AppendTokensRequest& request,
+                                                 v1::AppendTokensResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  RETURN_IF_ERROR(ValidateTokenCount("tokens", request.tokens(), 1));
+  ASSIGN_OR_RETURN(const int64_t length, model->state().SequenceLength(request.sequence_id()));
+  const int64_t page_size = model->state().geometry().page_size;
+  // From the page holding the last token: a shared tail page is copied on write.
+  RETURN_IF_ERROR(CheckReplyFits(*model, length / page_size,
+                                 (length + request.tokens() + page_size - 1) / page_size,
+                                 options_.max_message_bytes, "tokens"));
+  ASSIGN_OR_RETURN(const AppendResult appended,
+                   model->state().AppendTokens(request.sequence_id(), request.tokens()));
+  response->set_length_tokens(appended.length);
+  FillFrames(appended.new_frames, response->mutable_new_frames());
+  model->RefreshOccupancy();
+  return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoCloseSequence(const v1::CloseSequenceRequest& request,
+                                                  v1::CloseSequenceResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  CacheState& state = model->state();
+  ASSIGN_OR_RETURN(const SequenceInfo info,
+                   state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
+  RETURN_IF_ERROR(state.CloseSequence(request.sequence_id()));
+  response->set_live_frames(info.live_frames);
+  model->RefreshOccupancy();
+  return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoGetPoolStats(const v1::GetPoolStatsRequest& request,
+                                                 v1::PoolStats* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
+  const PoolStats stats = model->state().Stats();
+  response->set_model_id(model->id());
+  response->set_capacity_frames(stats.capacity_frames);
+  response->set_used_frames(stats.used_frames);
+  response->set_free_frames(stats.free_frames);
+  response->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes));
+  response->set_capacity_bytes(static_cast<uint64_t>(stats.capacity_bytes));
+  response->set_sequences_active(stats.sequences_active);
+  response->mutable_used_frames_per_layer()->Assign(stats.used_frames_per_layer.begin(),
+                                                    stats.used_frames_per_layer.end());
+  response->set_pages_evicted_total(stats.pages_evicted_total);
+  response->set_frames_freed_total(stats.frames_freed_total);
+  response->set_bytes_moved_total(stats.bytes_moved_total);
+  return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoListSequences(const v1::ListSequencesRequest& request,
+                                                  v1::ListSequencesResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
+  for (const SequenceInfo& info : model->state().ListSequences(request.include_block_tables())) {
+    FillSequence(info, response->add_sequences());
+  }
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::RegisterModel(
+    grpc::CallbackServerContext* context, const v1::RegisterModelRequest* request,
+    v1::RegisterModelResponse* response) {
+  return Serve(context, Method::kRegisterModel, &CacheManagerService::DoRegisterModel, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::GetModel(grpc::CallbackServerContext* context,
+                                                        const v1::GetModelRequest* request,
+                                                        v1::GetModelResponse* response) {
+  return Serve(context, Method::kGetModel, &CacheManagerService::DoGetModel, request, response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::ListModels(grpc::CallbackServerContext* context,
+                                                          const v1::ListModelsRequest* request,
+                                                          v1::ListModelsResponse* response) {
+  return Serve(context, Method::kListModels, &CacheManagerService::DoListModels, request, response);
 }
 
 grpc::ServerUnaryReactor* CacheManagerService::OpenSequence(grpc::CallbackServerContext* context,
                                                             const v1::OpenSequenceRequest* request,
                                                             v1::OpenSequenceResponse* response) {
-  UnaryCall call(this, context, Method::kOpenSequence);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  return call.Finish(DoOpenSequence(*request, response));
+  return Serve(context, Method::kOpenSequence, &CacheManagerService::DoOpenSequence, request,
+               response);
 }
 
 grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(grpc::CallbackServerContext* context,
                                                             const v1::AppendTokensRequest* request,
                                                             v1::AppendTokensResponse* response) {
-  UnaryCall call(this, context, Method::kAppendTokens);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
-  if (!model.ok()) return call.Finish(model.status());
-  if (absl::Status id = ValidateId("sequence_id", request->sequence_id()); !id.ok()) {
-    return call.Finish(id);
-  }
-  if (request->tokens() < 1 || request->tokens() > (int64_t{1} << 31) - 1) {
-    return call.Finish(absl::InvalidArgumentError(
-        absl::StrCat("tokens: must be in [1, 2^31), got ", request->tokens())));
-  }
-  absl::StatusOr<int64_t> length = (*model)->state().SequenceLength(request->sequence_id());
-  if (!length.ok()) return call.Finish(length.status());
-  const int64_t page_size = (*model)->state().geometry().page_size;
-  // From the page holding the last token: a shared tail page is copied on write.
-  if (absl::Status fits = CheckReplyFits(**model, *length / page_size,
-                                         (*length + request->tokens() + page_size - 1) / page_size,
-                                         options_.max_message_bytes, "tokens");
-      !fits.ok()) {
-    return call.Finish(fits);
-  }
-  absl::StatusOr<AppendResult> appended =
-      (*model)->state().AppendTokens(request->sequence_id(), request->tokens());
-  if (!appended.ok()) return call.Finish(appended.status());
-  response->set_length_tokens(appended->length);
-  FillFrames(appended->new_frames, response->mutable_new_frames());
-  (*model)->RefreshOccupancy();
-  return call.Finish(absl::OkStatus());
+  return Serve(context, Method::kAppendTokens, &CacheManagerService::DoAppendTokens, request,
+               response);
 }
 
+grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
+    grpc::CallbackServerContext* context, const v1::CloseSequenceRequest* request,
+    v1::CloseSequenceResponse* response) {
+  return Serve(context, Method::kCloseSequence, &CacheManagerService::DoCloseSequence, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(grpc::CallbackServerContext* context,
+                                                            const v1::GetPoolStatsRequest* request,
+                                                            v1::PoolStats* response) {
+  return Serve(context, Method::kGetPoolStats, &CacheManagerService::DoGetPoolStats, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::ListSequences(
+    grpc::CallbackServerContext* context, const v1::ListSequencesRequest* request,
+    v1::ListSequencesResponse* response) {
+  return Serve(context, Method::kListSequences, &CacheManagerService::DoListSequences, request,
+               response);
+}
+
+// Decide is the one unary call that finishes on a worker thread: the same UnaryCall admits it
+// and finishes it, the scoring runs on the worker pool.
 grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContext* context,
                                                       const v1::DecideRequest* request,
                                                       v1::DecideResponse* response) {
@@ -329,71 +403,14 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
             *model, *request, [context] { return context->IsCancelled(); }, response);
         call->Finish(status);
       });
-  if (!accepted) {
-    return call->Finish(absl::ResourceExhaustedError(
-        absl::StrCat("max_inflight_decisions: ", options_.max_inflight_decisions,
-                     " decisions in flight; retry with backoff")));
-  }
+  if (!accepted) return call->Finish(Overloaded());
   return reactor;
 }
 
-grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
-    grpc::CallbackServerContext* context, const v1::CloseSequenceRequest* request,
-    v1::CloseSequenceResponse* response) {
-  UnaryCall call(this, context, Method::kCloseSequence);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
-  if (!model.ok()) return call.Finish(model.status());
-  if (absl::Status id = ValidateId("sequence_id", request->sequence_id()); !id.ok()) {
-    return call.Finish(id);
-  }
-  CacheState& state = (*model)->state();
-  absl::StatusOr<SequenceInfo> info =
-      state.GetSequence(request->sequence_id(), /*with_block_tables=*/false);
-  if (!info.ok()) return call.Finish(info.status());
-  if (absl::Status closed = state.CloseSequence(request->sequence_id()); !closed.ok()) {
-    return call.Finish(closed);
-  }
-  response->set_live_frames(info->live_frames);
-  (*model)->RefreshOccupancy();
-  return call.Finish(absl::OkStatus());
-}
-
-grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(grpc::CallbackServerContext* context,
-                                                            const v1::GetPoolStatsRequest* request,
-                                                            v1::PoolStats* response) {
-  UnaryCall call(this, context, Method::kGetPoolStats);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
-  if (!model.ok()) return call.Finish(model.status());
-  const PoolStats stats = (*model)->state().Stats();
-  response->set_model_id((*model)->id());
-  response->set_capacity_frames(stats.capacity_frames);
-  response->set_used_frames(stats.used_frames);
-  response->set_free_frames(stats.free_frames);
-  response->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes));
-  response->set_capacity_bytes(static_cast<uint64_t>(stats.capacity_bytes));
-  response->set_sequences_active(stats.sequences_active);
-  response->mutable_used_frames_per_layer()->Assign(stats.used_frames_per_layer.begin(),
-                                                    stats.used_frames_per_layer.end());
-  response->set_pages_evicted_total(stats.pages_evicted_total);
-  response->set_frames_freed_total(stats.frames_freed_total);
-  response->set_bytes_moved_total(stats.bytes_moved_total);
-  return call.Finish(absl::OkStatus());
-}
-
-grpc::ServerUnaryReactor* CacheManagerService::ListSequences(
-    grpc::CallbackServerContext* context, const v1::ListSequencesRequest* request,
-    v1::ListSequencesResponse* response) {
-  UnaryCall call(this, context, Method::kListSequences);
-  if (!call.admission().ok()) return call.Finish(call.admission());
-  absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
-  if (!model.ok()) return call.Finish(model.status());
-  for (const SequenceInfo& info :
-       (*model)->state().ListSequences(request->include_block_tables())) {
-    FillSequence(info, response->add_sequences());
-  }
-  return call.Finish(absl::OkStatus());
+absl::Status CacheManagerService::Overloaded() const {
+  return absl::ResourceExhaustedError(
+      absl::StrCat("max_inflight_decisions: ", options_.max_inflight_decisions,
+                   " decisions in flight; retry with backoff"));
 }
 
 // DecideStream: read one layer, score it on the worker pool, write its decision, read the
@@ -430,11 +447,7 @@ class CacheManagerService::StreamReactor
     }
     const bool accepted =
         service_->workers_->TrySubmit([this, model = *std::move(model)] { Process(*model); });
-    if (!accepted) {
-      FinishWith(absl::ResourceExhaustedError(
-          absl::StrCat("max_inflight_decisions: ", service_->options_.max_inflight_decisions,
-                       " decisions in flight; retry with backoff")));
-    }
+    if (!accepted) FinishWith(service_->Overloaded());
   }
 
   void OnWriteDone(bool ok) override {

@@ -72,17 +72,43 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   class UnaryCall;
   class StreamReactor;
 
+  // A synchronous unary handler body: validates, acts, fills the response; the status it
+  // returns is the call's.
+  template <typename Request, typename Response>
+  using Handler = absl::Status (CacheManagerService::*)(const Request&, Response*);
+
+  // The one wrapper of every synchronous unary handler: admission, the body, one Finish that
+  // records the metrics.
+  template <typename Request, typename Response>
+  grpc::ServerUnaryReactor* Serve(grpc::CallbackServerContext* context, Method method,
+                                  Handler<Request, Response> body, const Request* request,
+                                  Response* response);
+
   // UNAVAILABLE while draining, UNAUTHENTICATED for a missing or wrong bearer token.
   [[nodiscard]] absl::Status Admit(const grpc::CallbackServerContext& context) const;
   // NOT_FOUND / INVALID_ARGUMENT naming model_id.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindModel(absl::string_view id) const;
+  // FindModel, and sequence_id checked (INVALID_ARGUMENT naming it).
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindSequenceModel(
+      absl::string_view model_id, absl::string_view sequence_id) const;
+  // RESOURCE_EXHAUSTED naming max_inflight_decisions: a decision shed by the worker pool.
+  [[nodiscard]] absl::Status Overloaded() const;
 
   absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
                                v1::RegisterModelResponse* response);
   absl::Status DoUnregisterModel(const v1::UnregisterModelRequest& request,
                                  v1::UnregisterModelResponse* response);
+  absl::Status DoGetModel(const v1::GetModelRequest& request, v1::GetModelResponse* response);
+  absl::Status DoListModels(const v1::ListModelsRequest& request, v1::ListModelsResponse* response);
   absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,
                               v1::OpenSequenceResponse* response);
+  absl::Status DoAppendTokens(const v1::AppendTokensRequest& request,
+                              v1::AppendTokensResponse* response);
+  absl::Status DoCloseSequence(const v1::CloseSequenceRequest& request,
+                               v1::CloseSequenceResponse* response);
+  absl::Status DoGetPoolStats(const v1::GetPoolStatsRequest& request, v1::PoolStats* response);
+  absl::Status DoListSequences(const v1::ListSequencesRequest& request,
+                               v1::ListSequencesResponse* response);
 
   const ServerOptions options_;
   const std::string bearer_token_;  // "Bearer <token>", or empty

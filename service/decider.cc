@@ -75,10 +75,7 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
     return absl::InvalidArgumentError(absl::StrCat(field, ".query_heads: ", stat.query_heads(),
                                                    ", the model has ", geometry.query_heads));
   }
-  if (stat.tokens() < 1 || stat.tokens() > (int64_t{1} << 31)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".tokens: must be in [1, 2^31], got ", stat.tokens()));
-  }
+  RETURN_IF_ERROR(ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
   if (stat.tokens() != sequence_tokens) {
     return absl::FailedPreconditionError(absl::StrCat(field, ".tokens: ", stat.tokens(),
                                                       " but the sequence holds ", sequence_tokens));

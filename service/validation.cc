@@ -36,6 +36,14 @@ absl::Status ValidateId(absl::string_view field, absl::string_view id) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateTokenCount(absl::string_view field, int64_t tokens, int64_t min_tokens) {
+  if (tokens < min_tokens || tokens > kMaxSequenceTokens) {
+    return Invalid(field, absl::StrCat("must be in [", min_tokens, ", ", kMaxSequenceTokens,
+                                       "], got ", tokens));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<DType> ToDType(absl::string_view field, v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT32:

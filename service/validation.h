@@ -23,6 +23,11 @@ inline constexpr int kMaxIdLength = 128;
 // Non-empty, at most 128 characters of [A-Za-z0-9._:/-].
 [[nodiscard]] absl::Status ValidateId(absl::string_view field, absl::string_view id);
 
+// A token count in [min_tokens, kMaxSequenceTokens] (the one bound on a sequence's length, so
+// every handler agrees on it); INVALID_ARGUMENT naming `field` otherwise.
+[[nodiscard]] absl::Status ValidateTokenCount(absl::string_view field, int64_t tokens,
+                                              int64_t min_tokens);
+
 // The pool a RegisterModel asks for, with the daemon's defaults filled in.
 [[nodiscard]] absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& request,
                                                           const ServerOptions& defaults);

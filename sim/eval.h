@@ -37,7 +37,7 @@ struct EvalOptions {
   double retrieval_head_mass = 0.3;
   bool plots = true;
   std::string python = "/usr/bin/python3";
-  std::string plot_script;  // empty: sim/plots/eval_plots.py of this source tree
+  std::string plot_script;  // empty: DefaultPlotScript() (beside the binary)
   bool closed_form_checks = true;
 };
 

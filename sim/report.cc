@@ -493,7 +493,18 @@ absl::Status RunPlotScript(const std::string& python, const std::string& script,
 }
 
 std::string DefaultPlotScript() {
-  return (std::filesystem::path(ENTROKV_SIM_SOURCE_DIR) / "plots" / "eval_plots.py").string();
+  // Found relative to the running binary, so a moved or installed build still finds it: the build
+  // copies the script beside each binary that needs it; an installed tree keeps it in share/.
+  std::error_code error;
+  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", error);
+  const std::filesystem::path dir =
+      error ? std::filesystem::current_path(error) : exe.parent_path();
+  const std::filesystem::path candidates[] = {
+      dir / kPlotScriptName, dir.parent_path() / "share" / "entrokv" / kPlotScriptName};
+  for (const std::filesystem::path& candidate : candidates) {
+    if (std::filesystem::exists(candidate, error)) return candidate.string();
+  }
+  return candidates[0].string();  // so that "not found" names where it was looked for first
 }
 
 absl::StatusOr<EvalOutcome> RunEvaluation(const EvalOptions& options,

@@ -33,7 +33,9 @@ namespace entrokv::sim {
 [[nodiscard]] absl::Status RunPlotScript(const std::string& python, const std::string& script,
                                          const std::string& out_dir);
 
-// sim/plots/eval_plots.py of the source tree this binary was built from.
+// The plot script's file name; DefaultPlotScript() looks for it beside the running binary, then in
+// <binary>/../share/entrokv/ (an installed tree); the first candidate when neither exists.
+inline constexpr char kPlotScriptName[] = "eval_plots.py";
 [[nodiscard]] std::string DefaultPlotScript();
 
 }  // namespace entrokv::sim

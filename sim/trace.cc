@@ -8,8 +8,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/io/npy.h"
 #include "core/util/dtype.h"
+#include "core/util/json.h"
 #include "core/util/status_macros.h"
-#include "sim/json.h"
 
 namespace entrokv::sim {
 namespace {
@@ -23,46 +23,54 @@ int64_t ElementCount(const TraceMeta& meta) {
 }
 
 std::string MetaJson(const TraceMeta& meta, bool has_accumulated) {
-  std::string json = absl::StrCat(
-      "{\n  \"format\": \"entrokv-trace\",\n  \"version\": 1,\n  \"model\": {\"name\": ",
-      JsonQuote(meta.model.name), ", \"layers\": ", meta.model.layers,
-      ", \"query_heads\": ", meta.model.query_heads, ", \"kv_groups\": ", meta.model.kv_groups,
-      ", \"head_dim\": ", meta.model.head_dim, "},\n  \"tokens\": ", meta.tokens,
-      ",\n  \"statistic\": ", JsonQuote(StatisticKindName(meta.kind)),
-      ",\n  \"accumulated\": ", has_accumulated ? "true" : "false",
-      ",\n  \"sink_tokens\": ", meta.sink_tokens, ",\n  \"needles\": [");
-  for (size_t i = 0; i < meta.needles.size(); ++i) {
-    const NeedleSpan& needle = meta.needles[i];
-    absl::StrAppend(&json, i == 0 ? "\n    " : ",\n    ", "{\"begin\": ", needle.begin,
-                    ", \"end\": ", needle.end, ", \"depth\": ", needle.depth, "}");
+  Json needles = Json::array();
+  for (const NeedleSpan& needle : meta.needles) {
+    needles.push_back({{"begin", needle.begin}, {"end", needle.end}, {"depth", needle.depth}});
   }
-  absl::StrAppend(&json, meta.needles.empty() ? "" : "\n  ",
-                  "],\n  \"source\": ", JsonQuote(meta.source), "\n}\n");
-  return json;
+  const Json document = {{"format", "entrokv-trace"},
+                         {"version", 1},
+                         {"model",
+                          {{"name", meta.model.name},
+                           {"layers", meta.model.layers},
+                           {"query_heads", meta.model.query_heads},
+                           {"kv_groups", meta.model.kv_groups},
+                           {"head_dim", meta.model.head_dim}}},
+                         {"tokens", meta.tokens},
+                         {"statistic", std::string(StatisticKindName(meta.kind))},
+                         {"accumulated", has_accumulated},
+                         {"sink_tokens", meta.sink_tokens},
+                         {"needles", std::move(needles)},
+                         {"source", meta.source}};
+  return DumpJson(document, 2) + "\n";
 }
 
-absl::StatusOr<double> NumberField(const JsonValue& object, absl::string_view key,
+absl::StatusOr<double> NumberField(const Json& object, absl::string_view key,
                                    absl::string_view where) {
-  const JsonValue* value = object.Find(key);
-  if (value == nullptr || value->type != JsonValue::Type::kNumber) {
+  const auto value = object.find(std::string(key));
+  if (value == object.end() || !value->is_number()) {
     return absl::InvalidArgumentError(
         absl::StrCat("trace.json: ", where, key, " is missing or not a number"));
   }
-  return value->number;
+  return value->get<double>();
 }
 
-absl::StatusOr<TraceMeta> ParseMeta(const JsonValue& root) {
-  if (root.type != JsonValue::Type::kObject) {
+// The member `key` of `object`, or nullptr. REQUIRES: object.is_object().
+const Json* Member(const Json& object, absl::string_view key) {
+  const auto value = object.find(std::string(key));
+  return value == object.end() ? nullptr : &*value;
+}
+
+absl::StatusOr<TraceMeta> ParseMeta(const Json& root) {
+  if (!root.is_object()) {
     return absl::InvalidArgumentError("trace.json: the document is not an object");
   }
   TraceMeta meta;
-  const JsonValue* model = root.Find("model");
-  if (model == nullptr || model->type != JsonValue::Type::kObject) {
+  const Json* model = Member(root, "model");
+  if (model == nullptr || !model->is_object()) {
     return absl::InvalidArgumentError("trace.json: model is missing or not an object");
   }
-  if (const JsonValue* name = model->Find("name");
-      name != nullptr && name->type == JsonValue::Type::kString) {
-    meta.model.name = name->text;
+  if (const Json* name = Member(*model, "name"); name != nullptr && name->is_string()) {
+    meta.model.name = name->get<std::string>();
   }
   ASSIGN_OR_RETURN(const double layers, NumberField(*model, "layers", "model."));
   ASSIGN_OR_RETURN(const double heads, NumberField(*model, "query_heads", "model."));
@@ -70,7 +78,7 @@ absl::StatusOr<TraceMeta> ParseMeta(const JsonValue& root) {
   meta.model.layers = static_cast<int>(layers);
   meta.model.query_heads = static_cast<int>(heads);
   meta.model.kv_groups = static_cast<int>(groups);
-  if (model->Find("head_dim") != nullptr) {
+  if (Member(*model, "head_dim") != nullptr) {
     ASSIGN_OR_RETURN(const double head_dim, NumberField(*model, "head_dim", "model."));
     meta.model.head_dim = static_cast<int>(head_dim);
   }
@@ -80,27 +88,30 @@ absl::StatusOr<TraceMeta> ParseMeta(const JsonValue& root) {
   if (meta.tokens <= 0) {
     return absl::InvalidArgumentError("trace.json: tokens must be positive");
   }
-  if (const JsonValue* kind = root.Find("statistic"); kind != nullptr) {
-    if (kind->type != JsonValue::Type::kString) {
+  if (const Json* kind = Member(root, "statistic"); kind != nullptr) {
+    if (!kind->is_string()) {
       return absl::InvalidArgumentError("trace.json: statistic is not a string");
     }
-    ASSIGN_OR_RETURN(meta.kind, ParseStatisticKind(kind->text));
+    ASSIGN_OR_RETURN(meta.kind, ParseStatisticKind(kind->get<std::string>()));
   }
-  if (root.Find("sink_tokens") != nullptr) {
+  if (Member(root, "sink_tokens") != nullptr) {
     ASSIGN_OR_RETURN(const double sinks, NumberField(root, "sink_tokens", ""));
     meta.sink_tokens = static_cast<int>(sinks);
   }
-  if (const JsonValue* needles = root.Find("needles"); needles != nullptr) {
-    if (needles->type != JsonValue::Type::kArray) {
+  if (const Json* needles = Member(root, "needles"); needles != nullptr) {
+    if (!needles->is_array()) {
       return absl::InvalidArgumentError("trace.json: needles is not an array");
     }
-    for (const JsonValue& item : needles->items) {
+    for (const Json& item : *needles) {
+      if (!item.is_object()) {
+        return absl::InvalidArgumentError("trace.json: needles[] is not an object");
+      }
       NeedleSpan span;
       ASSIGN_OR_RETURN(const double begin, NumberField(item, "begin", "needles[]."));
       ASSIGN_OR_RETURN(const double end, NumberField(item, "end", "needles[]."));
       span.begin = static_cast<int64_t>(begin);
       span.end = static_cast<int64_t>(end);
-      if (item.Find("depth") != nullptr) {
+      if (Member(item, "depth") != nullptr) {
         ASSIGN_OR_RETURN(span.depth, NumberField(item, "depth", "needles[]."));
       }
       if (span.begin < 0 || span.end <= span.begin || span.end > meta.tokens) {
@@ -111,9 +122,8 @@ absl::StatusOr<TraceMeta> ParseMeta(const JsonValue& root) {
       meta.needles.push_back(span);
     }
   }
-  if (const JsonValue* source = root.Find("source");
-      source != nullptr && source->type == JsonValue::Type::kString) {
-    meta.source = source->text;
+  if (const Json* source = Member(root, "source"); source != nullptr && source->is_string()) {
+    meta.source = source->get<std::string>();
   }
   return meta;
 }
@@ -214,7 +224,7 @@ absl::StatusOr<Trace> ReadTrace(const std::string& dir) {
   if (!in) return absl::NotFoundError(absl::StrCat(meta_path, ": cannot open"));
   std::stringstream text;
   text << in.rdbuf();
-  ASSIGN_OR_RETURN(const JsonValue root, ParseJson(text.str()));
+  ASSIGN_OR_RETURN(const Json root, ParseJson(text.str(), meta_path));
   Trace trace;
   ASSIGN_OR_RETURN(trace.meta, ParseMeta(root));
   ASSIGN_OR_RETURN(trace.stats, ReadArray(JoinPath(dir, kTraceStatsFile), trace.meta));

@@ -101,6 +101,17 @@ TEST(TraceTest, ErrorsNameTheProblem) {
       << "{\"model\": {\"layers\": 2, \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4, "
          "\"needles\": [{\"begin\": 3, \"end\": 9}]}";
   EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needles")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
+      << "{\"model\": {\"layers\": 2, \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4, "
+         "\"needles\": [3]}";
+  EXPECT_THAT(ReadTrace(dir), StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("needles")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile)
+      << "{\"model\": {\"layers\": \"two\", \"query_heads\": 2, \"kv_groups\": 1}, \"tokens\": 4}";
+  EXPECT_THAT(ReadTrace(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model.layers")));
+  std::ofstream(std::filesystem::path(dir) / kTraceMetaFile) << "{\"model\": {\"layers\": 2,";
+  EXPECT_THAT(ReadTrace(dir),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("well-formed JSON")));
 }
 
 TEST(TraceTest, StatisticKindNamesRoundTrip) {

@@ -1,11 +1,9 @@
-// A development entry point for `entrokv bench`, so the benchmark builds and runs in a core-only
-// tree; the shipped `entrokv` binary registers the same RunBench.
+// A development entry point for `entrokv bench` alone (it builds in a core-only tree too); the
+// shipped `entrokv` binary runs the same RunBench from the same library.
 #include <string>
 #include <vector>
 
-namespace entrokv::cli {
-int RunBench(const std::vector<std::string>& args);
-}  // namespace entrokv::cli
+#include "client/cli/command.h"
 
 int main(int argc, char** argv) {
   return entrokv::cli::RunBench(std::vector<std::string>(argv + 1, argv + argc));

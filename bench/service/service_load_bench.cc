@@ -25,6 +25,7 @@
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
 #include "core/util/dtype.h"
+#include "core/util/json.h"
 #include "entrokv/v1/cache_manager.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "service/server.h"
@@ -252,26 +253,31 @@ int main(int argc, char** argv) {
       "%-14s %7s %10s %12s %9s %9s %14s\n",
       kLayers, kHeads, kGroups, kTokens, kFraction, std::thread::hardware_concurrency(), seconds,
       core_ms, "source", "streams", "decisions", "decisions/s", "p50 ms", "p99 ms", "p50/core");
-  std::string json = absl::StrFormat(
-      "{\n  \"shape\": {\"layers\": %d, \"query_heads\": %d, \"kv_groups\": %d, \"tokens\": %d, "
-      "\"dtype\": \"bfloat16\"},\n  \"core_ms_per_layer\": %.4f,\n  \"hardware_threads\": %u,\n"
-      "  \"runs\": [\n",
-      kLayers, kHeads, kGroups, kTokens, core_ms, std::thread::hardware_concurrency());
+  entrokv::Json runs = entrokv::Json::array();
   for (size_t i = 0; i < results.size(); ++i) {
     const RunResult& r = results[i];
     const double rate = r.decisions / r.seconds;
     absl::StrAppendFormat(&text, "%-14s %7d %10d %12.1f %9.3f %9.3f %13.2fx\n", r.source, r.streams,
                           r.decisions, rate, r.p50_ms, r.p99_ms, r.p50_ms / core_ms);
-    absl::StrAppendFormat(&json,
-                          "    {\"source\": \"%s\", \"streams\": %d, \"decisions\": %d, "
-                          "\"decisions_per_s\": %.2f, \"p50_ms\": %.4f, \"p99_ms\": %.4f, "
-                          "\"p50_over_core\": %.3f}%s\n",
-                          r.source, r.streams, r.decisions, rate, r.p50_ms, r.p99_ms,
-                          r.p50_ms / core_ms, i + 1 < results.size() ? "," : "");
+    runs.push_back({{"source", r.source},
+                    {"streams", r.streams},
+                    {"decisions", r.decisions},
+                    {"decisions_per_s", entrokv::RoundTo(rate, 2)},
+                    {"p50_ms", entrokv::RoundTo(r.p50_ms, 4)},
+                    {"p99_ms", entrokv::RoundTo(r.p99_ms, 4)},
+                    {"p50_over_core", entrokv::RoundTo(r.p50_ms / core_ms, 3)}});
   }
-  json += "  ]\n}\n";
+  const entrokv::Json json = {{"shape",
+                               {{"layers", kLayers},
+                                {"query_heads", kHeads},
+                                {"kv_groups", kGroups},
+                                {"tokens", kTokens},
+                                {"dtype", "bfloat16"}}},
+                              {"core_ms_per_layer", entrokv::RoundTo(core_ms, 4)},
+                              {"hardware_threads", std::thread::hardware_concurrency()},
+                              {"runs", std::move(runs)}};
   std::fputs(text.c_str(), stdout);
   std::ofstream(prefix + ".txt") << text;
-  std::ofstream(prefix + ".json") << json;
+  std::ofstream(prefix + ".json") << entrokv::DumpJson(json, 2) << "\n";
   return 0;
 }

@@ -21,6 +21,7 @@
 #include "core/scoring/fused_scorer.h"
 #include "core/scoring/policy.h"
 #include "core/util/dtype.h"
+#include "core/util/json.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::cli {
@@ -236,19 +237,27 @@ absl::Status Run(const ArgParser& parser) {
   const double median_ms = Median(fused_ms);
   const double read_once_ms = Median(read_ms);
   if (parser.GetFlag("json")) {
-    std::string json = absl::StrCat(
-        "{\"median_ms\":", median_ms,
-        ",\"min_ms\":", *std::min_element(fused_ms.begin(), fused_ms.end()),
-        ",\"read_once_ms\":", read_once_ms,
-        ",\"read_once_min_ms\":", *std::min_element(read_ms.begin(), read_ms.end()),
-        ",\"ratio_median\":", Median(ratios), ",\"bytes\":", setup.bytes.size(), ",\"runs\":", runs,
-        ",\"threads\":", threads, ",\"layers\":", setup.layers,
-        ",\"query_heads\":", setup.query_heads, ",\"kv_heads\":", setup.kv_groups,
-        ",\"tokens\":", setup.tokens, ",\"page_size\":", page_size, ",\"budget\":", budget,
-        ",\"dtype\":\"", DTypeName(setup.dtype), "\",\"policy\":\"", policy->name(),
-        "\",\"measure\":", parser.GetFlag("measure") ? "true" : "false");
-    if (!reference_ms.empty()) absl::StrAppend(&json, ",\"reference_ms\":", Median(reference_ms));
-    std::printf("%s}\n", json.c_str());
+    // Times to 0.1 us: more digits would be noise.
+    Json json = {
+        {"median_ms", RoundTo(median_ms, 4)},
+        {"min_ms", RoundTo(*std::min_element(fused_ms.begin(), fused_ms.end()), 4)},
+        {"read_once_ms", RoundTo(read_once_ms, 4)},
+        {"read_once_min_ms", RoundTo(*std::min_element(read_ms.begin(), read_ms.end()), 4)},
+        {"ratio_median", RoundTo(Median(ratios), 5)},
+        {"bytes", setup.bytes.size()},
+        {"runs", runs},
+        {"threads", threads},
+        {"layers", setup.layers},
+        {"query_heads", setup.query_heads},
+        {"kv_heads", setup.kv_groups},
+        {"tokens", setup.tokens},
+        {"page_size", page_size},
+        {"budget", budget},
+        {"dtype", std::string(DTypeName(setup.dtype))},
+        {"policy", std::string(policy->name())},
+        {"measure", parser.GetFlag("measure")}};
+    if (!reference_ms.empty()) json["reference_ms"] = RoundTo(Median(reference_ms), 4);
+    std::printf("%s\n", DumpJson(json).c_str());
   } else {
     std::printf("fused:     median %.3f ms, min %.3f ms over %lld runs, %d thread(s)\n", median_ms,
                 *std::min_element(fused_ms.begin(), fused_ms.end()), static_cast<long long>(runs),

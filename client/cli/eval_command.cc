@@ -110,7 +110,8 @@ int RunEval(const std::vector<std::string>& args) {
   parser.Option("sink-tokens", "4", "sink tokens left out of the entropy");
   parser.Flag("plots", true, "draw the PNGs with matplotlib");
   parser.Option("python", "/usr/bin/python3", "python with matplotlib, for the plots");
-  parser.Option("plot-script", "", "plot script; default sim/plots/eval_plots.py of the source");
+  parser.Option("plot-script", "",
+                "plot script; default eval_plots.py beside the binary (the build copies it there)");
   parser.Option("save-trace", "", "also write the synthetic workload as a trace to this dir");
   parser.Flag("progress", true, "progress line on stderr");
 

@@ -24,6 +24,7 @@
 #include "core/scoring/budget.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/policy.h"
+#include "core/util/json.h"
 #include "core/util/status_macros.h"
 #include "sim/presets.h"
 #include "sim/workload.h"
@@ -300,22 +301,27 @@ void PrintTable(const ReplayOptions& options, const std::vector<PolicyReport>& r
 }
 
 void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
-  std::vector<std::string> entries;
+  Json policies = Json::array();
   for (const PolicyReport& r : reports) {
-    entries.push_back(absl::StrFormat(
-        "{\"policy\":\"%s\",\"sequences\":%d,\"tokens\":%d,\"budget\":%g,"
-        "\"frames_used_baseline\":%d,\"frames_before\":%d,\"frames_used_after\":%d,"
-        "\"planned_frames\":%d,\"frames_freed\":%d,\"pages_kept_per_group\":%.6f,"
-        "\"shadow_uor\":%.6f,\"needle_targets_kept\":%.6f,\"needles_kept_at_every_target\":%.6f,"
-        "\"retained_mass\":%.6f,\"seconds\":%.3f}",
-        r.policy, options.sequences, options.tokens, options.budget, r.frames_used_baseline,
-        r.frames_used_before, r.frames_used_after, r.planned_frames, r.frames_freed,
-        Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
-        Ratio(r.needle_targets_kept, r.needle_targets), Ratio(r.needles_kept_everywhere, r.needles),
-        Ratio(r.retained_mass_sum, r.group_decisions), r.seconds));
+    policies.push_back(
+        {{"policy", r.policy},
+         {"sequences", options.sequences},
+         {"tokens", options.tokens},
+         {"budget", options.budget},
+         {"frames_used_baseline", r.frames_used_baseline},
+         {"frames_before", r.frames_used_before},
+         {"frames_used_after", r.frames_used_after},
+         {"planned_frames", r.planned_frames},
+         {"frames_freed", r.frames_freed},
+         {"pages_kept_per_group", RoundTo(Ratio(r.kept_pages, r.group_decisions), 6)},
+         {"shadow_uor", RoundTo(Ratio(r.shadow_uor_sum, r.group_decisions), 6)},
+         {"needle_targets_kept", RoundTo(Ratio(r.needle_targets_kept, r.needle_targets), 6)},
+         {"needles_kept_at_every_target", RoundTo(Ratio(r.needles_kept_everywhere, r.needles), 6)},
+         {"retained_mass", RoundTo(Ratio(r.retained_mass_sum, r.group_decisions), 6)},
+         {"seconds", RoundTo(r.seconds, 3)}});
   }
-  std::printf("{\"model\":\"%s\",\"policies\":[%s]}\n", options.preset.name.c_str(),
-              absl::StrJoin(entries, ",").c_str());
+  const Json out = {{"model", options.preset.name}, {"policies", std::move(policies)}};
+  std::printf("%s\n", DumpJson(out).c_str());
 }
 
 absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {

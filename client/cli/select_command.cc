@@ -12,6 +12,7 @@
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/policy.h"
+#include "core/util/json.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::cli {
@@ -61,31 +62,23 @@ absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
   return loaded;
 }
 
-std::string JsonNumbers(const std::vector<double>& values) {
-  return absl::StrCat("[",
-                      absl::StrJoin(values, ",",
-                                    [](std::string* out, double value) {
-                                      absl::StrAppend(out, absl::StrFormat("%.9g", value));
-                                    }),
-                      "]");
-}
-
+// {"layers":[{"layer":0,"groups":[{"group":0,"kept_pages":[...],"weights":[...],
+// "entropies":[...],"uor":1.75}]}]} on one line (README).
 void PrintJson(const std::vector<LayerDecision>& layers) {
-  std::string out = "{\"layers\":[";
+  Json out_layers = Json::array();
   for (size_t l = 0; l < layers.size(); ++l) {
-    absl::StrAppend(&out, l ? "," : "", "{\"layer\":", l, ",\"groups\":[");
+    Json groups = Json::array();
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {
       const GroupDecision& group = layers[l].groups[g];
-      absl::StrAppend(&out, g ? "," : "", "{\"group\":", g, ",\"kept_pages\":[",
-                      absl::StrJoin(group.kept_pages, ","),
-                      "],\"weights\":", JsonNumbers(group.weights),
-                      ",\"entropies\":", JsonNumbers(group.entropies),
-                      ",\"uor\":", absl::StrFormat("%.9g", group.shadow_uor.value_or(1.0)), "}");
+      groups.push_back({{"group", g},
+                        {"kept_pages", group.kept_pages},
+                        {"weights", group.weights},
+                        {"entropies", group.entropies},
+                        {"uor", group.shadow_uor.value_or(1.0)}});
     }
-    absl::StrAppend(&out, "]}");
+    out_layers.push_back({{"layer", l}, {"groups", std::move(groups)}});
   }
-  absl::StrAppend(&out, "]}\n");
-  std::fputs(out.c_str(), stdout);
+  std::printf("%s\n", DumpJson(Json{{"layers", std::move(out_layers)}}).c_str());
 }
 
 void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view policy) {

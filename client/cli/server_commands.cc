@@ -10,6 +10,7 @@
 #include "client/cli/command.h"
 #include "client/cli/server_args.h"
 #include "client/cpp/client.h"
+#include "core/util/json.h"
 #include "core/util/status_macros.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -40,7 +41,7 @@ absl::StatusOr<std::string> StatusReport(Client& client, bool json) {
   ASSIGN_OR_RETURN(const std::string ready, client.Health(""));
   ASSIGN_OR_RETURN(const std::string live, client.Health("entrokv.v1.CacheManager.liveness"));
   ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
-  std::vector<std::string> rows;
+  Json pools = Json::array();
   std::string text = absl::StrFormat("entrokvd: readiness %s, liveness %s, %d model(s)\n", ready,
                                      live, models.pools_size());
   if (!models.pools().empty()) {
@@ -61,15 +62,17 @@ absl::StatusOr<std::string> StatusReport(Client& client, bool json) {
                                LayoutName(pool.frame_layout()), BackendName(pool.backend()),
                                stats.used_frames(), stats.capacity_frames(), 100 * occupied,
                                stats.sequences_active(), stats.pages_evicted_total()));
-    rows.push_back(absl::StrFormat(
-        "{\"model\":\"%s\",\"used_frames\":%d,\"free_frames\":%d,\"capacity_frames\":%d,"
-        "\"sequences_active\":%d,\"pages_evicted_total\":%d,\"bytes_moved_total\":%d}",
-        pool.model_id(), stats.used_frames(), stats.free_frames(), stats.capacity_frames(),
-        stats.sequences_active(), stats.pages_evicted_total(), stats.bytes_moved_total()));
+    pools.push_back({{"model", pool.model_id()},
+                     {"used_frames", stats.used_frames()},
+                     {"free_frames", stats.free_frames()},
+                     {"capacity_frames", stats.capacity_frames()},
+                     {"sequences_active", stats.sequences_active()},
+                     {"pages_evicted_total", stats.pages_evicted_total()},
+                     {"bytes_moved_total", stats.bytes_moved_total()}});
   }
   if (!json) return text;
-  return absl::StrFormat("{\"readiness\":\"%s\",\"liveness\":\"%s\",\"pools\":[%s]}\n", ready, live,
-                         absl::StrJoin(rows, ","));
+  const Json out = {{"readiness", ready}, {"liveness", live}, {"pools", std::move(pools)}};
+  return DumpJson(out) + "\n";
 }
 
 absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
@@ -101,7 +104,7 @@ absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
 absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& only_model,
                                             bool json) {
   ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
-  std::vector<std::string> rows;
+  Json rows = Json::array();
   std::string text = absl::StrFormat("%-20s %-32s %12s %12s %13s %12s\n", "model", "sequence",
                                      "tokens", "live frames", "block tables", "table pages");
   for (const v1::PoolInfo& pool : models.pools()) {
@@ -118,15 +121,16 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
                                              sequence.sequence_id(), sequence.length_tokens(),
                                              sequence.live_frames(), sequence.block_tables_size(),
                                              table_pages));
-      rows.push_back(absl::StrFormat(
-          "{\"model\":\"%s\",\"sequence_id\":\"%s\",\"length_tokens\":%d,\"live_frames\":%d,"
-          "\"block_tables\":%d,\"table_pages\":%d}",
-          pool.model_id(), sequence.sequence_id(), sequence.length_tokens(), sequence.live_frames(),
-          sequence.block_tables_size(), table_pages));
+      rows.push_back({{"model", pool.model_id()},
+                      {"sequence_id", sequence.sequence_id()},
+                      {"length_tokens", sequence.length_tokens()},
+                      {"live_frames", sequence.live_frames()},
+                      {"block_tables", sequence.block_tables_size()},
+                      {"table_pages", table_pages}});
     }
   }
   if (!json) return text;
-  return absl::StrCat("{\"sequences\":[", absl::StrJoin(rows, ","), "]}\n");
+  return DumpJson(Json{{"sequences", std::move(rows)}}) + "\n";
 }
 
 int Print(const std::string& command, const absl::StatusOr<std::string>& report) {

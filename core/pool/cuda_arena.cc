@@ -1,36 +1,24 @@
 // The cuda backend: one cudaMalloc region on the current device, exported with
 // cudaIpcGetMemHandle so a worker process can cudaIpcOpenMemHandle it. Compiled only when
-// ENTROKV_CUDA is on; plain C++ against the CUDA runtime API, no kernels.
-#include <cuda_runtime.h>
-
+// ENTROKV_CUDA is on; the CUDA runtime calls live behind core/cuda/memory.h.
 #include <memory>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/cuda/memory.h"
 #include "core/pool/arena.h"
+#include "core/util/status_macros.h"
 
 namespace entrokv {
 namespace {
 
-absl::Status CudaError(absl::string_view call, cudaError_t error) {
-  const std::string message = absl::StrCat("cuda arena: ", call, ": ", cudaGetErrorString(error));
-  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
-  if (error == cudaErrorNoDevice || error == cudaErrorInsufficientDriver) {
-    return absl::UnavailableError(message);
-  }
-  return absl::InternalError(message);
-}
+constexpr char kWho[] = "cuda arena";
 
 class CudaArena final : public MemoryArena {
  public:
   CudaArena(int device, void* data, int64_t bytes, std::string handle)
       : device_(device), data_(data), bytes_(bytes), handle_(std::move(handle)) {}
-  ~CudaArena() override {
-    int previous = 0;
-    if (cudaGetDevice(&previous) == cudaSuccess && previous != device_) cudaSetDevice(device_);
-    cudaFree(data_);
-    if (previous != device_) cudaSetDevice(previous);
-  }
+  ~CudaArena() override { cuda::FreeShared(device_, data_); }
   CudaArena(const CudaArena&) = delete;
   CudaArena& operator=(const CudaArena&) = delete;
 
@@ -45,10 +33,7 @@ class CudaArena final : public MemoryArena {
   void* base() const override { return data_; }
   absl::Status Copy(int64_t dst_offset, int64_t src_offset, int64_t bytes) override {
     char* base = static_cast<char*>(data_);
-    const cudaError_t error = cudaMemcpy(base + dst_offset, base + src_offset,
-                                         static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice);
-    if (error != cudaSuccess) return CudaError("cudaMemcpy", error);
-    return absl::OkStatus();
+    return cuda::CopyOnDevice(kWho, base + dst_offset, base + src_offset, bytes);
   }
 
  private:
@@ -65,28 +50,9 @@ absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view n
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("arena bytes must be positive, got ", bytes));
   }
-  int count = 0;
-  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
-    return absl::UnavailableError(
-        absl::StrCat("backend: cuda has no usable device: ", cudaGetErrorString(error)));
-  }
-  if (count == 0) return absl::UnavailableError("backend: cuda has no device");
-  int device = 0;
-  if (const cudaError_t error = cudaGetDevice(&device); error != cudaSuccess) {
-    return CudaError("cudaGetDevice", error);
-  }
-  void* data = nullptr;
-  if (const cudaError_t error = cudaMalloc(&data, static_cast<size_t>(bytes));
-      error != cudaSuccess) {
-    return CudaError(absl::StrCat("cudaMalloc(", bytes, " bytes)"), error);
-  }
-  cudaIpcMemHandle_t handle{};
-  if (const cudaError_t error = cudaIpcGetMemHandle(&handle, data); error != cudaSuccess) {
-    cudaFree(data);
-    return CudaError("cudaIpcGetMemHandle", error);
-  }
-  return std::unique_ptr<MemoryArena>(new CudaArena(
-      device, data, bytes, std::string(reinterpret_cast<const char*>(&handle), sizeof(handle))));
+  ASSIGN_OR_RETURN(cuda::SharedAllocation allocation, cuda::AllocateShared(kWho, bytes));
+  return std::unique_ptr<MemoryArena>(
+      new CudaArena(allocation.device, allocation.data, bytes, std::move(allocation.ipc_handle)));
 }
 
 }  // namespace entrokv

@@ -8,7 +8,8 @@
 #include "gtest/gtest.h"
 
 #ifdef ENTROKV_POOL_HAVE_CUDA
-#include <cuda_runtime.h>
+#include "core/cuda/device.h"
+#include "core/cuda/memory.h"
 #endif
 
 namespace entrokv {
@@ -32,8 +33,7 @@ TEST(CudaArenaTest, WithoutADeviceCreateFailsCleanly) {
   EXPECT_THAT(CacheState::Create(options),
               StatusIs(absl::StatusCode::kUnimplemented, HasSubstr("cuda was not built in")));
 #else
-  int count = 0;
-  if (cudaGetDeviceCount(&count) == cudaSuccess && count > 0) GTEST_SKIP() << "a device exists";
+  if (cuda::DeviceCount().ok()) GTEST_SKIP() << "a device exists";
   EXPECT_THAT(CacheState::Create(options),
               StatusIs(absl::StatusCode::kUnavailable, HasSubstr("cuda")));
 #endif
@@ -43,8 +43,7 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
 #ifndef ENTROKV_POOL_HAVE_CUDA
   GTEST_SKIP() << "CUDA was not built in";
 #else
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) GTEST_SKIP() << "no CUDA device";
+  if (!cuda::DeviceCount().ok()) GTEST_SKIP() << "no CUDA device";
   CacheOptions options;
   options.geometry = {.layers = 2,
                       .query_heads = 8,
@@ -58,7 +57,7 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
   const ArenaInfo info = state->arena();
   EXPECT_EQ(info.backend, Backend::kCuda);
-  EXPECT_EQ(info.ipc_handle.size(), sizeof(cudaIpcMemHandle_t));
+  EXPECT_EQ(info.ipc_handle.size(), static_cast<size_t>(cuda::kIpcHandleBytes));
   EXPECT_EQ(info.bytes, options.capacity_bytes);
   EXPECT_GE(info.device, 0);
 
@@ -71,9 +70,8 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   const int64_t frame_bytes = state->Stats().frame_bytes;
   std::vector<uint8_t> pattern(frame_bytes);
   for (int64_t i = 0; i < frame_bytes; ++i) pattern[i] = static_cast<uint8_t>(i * 7 + 3);
-  ASSERT_EQ(cudaMemcpy(state->FrameAddress(parent_tail), pattern.data(), frame_bytes,
-                       cudaMemcpyHostToDevice),
-            cudaSuccess);
+  ASSERT_THAT(cuda::CopyToDevice(state->FrameAddress(parent_tail), pattern.data(), frame_bytes),
+              IsOk());
   ASSERT_THAT(state->ForkSequence("c", "p", 2), IsOk());
   ENTROKV_ASSERT_OK_AND_ASSIGN(AppendResult appended, state->AppendTokens("c", 1));
   EXPECT_EQ(appended.frames_copied, 4);
@@ -81,9 +79,7 @@ TEST(CudaArenaTest, DeviceArenaExportsAnIpcHandleAndCopiesFrames) {
   const FrameId child_tail = child.block_tables[1][1][1];
   ASSERT_NE(child_tail, parent_tail);
   std::vector<uint8_t> back(frame_bytes);
-  ASSERT_EQ(
-      cudaMemcpy(back.data(), state->FrameAddress(child_tail), frame_bytes, cudaMemcpyDeviceToHost),
-      cudaSuccess);
+  ASSERT_THAT(cuda::CopyToHost(back.data(), state->FrameAddress(child_tail), frame_bytes), IsOk());
   EXPECT_EQ(back, pattern);
   EXPECT_THAT(state->CheckInvariants(), IsOk());
 #endif

@@ -6,19 +6,12 @@
 #include "core/pool/sequence.h"
 
 #include <algorithm>
-#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv {
-namespace {
-
-constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
-
-}  // namespace
-
 struct Sequence::TailPlan {
   enum class Action : uint8_t { kFresh, kReference, kCopy };
   int32_t layer = 0;
@@ -125,9 +118,9 @@ absl::StatusOr<std::vector<Sequence::TailPlan>> Sequence::PlanTail(int64_t token
 absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& pool) const {
   if (tokens < 0)
     return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 0, got ", tokens));
-  if (tokens > kMaxTokens - length_) {
+  if (tokens > kMaxSequenceTokens - length_) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tokens: length ", length_, " + ", tokens, " exceeds ", kMaxTokens));
+        absl::StrCat("tokens: length ", length_, " + ", tokens, " exceeds ", kMaxSequenceTokens));
   }
   ASSIGN_OR_RETURN(const std::vector<TailPlan> plans, PlanTail(tokens, pool));
   int64_t needed = 0;

@@ -13,6 +13,10 @@
 
 namespace entrokv {
 
+// The longest sequence, in tokens (2^31 - 1): page indices and token counts stay int32 on the
+// wire and in the kernels. Every token count a caller passes is checked against this one bound.
+inline constexpr int64_t kMaxSequenceTokens = (int64_t{1} << 31) - 1;
+
 // A frame the caller must (re)write: the K/V of `page` of (layer, group) lives in `frame`.
 struct FrameAssignment {
   int32_t layer = 0;
@@ -76,7 +80,7 @@ class Sequence {
   [[nodiscard]] std::vector<std::vector<std::vector<FrameId>>> BlockTables() const;
 
   // Frames Append(tokens) would take from the pool. INVALID_ARGUMENT for tokens < 0 or a
-  // length beyond 2^31 - 1 tokens.
+  // length beyond kMaxSequenceTokens.
   [[nodiscard]] absl::StatusOr<int64_t> FramesNeeded(int64_t tokens, const PagePool& pool) const;
 
   // Grows the sequence by `tokens`, allocating exactly the frames the new tokens land in:

@@ -13,6 +13,7 @@
 #include "core/io/npy.h"
 #include "core/scoring/decision.h"
 #include "core/testing/random_rows.h"
+#include "core/util/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/cli_runner.h"
@@ -100,6 +101,21 @@ TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
     expected.push_back(*DecideLayer(**FindPolicy("page_entrokv"), {}, request));
   }
   EXPECT_EQ(ActualKeptPages(run.out), ExpectedKeptPages(expected));
+
+  // The document parses, and the weights and entropies read back bit-exact (they were printed
+  // with 9 significant digits before).
+  const absl::StatusOr<Json> parsed = ParseJson(run.out, "select output");
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  const Json& out_layers = (*parsed)["layers"];
+  ASSERT_EQ(out_layers.size(), expected.size());
+  for (size_t l = 0; l < expected.size(); ++l) {
+    ASSERT_EQ(out_layers[l]["groups"].size(), expected[l].groups.size());
+    for (size_t g = 0; g < expected[l].groups.size(); ++g) {
+      const Json& group = out_layers[l]["groups"][g];
+      EXPECT_EQ(group["weights"].get<std::vector<double>>(), expected[l].groups[g].weights);
+      EXPECT_EQ(group["entropies"].get<std::vector<double>>(), expected[l].groups[g].entropies);
+    }
+  }
 }
 
 TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {

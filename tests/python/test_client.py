@@ -68,13 +68,20 @@ class ClientTest(unittest.TestCase):
 
     def test_whole_lifecycle_with_decide(self):
         pool = self.register("lifecycle")
+        self.assertIsInstance(pool, entrokv.PoolInfo)
         self.assertEqual(pool.frame_bytes, FRAME_BYTES)
+        self.assertEqual((pool.frame_layout, pool.backend), ("group", "host"))
+        self.assertEqual(pool.geometry, entrokv.ModelGeometry(element_bytes=2, **GEOMETRY))
+        self.assertEqual(self.client.get_model("lifecycle"), pool)
         self.assertIn("lifecycle", [p.model_id for p in self.client.list_models()])
-        self.client.open_sequence("lifecycle", "s1", initial_tokens=0)
+        opened = self.client.open_sequence("lifecycle", "s1", initial_tokens=0)
+        self.assertEqual(opened, entrokv.SequenceInfo("s1", 0, 0, []))
         self.assertEqual(self.client.append_tokens("lifecycle", "s1", 500), 500)
         pages = -(-500 // 16)
         stats = self.assert_pool_consistent("lifecycle")
+        self.assertIsInstance(stats, entrokv.PoolStats)
         self.assertEqual(stats.used_frames, GEOMETRY["layers"] * GEOMETRY["kv_groups"] * pages)
+        self.assertEqual(sum(stats.used_frames_per_layer), stats.used_frames)
 
         decisions = self.client.decide("lifecycle", "s1", layer_stats(1, 500), pages=5,
                                        policy="page_entrokv", protect_tail_page=False)
@@ -98,7 +105,9 @@ class ClientTest(unittest.TestCase):
 
         sequences = self.client.list_sequences("lifecycle", block_tables=True)
         self.assertEqual([s.sequence_id for s in sequences], ["s1"])
+        self.assertIsInstance(sequences[0], entrokv.SequenceInfo)
         self.assertEqual(len(sequences[0].block_tables), 6)
+        self.assertEqual(sequences[0].block_tables[0].frames.dtype, np.int32)
         live = [f for table in sequences[0].block_tables for f in table.frames if f >= 0]
         self.assertEqual(len(live), 30)
 
@@ -143,30 +152,88 @@ class ClientTest(unittest.TestCase):
         before = self.assert_pool_consistent("errors")
         stats = layer_stats(4, 64)
         cases = [
-            (lambda: self.client.decide("errors", "nope", stats, pages=1), "NOT_FOUND"),
-            (lambda: self.client.decide("missing-model", "s", stats, pages=1), "NOT_FOUND"),
+            (lambda: self.client.decide("errors", "nope", stats, pages=1),
+             entrokv.NotFoundError),
+            (lambda: self.client.decide("missing-model", "s", stats, pages=1),
+             entrokv.NotFoundError),
             (lambda: self.client.decide("errors", "s", layer_stats(4, 65), pages=1),
-             "FAILED_PRECONDITION"),
-            (lambda: self.client.decide("errors", "s", stats, pages=0), "INVALID_ARGUMENT"),
+             entrokv.FailedPreconditionError),
+            (lambda: self.client.decide("errors", "s", stats, pages=0),
+             entrokv.InvalidArgumentError),
             (lambda: self.client.decide("errors", "s", stats, pages=1, policy="lru"),
-             "INVALID_ARGUMENT"),
+             entrokv.InvalidArgumentError),
             (lambda: self.client.decide("errors", "s", stats, pages=1, tau=-1.0),
-             "INVALID_ARGUMENT"),
-            (lambda: self.client.decide("errors", "s", -stats, pages=1), "INVALID_ARGUMENT"),
-            (lambda: self.client.open_sequence("errors", "s"), "ALREADY_EXISTS"),
-            (lambda: self.register("errors"), "ALREADY_EXISTS"),
-            (lambda: self.client.append_tokens("errors", "s", 10**9), "RESOURCE_EXHAUSTED"),
+             entrokv.InvalidArgumentError),
+            (lambda: self.client.decide("errors", "s", -stats, pages=1),
+             entrokv.InvalidArgumentError),
+            (lambda: self.client.open_sequence("errors", "s"), entrokv.AlreadyExistsError),
+            (lambda: self.register("errors"), entrokv.AlreadyExistsError),
+            (lambda: self.client.append_tokens("errors", "s", 10**9),
+             entrokv.ResourceExhaustedError),
         ]
-        for call, code in cases:
-            with self.assertRaises(entrokv.EntrokvError) as raised:
+        for call, error_type in cases:
+            with self.assertRaises(error_type) as raised:
                 call()
-            self.assertEqual(raised.exception.code, code, raised.exception.message)
+            # The base class and the string code still work for callers written against them.
+            self.assertIsInstance(raised.exception, entrokv.EntrokvError)
+            self.assertEqual(raised.exception.code, error_type.status_code.name)
             self.assertTrue(raised.exception.message)
         after = self.assert_pool_consistent("errors")
         self.assertEqual(after.used_frames, before.used_frames)
         self.assertEqual([s.length_tokens for s in self.client.list_sequences("errors")], [64])
         with self.assertRaises(ValueError):
             entrokv.client.statistic_message(np.zeros((2, 3), dtype=np.float64))
+
+    def test_bad_arguments_raise_value_error_before_anything_is_sent(self):
+        self.register("args")
+        self.client.open_sequence("args", "s", initial_tokens=64)
+        before = self.assert_pool_consistent("args")
+        stats = layer_stats(6, 64)
+        with self.assertRaisesRegex(ValueError, r"frame_layout: 'rows' is not one of group, layer"):
+            self.client.register_model("args-layout", frame_layout="rows", **GEOMETRY)
+        with self.assertRaisesRegex(ValueError, r"backend: 'tpu' is not one of cuda, host"):
+            self.client.register_model("args-backend", backend="tpu", **GEOMETRY)
+        self.assertNotIn("args-layout", [p.model_id for p in self.client.list_models()])
+        with self.assertRaisesRegex(ValueError, "layers: 2 indices for 3 statistics"):
+            self.client.decide("args", "s", stats, layers=[0, 1], pages=1)
+        # A list is encoded whole before the stream opens: layer 2's float64 array stops it
+        # before layers 0 and 1 are decided.
+        items = [(0, stats[0]), (1, stats[1]), (2, stats[2].astype(np.float64))]
+        with self.assertRaisesRegex(ValueError, "float64 is not float32 or float16"):
+            list(self.client.decide_stream("args", "s", items, pages=1))
+        with self.assertRaisesRegex(ValueError, "each item must be a .layer"):
+            list(self.client.decide_stream("args", "s", [stats[0]], pages=1))
+        after = self.assert_pool_consistent("args")
+        self.assertEqual(after.used_frames, before.used_frames)
+        self.assertEqual(after.pages_evicted_total, 0)
+
+    def test_stream_reraises_what_a_lazy_generator_raises(self):
+        """A generator is read as prefill runs: the layers before the bad one are decided, then
+        the caller gets the original exception, not gRPC's UNKNOWN."""
+        self.register("lazy")
+        self.client.open_sequence("lazy", "s", initial_tokens=64)
+        stats = layer_stats(7, 64)
+
+        def prefill():
+            yield 0, stats[0]
+            yield 1, stats[1].astype(np.float64)
+
+        decided = []
+        with self.assertRaisesRegex(ValueError, "float64 is not float32 or float16"):
+            for decision in self.client.decide_stream("lazy", "s", prefill(), pages=1):
+                decided.append(decision.layer)
+        self.assertEqual(decided, [0])
+
+        class PrefillFailed(RuntimeError):
+            pass
+
+        def failing():
+            yield 1, stats[1]
+            raise PrefillFailed("out of memory in layer 2")
+
+        with self.assertRaises(PrefillFailed):
+            list(self.client.decide_stream("lazy", "s", failing(), pages=1))
+        self.assert_pool_consistent("lazy")
 
     def test_daemon_decides_like_entrokv_select(self):
         """The same .npy statistic through the daemon and through the offline CLI."""

@@ -172,6 +172,15 @@ std::vector<ErrorCase> ErrorCases() {
   add("decide overflowing tokens", C::INVALID_ARGUMENT, "tokens", decide([](v1::DecideRequest& r) {
         r.mutable_layers(0)->mutable_statistic()->set_tokens(int64_t{1} << 62);
       }));
+  // Every handler shares one token bound, [.., 2^31 - 1]: 2^31 is out of range everywhere.
+  add("decide tokens one past the bound", C::INVALID_ARGUMENT, "2147483647",
+      decide([](v1::DecideRequest& r) {
+        r.mutable_layers(0)->mutable_statistic()->set_tokens(int64_t{1} << 31);
+      }));
+  add("open tokens one past the bound", C::INVALID_ARGUMENT, "2147483647",
+      open("t", int64_t{1} << 31));
+  add("append tokens one past the bound", C::INVALID_ARGUMENT, "2147483647",
+      append("s", int64_t{1} << 31));
   add("decide tokens differ from the sequence", C::FAILED_PRECONDITION, "tokens",
       [](v1::CacheManager::Stub& stub) { return Decide(stub, OneLayer(99)); });
   add("decide layer out of range", C::INVALID_ARGUMENT, "layer",

@@ -1,5 +1,23 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
-from entrokv.client import Client, EntrokvError, GroupDecision, LayerDecision
+from entrokv.client import Client, retry_service_config, statistic_message
+from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
+                            DeadlineExceededError, EntrokvError, FailedPreconditionError,
+                            InternalError, InvalidArgumentError, NotFoundError, OutOfRangeError,
+                            PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
+                            UnavailableError, UnimplementedError, UnknownError)
+from entrokv.records import (BlockTable, GroupDecision, LayerDecision, ModelGeometry, PoolInfo,
+                             PoolStats, SequenceInfo)
 
-__all__ = ["Client", "EntrokvError", "GroupDecision", "LayerDecision"]
+Error = EntrokvError  # a short alias for the base class
+
+__all__ = [
+    "Client", "retry_service_config", "statistic_message",
+    "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",
+    "DataLossError", "DeadlineExceededError", "FailedPreconditionError", "InternalError",
+    "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
+    "ResourceExhaustedError", "UnauthenticatedError", "UnavailableError", "UnimplementedError",
+    "UnknownError",
+    "BlockTable", "GroupDecision", "LayerDecision", "ModelGeometry", "PoolInfo", "PoolStats",
+    "SequenceInfo",
+]

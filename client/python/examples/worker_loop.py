@@ -35,9 +35,8 @@ def main() -> None:
             client.register_model("example", layers=LAYERS, query_heads=QUERY_HEADS,
                                   kv_groups=KV_GROUPS, head_dim=HEAD_DIM, page_size=PAGE,
                                   capacity_bytes=64 << 20)
-        except entrokv.EntrokvError as error:
-            if error.code != "ALREADY_EXISTS":
-                raise
+        except entrokv.AlreadyExistsError:
+            pass  # registered by an earlier run
         client.open_sequence("example", "request-1", initial_tokens=args.tokens)
         # Prefill: one statistic per layer as the layers run; keep 25% of each sequence.
         layer_stats = ((layer, attention_rows(rng, args.tokens)) for layer in range(LAYERS))
