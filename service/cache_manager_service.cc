@@ -417,7 +417,7 @@ absl::Status CacheManagerService::Overloaded() const {
 // next. One message in flight per stream keeps the decisions in order and bounds memory; the
 // reactor deletes itself in OnDone.
 class CacheManagerService::StreamReactor
-    : public grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(CacheManagerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), start_(Clock::now()) {
@@ -428,7 +428,7 @@ class CacheManagerService::StreamReactor
       return;
     }
     service_->active_calls_.fetch_add(1);
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -440,6 +440,15 @@ class CacheManagerService::StreamReactor
       FinishWith(absl::UnavailableError("entrokvd is draining; retry elsewhere"));
       return;
     }
+    request_.Clear();
+    if (!grpc::SerializationTraits<v1::DecideLayerRequest>::Deserialize(&request_bytes_, &request_)
+             .ok()) {
+      FinishWith(absl::InvalidArgumentError(
+          absl::StrCat("DecideStream: message ", messages_,
+                       " is not a parsable entrokv.v1.DecideLayerRequest")));
+      return;
+    }
+    ++messages_;
     absl::StatusOr<std::shared_ptr<Model>> model = service_->FindModel(request_.model_id());
     if (!model.ok()) {
       FinishWith(model.status());
@@ -455,7 +464,7 @@ class CacheManagerService::StreamReactor
       FinishWith(absl::CancelledError("stream closed while writing a decision"));
       return;
     }
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnDone() override {
@@ -474,7 +483,16 @@ class CacheManagerService::StreamReactor
       FinishWith(status);
       return;
     }
-    StartWrite(&response_);
+    bool own_buffer = false;
+    response_bytes_.Clear();
+    if (const grpc::Status serialized = grpc::SerializationTraits<v1::LayerDecision>::Serialize(
+            response_, &response_bytes_, &own_buffer);
+        !serialized.ok()) {
+      FinishWith(absl::InternalError(
+          absl::StrCat("DecideStream: cannot serialize a decision: ", serialized.error_message())));
+      return;
+    }
+    StartWrite(&response_bytes_);
   }
 
   void FinishWith(const absl::Status& status) {
@@ -488,12 +506,15 @@ class CacheManagerService::StreamReactor
   Clock::time_point start_;
   bool admitted_ = true;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
+  int64_t messages_ = 0;  // parsed so far, to name the one that is not
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
   v1::DecideLayerRequest request_;
   v1::LayerDecision response_;
 };
 
-grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision>*
-CacheManagerService::DecideStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CacheManagerService::DecideStream(
+    grpc::CallbackServerContext* context) {
   return new StreamReactor(this, context);
 }
 

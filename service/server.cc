@@ -126,7 +126,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   }
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
   std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
-  guards.push_back(std::make_unique<CallGuardFactory>(token));
+  guards.push_back(std::make_unique<CallGuardFactory>(token, server->metrics_.get()));
   builder.experimental().SetInterceptorCreators(std::move(guards));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {

@@ -156,7 +156,7 @@ TEST_F(HardeningTest, ArenasAreNeverReadAsStatistics) {
   v1::GetModelResponse victim;
   ASSERT_TRUE(stub_->GetModel(&context, request, &victim).ok());
   const v1::PoolStats before = Stats("m");
-  for (const std::string& model : {"victim", "m"}) {  // another model's arena, and its own
+  for (const std::string model : {"victim", "m"}) {  // another model's arena, and its own
     const std::string arena =
         model == "m" ? server_->service().registry().Find("m").value()->state().arena().name
                      : victim.pool().arena_name();
@@ -236,6 +236,81 @@ TEST_F(HardeningTest, OpenSequenceChangesNothingWhenItsReplyCannotBeSent) {
   EXPECT_EQ(Stats("m").DebugString(), before.DebugString());
   Open("m", "big", 160);  // the id is free; a smaller prompt fits
   ExpectInvariants("m");
+}
+
+// The value of entrokv_rpc_requests_total{method, code}.
+double RpcCount(const Server& server, const std::string& method, const std::string& code) {
+  for (const prometheus::MetricFamily& family :
+       const_cast<Server&>(server).metrics().registry()->Collect()) {
+    if (family.name != "entrokv_rpc_requests_total") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      int matched = 0;
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        matched += (label.name == "method" && label.value == method) ||
+                   (label.name == "code" && label.value == code);
+      }
+      if (matched == 2) return metric.counter.value;
+    }
+  }
+  return -1;
+}
+
+// Issue 12 #9: a 1 MB policy name came back in the message and broke the client's trailer limit.
+TEST_F(HardeningTest, ErrorMessagesEchoABoundedPartOfTheInput) {
+  Register("m");
+  Open("m", "s", 100);
+  v1::DecideRequest request = DecideAll("m", "s", 100, 2, 3);
+  request.mutable_policy()->set_name(std::string(1 << 20, 'x'));
+  grpc::ClientContext context;
+  v1::DecideResponse response;
+  const grpc::Status status = stub_->Decide(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("policy.name"));
+  EXPECT_THAT(status.error_message(), HasSubstr("..."));
+  EXPECT_LT(status.error_message().size(), 1000u);
+}
+
+// Issue 12 #9: an unparsable message in the middle of a DecideStream was dropped and the
+// stream ended OK.
+TEST_F(HardeningTest, AnUnparsableStreamMessageEndsTheStreamWithInvalidArgument) {
+  Register("m");
+  Open("m", "s", 100);
+  v1::DecideLayerRequest good;
+  good.set_model_id("m");
+  good.set_sequence_id("s");
+  good.mutable_budget()->set_pages_per_group(7);
+  good.mutable_layer()->set_layer(0);
+  *good.mutable_layer()->mutable_statistic() =
+      BytesStatistic(RandomStatistic(kHeads, 100, 9), kHeads, 100, v1::DTYPE_BFLOAT16);
+  v1::DecideLayerRequest bad = good;
+  bad.set_model_id("\xc3\x28");  // not UTF-8: a proto3 string that does not parse
+  grpc::ClientContext context;
+  auto stream = stub_->DecideStream(&context);
+  v1::LayerDecision decision;
+  ASSERT_TRUE(stream->Write(good));
+  ASSERT_TRUE(stream->Read(&decision));
+  EXPECT_EQ(decision.layer(), 0);
+  (void)stream->Write(bad);
+  (void)stream->WritesDone();
+  while (stream->Read(&decision)) {
+  }
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("message 1"));
+}
+
+// Issue 12 #9: an unparsable unary request got UNIMPLEMENTED with no message, and no metric.
+TEST_F(HardeningTest, UnparsableUnaryRequestsAreInvalidArgumentAndCounted) {
+  const double before = RpcCount(*server_, "GetModel", "INVALID_ARGUMENT");
+  ASSERT_GE(before, 0);
+  grpc::ClientContext context;
+  v1::GetModelRequest request;
+  request.set_model_id("\xc3\x28");
+  v1::GetModelResponse response;
+  const grpc::Status status = stub_->GetModel(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("GetModel"));
+  EXPECT_EQ(RpcCount(*server_, "GetModel", "INVALID_ARGUMENT"), before + 1);
 }
 
 }  // namespace
