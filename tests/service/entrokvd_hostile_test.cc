@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <thread>
@@ -157,6 +158,44 @@ TEST_F(HostileClientTest, AFifoNamedAsASegmentIsRefusedWithoutBlocking) {
   EXPECT_TRUE(Answers());
   daemon_->Signal(SIGTERM);
   EXPECT_EQ(daemon_->WaitExit(15000), 0);
+}
+
+// Issue 12 #8: a directory as --token_file or --tls_cert aborted (rc 134), garbage TLS material
+// exited 1 blaming --listen after binding the metrics port, a huge --drain_timeout_ms overflowed
+// at SIGTERM. Each must exit 2 naming the option, with no port bound.
+TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {
+  const std::string dir = ::testing::TempDir() + "/entrokvd_dir_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0700);
+  const std::string garbage = dir + "/garbage.pem";
+  FILE* f = std::fopen(garbage.c_str(), "w");
+  std::fputs("-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n", f);
+  std::fclose(f);
+  const int port = testing::FreePort();
+  const int metrics_port = testing::FreePort();
+  struct Case {
+    std::vector<std::string> args;
+    std::string option;
+  };
+  const std::vector<Case> cases = {
+      {{"--token_file=" + dir}, "--token_file"},
+      {{"--tls_cert=" + dir, "--tls_key=" + garbage}, "--tls_cert"},
+      {{"--tls_cert=" + garbage, "--tls_key=" + garbage}, "--tls_cert"},
+      {{"--drain_timeout_ms=9223372036854775807"}, "--drain_timeout_ms"},
+      {{"--keepalive_ms=4294967296"}, "--keepalive_ms"},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = c.args;
+    args.push_back("--listen=127.0.0.1:" + std::to_string(port));
+    args.push_back("--metrics_listen=127.0.0.1:" + std::to_string(metrics_port));
+    DaemonProcess daemon(ENTROKVD_PATH, args);
+    EXPECT_EQ(daemon.WaitExit(10000), 2) << c.option << ": " << daemon.Stderr();
+    EXPECT_THAT(daemon.Stderr(), ::testing::HasSubstr(c.option));
+  }
+  // Nothing was bound: both ports are still free.
+  EXPECT_EQ(testing::HttpGet(metrics_port, "/metrics"), "");
+  EXPECT_EQ(testing::HttpGet(port, "/"), "");
+  ::unlink(garbage.c_str());
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace
