@@ -5,6 +5,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
+
+#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -23,7 +26,7 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_eval_" + name);
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_eval_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }
