@@ -143,7 +143,15 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // buffers are reused across the job's layers.
   FusedScorer scorer(job.policy.options);
   std::vector<char> copied;  // the shared-memory statistic of the layer being scored
-  for (LayerWork& work : job.layers) {
+  for (size_t scored = 0; scored < job.layers.size(); ++scored) {
+    LayerWork& work = job.layers[scored];
+    // A call whose client gave up (or whose deadline passed) frees its worker before the next
+    // layer rather than after the whole job.
+    if (cancelled()) {
+      return absl::CancelledError(absl::StrCat("call cancelled or past its deadline after ", scored,
+                                               " of ", job.layers.size(),
+                                               " layers were scored; nothing was applied"));
+    }
     if (work.shm != nullptr) {
       const auto copy_start = Clock::now();
       RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),

@@ -22,7 +22,8 @@ class Decider {
       : defaults_(defaults), metrics_(metrics), shm_(shm) {}
 
   // Every layer is checked and scored before the first is applied, so a bad layer changes
-  // nothing. `cancelled` is polled before applying: CANCELLED then, with nothing applied.
+  // nothing. `cancelled` is polled before each layer is scored and before applying: CANCELLED
+  // then, with nothing applied.
   // Errors: INVALID_ARGUMENT bad field, NOT_FOUND unknown sequence, FAILED_PRECONDITION
   // statistic tokens != sequence length or no cached weights.
   [[nodiscard]] absl::Status Decide(Model& model, const v1::DecideRequest& request,

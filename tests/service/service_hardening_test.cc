@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -311,6 +312,92 @@ TEST_F(HardeningTest, UnparsableUnaryRequestsAreInvalidArgumentAndCounted) {
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
   EXPECT_THAT(status.error_message(), HasSubstr("GetModel"));
   EXPECT_EQ(RpcCount(*server_, "GetModel", "INVALID_ARGUMENT"), before + 1);
+}
+
+// Samples of entrokv_decision_duration_seconds{phase="score"}: one per layer scored.
+uint64_t LayersScored(const Server& server) {
+  for (const prometheus::MetricFamily& family :
+       const_cast<Server&>(server).metrics().registry()->Collect()) {
+    if (family.name != "entrokv_decision_duration_seconds") continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "phase" && label.value == "score") return metric.histogram.sample_count;
+      }
+    }
+  }
+  return 0;
+}
+
+// Issue 12 #5: a 26-layer request whose client had given up still scored every layer, holding
+// the only worker. The deadline is a fifth of what the whole job takes, measured first.
+TEST_F(HardeningTest, ADeadlineStopsScoringBetweenLayers) {
+  constexpr int kDeepLayers = 26;
+  constexpr int kDeepHeads = 32;
+  constexpr int64_t kTokens = 32768;
+  ServerOptions options = LoopbackOptions();
+  options.worker_threads = 1;
+  Restart(options);
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    ASSERT_TRUE(stub_
+                    ->RegisterModel(&context,
+                                    RegisterRequest("deep", kDeepLayers, kDeepHeads, 8, 512 << 20),
+                                    &response)
+                    .ok());
+  }
+  Open("deep", "a", kTokens);
+  Open("deep", "b", kTokens);
+  const std::string segment = "/entrokv-deep-" + std::to_string(::getpid());
+  const std::string values = Encode(RandomStatistic(kDeepHeads, kTokens, 21), v1::DTYPE_BFLOAT16);
+  const int fd = ::shm_open(segment.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
+  ::close(fd);
+  const auto request = [&](const std::string& sequence, int layers) {
+    v1::DecideRequest decide;
+    decide.set_model_id("deep");
+    decide.set_sequence_id(sequence);
+    decide.mutable_budget()->set_pages_per_group(64);
+    for (int layer = 0; layer < layers; ++layer) {
+      v1::Statistic* stat = decide.add_layers()->mutable_statistic();
+      decide.mutable_layers(layer)->set_layer(layer);
+      stat->set_dtype(v1::DTYPE_BFLOAT16);
+      stat->set_query_heads(kDeepHeads);
+      stat->set_tokens(kTokens);
+      stat->mutable_shared_memory()->set_segment(segment);
+      stat->mutable_shared_memory()->set_length_bytes(values.size());
+    }
+    return decide;
+  };
+  const auto decide = [&](const v1::DecideRequest& decide_request, int64_t timeout_ms) {
+    grpc::ClientContext context;
+    if (timeout_ms > 0) {
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(timeout_ms));
+    }
+    v1::DecideResponse response;
+    return stub_->Decide(&context, decide_request, &response);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  ASSERT_TRUE(decide(request("a", kDeepLayers), 0).ok());
+  const int64_t whole_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                               std::chrono::steady_clock::now() - start)
+                               .count();
+  const uint64_t before = LayersScored(*server_);
+  EXPECT_EQ(before, static_cast<uint64_t>(kDeepLayers));
+  const grpc::Status late = decide(request("b", kDeepLayers), std::max<int64_t>(1, whole_ms / 5));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  // The single worker takes this one only once the cancelled job has let go of it.
+  ASSERT_TRUE(decide(request("a", 1), 0).ok());
+  ::shm_unlink(segment.c_str());
+  const uint64_t cancelled_layers = LayersScored(*server_) - before - 1;
+  EXPECT_LT(cancelled_layers, static_cast<uint64_t>(kDeepLayers))
+      << "whole job " << whole_ms << " ms";
+  RecordProperty("whole_job_ms", static_cast<int>(whole_ms));
+  RecordProperty("layers_scored_after_deadline", static_cast<int>(cancelled_layers));
+  EXPECT_EQ(Stats("deep").sequences_active(), 2);
+  ExpectInvariants("deep");
 }
 
 }  // namespace
