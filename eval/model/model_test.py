@@ -1,0 +1,146 @@
+"""The task generators and the numpy model (the PyTorch comparison runs where torch exists)."""
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_model  # noqa: E402
+import tasks  # noqa: E402
+
+try:
+    import torch  # noqa: F401
+    import train
+except ImportError:  # inference and the main job need no PyTorch
+    train = None
+
+
+def random_model(seed=0):
+    """A model with random weights of the real shapes (a trained model is not needed to test
+    that two forwards agree)."""
+    c = numpy_model.Config()
+    rng = np.random.default_rng(seed)
+    w = {"embed.weight": rng.normal(0, 1, (c.vocab, c.d_model)),
+         "norm.weight": 1 + 0.1 * rng.normal(size=c.d_model),
+         "output.weight": rng.normal(0, 0.05, (c.vocab, c.d_model))}
+    shapes = {"wq": (c.query_heads * c.head_dim, c.d_model), "wk": (c.kv_heads * c.head_dim, c.d_model),
+              "wv": (c.kv_heads * c.head_dim, c.d_model), "wo": (c.d_model, c.query_heads * c.head_dim),
+              "w1": (c.mlp_hidden, c.d_model), "w3": (c.mlp_hidden, c.d_model),
+              "w2": (c.d_model, c.mlp_hidden)}
+    for layer in range(c.layers):
+        p = f"layers.{layer}."
+        w[p + "attn_norm.weight"] = 1 + 0.1 * rng.normal(size=c.d_model)
+        w[p + "mlp_norm.weight"] = 1 + 0.1 * rng.normal(size=c.d_model)
+        for name, shape in shapes.items():
+            w[p + name + ".weight"] = rng.normal(0, 1 / np.sqrt(shape[1]), shape)
+    return numpy_model.Model(c, w)
+
+
+class TasksTest(unittest.TestCase):
+    def test_deterministic_per_seed(self):
+        for task in tasks.TASKS:
+            a = tasks.make_example(task, 512, 7)
+            b = tasks.make_example(task, 512, 7)
+            c = tasks.make_example(task, 512, 8)
+            np.testing.assert_array_equal(a.prompt, b.prompt)
+            np.testing.assert_array_equal(a.answer, b.answer)
+            self.assertFalse(np.array_equal(a.prompt, c.prompt), task)
+
+    def test_length_and_framing(self):
+        for task in tasks.TASKS:
+            for length in (256, 1024):
+                e = tasks.make_example(task, length, 3)
+                self.assertEqual(len(e.prompt), length)
+                self.assertEqual(e.prompt[0], tasks.BOS)
+                self.assertEqual(e.prompt[-1], tasks.A)
+                self.assertTrue(np.all((e.prompt >= 0) & (e.prompt < tasks.VOCAB)))
+
+    def test_answer_is_in_the_needles(self):
+        e = tasks.make_example("single_needle", 1024, 5, depth=0.5)
+        (start, end), = e.needle_spans
+        needle = e.prompt[start:end]
+        self.assertEqual(list(needle[-len(e.answer) - 1:-1]), list(e.answer))
+        self.assertAlmostEqual(start / 1024, 0.5, delta=0.05)
+
+    def test_variable_tracking_chain_is_ordered(self):
+        e = tasks.make_example("variable_tracking", 1024, 11, depth=0.2)
+        starts = [s for s, _ in e.needle_spans]
+        self.assertEqual(starts, sorted(starts))
+        # Each hop names the variable defined by the previous needle.
+        for (s0, _), (s1, e1) in zip(e.needle_spans, e.needle_spans[1:]):
+            name = list(e.prompt[s0 + 1:s0 + 3])
+            self.assertEqual(list(e.prompt[s1 + 4:s1 + 6]), name)
+
+    def test_depths_spread(self):
+        depths = [e.depth for e in tasks.examples("multi_key", 512, 5)]
+        self.assertEqual(depths, [0.0, 0.25, 0.5, 0.75, 1.0])
+
+    def test_bad_arguments(self):
+        with self.assertRaisesRegex(ValueError, "task must be one of"):
+            tasks.make_example("nope", 256, 0)
+        with self.assertRaisesRegex(ValueError, "too short"):
+            tasks.make_example("variable_tracking", 40, 0)
+        with self.assertRaisesRegex(ValueError, "depth"):
+            tasks.make_example("single_needle", 256, 0, depth=1.5)
+
+
+class NumpyModelTest(unittest.TestCase):
+    def test_incremental_decode_equals_full_forward(self):
+        model = random_model()
+        tokens = tasks.make_example("single_needle", 96, 1).prompt
+        full = model.forward(tokens)
+        kv = numpy_model.DenseKV(model.config)
+        first = model.step(tokens[:80], np.arange(80), kv)
+        rest = [model.step(tokens[i:i + 1], np.array([i]), kv) for i in range(80, 96)]
+        np.testing.assert_allclose(first, full[:80], rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(np.concatenate(rest), full[80:], rtol=1e-4, atol=1e-4)
+
+    def test_statistic_is_a_probability_row_per_head(self):
+        model = random_model()
+        tokens = tasks.make_example("multi_key", 128, 2).prompt
+        seen = {}
+        model.step(tokens, np.arange(128), numpy_model.DenseKV(model.config), stat_rows=1,
+                   on_layer=lambda layer, stat: seen.setdefault(layer, stat))
+        self.assertEqual(sorted(seen), list(range(model.config.layers)))
+        for stat in seen.values():
+            self.assertEqual(len(stat), model.config.kv_heads)
+            for group in stat:
+                self.assertEqual(group.shape, (model.config.group_size, 128))
+                np.testing.assert_allclose(group.sum(axis=1), 1.0, rtol=1e-5)
+
+    def test_dropped_positions_are_not_attended(self):
+        model = random_model()
+        tokens = tasks.make_example("multi_key", 64, 4).prompt
+        kv = numpy_model.DenseKV(model.config)
+        model.step(tokens, np.arange(64), kv)
+        for layer in range(model.config.layers):
+            for group in range(model.config.kv_heads):
+                kv.drop(layer, group, range(10, 30))
+        # Poisoning the dropped entries changes nothing: they are never read.
+        before = model.step(np.array([5]), np.array([64]), kv)
+        for layer in range(model.config.layers):
+            for p in range(10, 30):
+                kv.k[layer][p] = kv.k[layer][p] * 0 + 1e6
+        kv2_logits = model.step(np.array([5]), np.array([64]), kv)
+        np.testing.assert_array_equal(before, kv2_logits)
+
+    @unittest.skipIf(train is None, "PyTorch is not installed")
+    def test_numpy_matches_pytorch(self):
+        import torch
+        config = numpy_model.Config()
+        torch.manual_seed(0)
+        net = train.Transformer(config).eval()
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "w.npz")
+            train.export(net, config, path)
+            model = numpy_model.Model.load(path)
+        tokens = tasks.make_example("variable_tracking", 300, 3).prompt
+        with torch.no_grad():
+            expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
+        np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,190 @@
+"""Inference for the small GQA model in numpy: no PyTorch needed to run it.
+
+The model: token embedding, `layers` pre-norm blocks (RMSNorm, grouped-query attention with
+rotary positions, RMSNorm, SwiGLU MLP), a final RMSNorm and an output projection. Query head `h`
+reads KV head `h // r` (contiguous groups, like `repeat_kv`), the convention entrokv scores with.
+
+Weights come from the `.npz` that `train.py` exports; names match `train.py`'s module names.
+
+The KV cache is an object with two methods, so the same forward runs over a dense array (here)
+or over the frames of entrokvd's page pool (the worker):
+  kv.write(layer, positions, k, v)      k, v: [G, len(positions), D]
+  kv.read(layer) -> (k, v, positions)   per group: lists of [n_g, D] arrays and their positions
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    vocab: int = 128
+    d_model: int = 256
+    layers: int = 4
+    query_heads: int = 8
+    kv_heads: int = 2
+    head_dim: int = 32
+    mlp_hidden: int = 512
+    rope_base: float = 10000.0
+    norm_eps: float = 1e-5
+
+    @property
+    def group_size(self) -> int:
+        return self.query_heads // self.kv_heads
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float) -> Tuple[np.ndarray, np.ndarray]:
+    """cos, sin of shape [len(positions), head_dim / 2] (rotate-half convention)."""
+    inv_freq = 1.0 / (base ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim))
+    angles = positions.astype(np.float64)[:, None] * inv_freq[None, :]
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    """x: [..., T, D] with D even; rotates the two halves."""
+    half = x.shape[-1] // 2
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
+
+
+def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
+    scale = 1.0 / np.sqrt(np.mean(x.astype(np.float32) ** 2, axis=-1, keepdims=True) + eps)
+    return (x * scale * gain).astype(np.float32)
+
+
+def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    x = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+class DenseKV:
+    """Every position of every (layer, group), in memory: the model with no eviction."""
+
+    def __init__(self, config: Config):
+        self.config = config
+        self.k: List[Dict[int, np.ndarray]] = [dict() for _ in range(config.layers)]
+        self.v: List[Dict[int, np.ndarray]] = [dict() for _ in range(config.layers)]
+        # Positions dropped per (layer, group): a set of logical positions.
+        self.dropped: List[List[set]] = [[set() for _ in range(config.kv_heads)]
+                                         for _ in range(config.layers)]
+
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        for i, p in enumerate(positions):
+            self.k[layer][int(p)] = k[:, i, :]
+            self.v[layer][int(p)] = v[:, i, :]
+
+    def drop(self, layer: int, group: int, positions: Sequence[int]) -> None:
+        self.dropped[layer][group].update(int(p) for p in positions)
+
+    def read(self, layer: int):
+        ks, vs, ps = [], [], []
+        for g in range(self.config.kv_heads):
+            pos = np.array(sorted(p for p in self.k[layer] if p not in self.dropped[layer][g]),
+                           dtype=np.int64)
+            ks.append(np.stack([self.k[layer][p][g] for p in pos]) if len(pos) else
+                      np.zeros((0, self.config.head_dim), np.float32))
+            vs.append(np.stack([self.v[layer][p][g] for p in pos]) if len(pos) else
+                      np.zeros((0, self.config.head_dim), np.float32))
+            ps.append(pos)
+        return ks, vs, ps
+
+
+class Model:
+    def __init__(self, config: Config, weights: Dict[str, np.ndarray]):
+        self.config = config
+        self.w = {name: np.asarray(value, dtype=np.float32) for name, value in weights.items()}
+
+    @classmethod
+    def load(cls, path: str) -> "Model":
+        with np.load(path) as data:
+            config = Config(**json.loads(str(data["config_json"])))
+            weights = {k: data[k] for k in data.files if k != "config_json"}
+        return cls(config, weights)
+
+    # ---- one layer over new tokens, attending through the cache -------------------------------
+    def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray, kv,
+                   stat_rows: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """x: [n, d] new tokens at `positions` (ascending, after everything cached).
+
+        Writes their K/V into `kv`, attends causally over what `kv` holds, and returns the
+        attention output [n, d] and, when stat_rows > 0, the statistic: the mean attention
+        probability of the last `stat_rows` new queries over every cached position,
+        [H_Q, T_cache] (positions in cache order).
+        """
+        c, p = self.config, f"layers.{layer}."
+        h = rms_norm(x, self.w[p + "attn_norm.weight"], c.norm_eps)
+        n = x.shape[0]
+        q = (h @ self.w[p + "wq.weight"].T).reshape(n, c.query_heads, c.head_dim).transpose(1, 0, 2)
+        k = (h @ self.w[p + "wk.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
+        v = (h @ self.w[p + "wv.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_base)
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        kv.write(layer, positions, k.astype(np.float32), v.astype(np.float32))
+        keys, values, cached = kv.read(layer)
+        out = np.zeros((c.query_heads, n, c.head_dim), np.float32)
+        stat = None
+        scale = 1.0 / np.sqrt(c.head_dim)
+        for g in range(c.kv_heads):
+            heads = slice(g * c.group_size, (g + 1) * c.group_size)
+            scores = (q[heads] @ keys[g].T) * scale  # [r, n, T_g]
+            mask = cached[g][None, :] > positions[:, None]  # causal over cached positions
+            scores = np.where(mask[None], -np.inf, scores)
+            probs = softmax(scores.astype(np.float32), axis=-1)
+            out[heads] = probs @ values[g]
+            if stat_rows > 0:
+                if stat is None:
+                    stat = [None] * c.kv_heads
+                stat[g] = probs[:, -stat_rows:, :].mean(axis=1)
+        out = out.transpose(1, 0, 2).reshape(n, c.query_heads * c.head_dim)
+        return out @ self.w[p + "wo.weight"].T, stat
+
+    def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
+        p = f"layers.{layer}."
+        h = rms_norm(x, self.w[p + "mlp_norm.weight"], self.config.norm_eps)
+        gate = h @ self.w[p + "w1.weight"].T
+        up = h @ self.w[p + "w3.weight"].T
+        act = gate / (1.0 + np.exp(-gate)) * up
+        return act @ self.w[p + "w2.weight"].T
+
+    def step(self, tokens: np.ndarray, positions: np.ndarray, kv, stat_rows: int = 0,
+             on_layer=None) -> np.ndarray:
+        """Runs new tokens through every layer; returns logits [n, vocab].
+
+        on_layer(layer, statistic) is called after each layer's attention when stat_rows > 0,
+        with the per-group statistics (a list of [r, T_g] arrays): the moment a worker sends
+        that layer's statistic and may evict before the next layer runs.
+        """
+        x = self.w["embed.weight"][tokens].astype(np.float32)
+        for layer in range(self.config.layers):
+            attn, stat = self._attention(layer, x, positions, kv, stat_rows)
+            x = x + attn
+            x = x + self._mlp(layer, x)
+            if on_layer is not None and stat is not None:
+                on_layer(layer, stat)
+        x = rms_norm(x, self.w["norm.weight"], self.config.norm_eps)
+        return x @ self.w["output.weight"].T
+
+    def forward(self, tokens: np.ndarray) -> np.ndarray:
+        """Logits [T, vocab] of a whole sequence with no eviction (the reference forward)."""
+        tokens = np.asarray(tokens)
+        return self.step(tokens, np.arange(len(tokens)), DenseKV(self.config))
+
+    def generate(self, prompt: np.ndarray, max_new: int, eos: int, kv=None,
+                 stat_rows: int = 0, on_layer=None) -> List[int]:
+        """Greedy decoding: prefill `prompt`, then one token at a time until EOS or max_new."""
+        kv = kv if kv is not None else DenseKV(self.config)
+        logits = self.step(np.asarray(prompt), np.arange(len(prompt)), kv, stat_rows, on_layer)
+        out: List[int] = []
+        position = len(prompt)
+        token = int(np.argmax(logits[-1]))
+        while token != eos and len(out) < max_new:
+            out.append(token)
+            logits = self.step(np.array([token]), np.array([position]), kv)
+            position += 1
+            token = int(np.argmax(logits[-1]))
+        return out

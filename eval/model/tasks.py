@@ -1,0 +1,200 @@
+"""RULER-style long-context retrieval tasks over the model's own small vocabulary.
+
+These are RULER-style tasks, not RULER: the same four shapes (single needle, multi-key needle,
+multi-value needle, variable tracking) written by our own generator over a 128-token vocabulary,
+so that a small model trained here can solve them and eviction can be measured on its answers.
+
+Every example is a pure function of (task, length, seed): the same arguments give the same
+tokens on every machine (numpy's PCG64 generator, no global state).
+
+A prompt is
+
+    BOS  filler ... needle ... filler ... needle ...  Q <question tokens> A
+
+and the answer the model must produce greedily is `answer` followed by EOS. Filler is sentences
+from a fixed random bigram chain over 80 words, so attention over it is neither uniform nor
+trivially repetitive.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import List, Sequence, Tuple
+
+import numpy as np
+
+# ---- vocabulary -------------------------------------------------------------------------------
+PAD, BOS, EOS, SEP, Q, A, KEY, IS, VAR, EQ, COMMA = range(11)
+DIGIT0 = 11  # digits 0-9: 11..20
+LETTER0 = 21  # letters a-z: 21..46
+WORD0 = 47  # filler words: 47..126
+WORDS = 80
+VOCAB = 128
+
+TASKS = ("single_needle", "multi_key", "multi_value", "variable_tracking")
+
+_NAMES = (["<pad>", "<s>", "</s>", ".", "Q:", "A:", "key", "is", "var", "=", ","] +
+          [str(d) for d in range(10)] + [chr(ord("a") + i) for i in range(26)] +
+          [f"w{i}" for i in range(WORDS)] + ["<unused>"])
+
+
+def detokenize(tokens: Sequence[int]) -> str:
+    """Readable text for logs and docs."""
+    return " ".join(_NAMES[int(t)] if 0 <= int(t) < len(_NAMES) else "?" for t in tokens)
+
+
+@dataclasses.dataclass(frozen=True)
+class Example:
+    task: str
+    prompt: np.ndarray  # int32 [T], starts with BOS, ends with A
+    answer: np.ndarray  # int32, the tokens to generate before EOS
+    needle_spans: Tuple[Tuple[int, int], ...]  # [start, end) token spans the answer depends on
+    depth: float  # where the (first) needle sits, 0 = start of the filler, 1 = end
+
+
+# ---- filler -----------------------------------------------------------------------------------
+def _bigram_table() -> np.ndarray:
+    """A fixed sparse bigram chain: each word has 6 likely successors."""
+    rng = np.random.Generator(np.random.PCG64(20261130))
+    table = np.full((WORDS, WORDS), 0.02 / WORDS)
+    for w in range(WORDS):
+        successors = rng.choice(WORDS, size=6, replace=False)
+        table[w, successors] += rng.dirichlet(np.ones(6)) * 0.98
+    return table / table.sum(axis=1, keepdims=True)
+
+
+_BIGRAMS = _bigram_table()
+_CUMULATIVE = np.cumsum(_BIGRAMS, axis=1)
+
+
+def _filler(rng: np.random.Generator, count: int) -> List[int]:
+    """`count` tokens of sentences (5-12 words then SEP) from the bigram chain."""
+    out: List[int] = []
+    while len(out) < count:
+        length = int(rng.integers(5, 13))
+        word = int(rng.integers(WORDS))
+        for _ in range(length):
+            out.append(WORD0 + word)
+            word = int(np.searchsorted(_CUMULATIVE[word], rng.random(), side="right"))
+            word = min(word, WORDS - 1)
+        out.append(SEP)
+    return out[:count]
+
+
+def _digits(rng: np.random.Generator, count: int) -> List[int]:
+    return [DIGIT0 + int(d) for d in rng.integers(0, 10, size=count)]
+
+
+def _letters(rng: np.random.Generator, count: int) -> List[int]:
+    return [LETTER0 + int(c) for c in rng.integers(0, 26, size=count)]
+
+
+def _distinct(rng: np.random.Generator, make, count: int) -> List[List[int]]:
+    seen, out = set(), []
+    while len(out) < count:
+        item = make()
+        if tuple(item) not in seen:
+            seen.add(tuple(item))
+            out.append(item)
+    return out
+
+
+# ---- assembly ---------------------------------------------------------------------------------
+def _assemble(rng: np.random.Generator, length: int, needles: List[List[int]],
+              depths: List[float], question: List[int]) -> Tuple[List[int], List[Tuple[int, int]]]:
+    """BOS + filler with the needles at their depths + Q question A, exactly `length` tokens.
+
+    Needles are placed at sentence boundaries of the filler in the order of their depths; a
+    needle's span is where it ends up in the prompt.
+    """
+    fixed = 1 + sum(len(n) for n in needles) + 1 + len(question) + 1
+    filler_count = length - fixed
+    if filler_count < 8:
+        raise ValueError(f"length {length} is too short for this task (needs > {fixed + 8})")
+    filler = _filler(rng, filler_count)
+    boundaries = [i + 1 for i, t in enumerate(filler) if t == SEP] or [filler_count]
+    order = sorted(range(len(needles)), key=lambda i: depths[i])
+    cuts = []
+    for i in order:
+        target = depths[i] * filler_count
+        cuts.append((min(boundaries, key=lambda b: (abs(b - target), b)) if depths[i] > 0 else 0, i))
+    tokens, spans = [BOS], [None] * len(needles)
+    start = 0
+    for cut, i in cuts:
+        tokens.extend(filler[start:cut])
+        start = cut
+        spans[i] = (len(tokens), len(tokens) + len(needles[i]))
+        tokens.extend(needles[i])
+    tokens.extend(filler[start:])
+    tokens.extend([Q] + question + [A])
+    assert len(tokens) == length, (len(tokens), length)
+    return tokens, spans
+
+
+def _rng(task: str, length: int, seed: int) -> np.random.Generator:
+    return np.random.Generator(np.random.PCG64([TASKS.index(task), length, seed]))
+
+
+def make_example(task: str, length: int, seed: int, depth: float | None = None) -> Example:
+    """One prompt of exactly `length` tokens. `depth` in [0, 1] places the needle the answer
+    comes from; None draws it from the seed."""
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {', '.join(TASKS)}, got {task!r}")
+    rng = _rng(task, length, seed)
+    if depth is None:
+        depth = float(rng.random())
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth must be in [0, 1], got {depth}")
+
+    if task == "single_needle":
+        key, value = _letters(rng, 2), _digits(rng, 6)
+        needles = [[KEY] + key + [IS] + value + [SEP]]
+        tokens, spans = _assemble(rng, length, needles, [depth], [KEY] + key)
+        answer, used = value, [0]
+    elif task == "multi_key":
+        keys = _distinct(rng, lambda: _letters(rng, 2), 4)
+        values = [_digits(rng, 6) for _ in keys]
+        needles = [[KEY] + k + [IS] + v + [SEP] for k, v in zip(keys, values)]
+        depths = [depth] + [float(x) for x in rng.random(3)]
+        tokens, spans = _assemble(rng, length, needles, depths, [KEY] + keys[0])
+        answer, used = values[0], [0]
+    elif task == "multi_value":
+        key = _letters(rng, 2)
+        other = _distinct(rng, lambda: _letters(rng, 2), 2)
+        other = other[1] if other[0] == key else other[0]
+        values = _distinct(rng, lambda: _digits(rng, 4), 4)
+        needles = [[KEY] + key + [IS] + v + [SEP] for v in values[:3]]
+        needles.append([KEY] + other + [IS] + values[3] + [SEP])  # a distractor key
+        depths = sorted([depth] + [float(x) for x in rng.random(2)]) + [float(rng.random())]
+        tokens, spans = _assemble(rng, length, needles, depths, [KEY] + key)
+        # All values of the key, in the order they appear in the prompt.
+        in_order = sorted(range(3), key=lambda i: spans[i][0])
+        answer = []
+        for n, i in enumerate(in_order):
+            answer += values[i] + ([COMMA] if n < 2 else [])
+        used = [0, 1, 2]
+    else:  # variable_tracking: a chain of 4 names holding one value, and a distractor chain
+        names = _distinct(rng, lambda: _letters(rng, 2), 8)
+        value, other_value = _distinct(rng, lambda: _digits(rng, 5), 2)
+        chain, decoy = names[:4], names[4:]
+        needles = [[VAR] + chain[0] + [EQ] + value + [SEP]]
+        needles += [[VAR] + chain[i] + [EQ] + chain[i - 1] + [SEP] for i in range(1, 4)]
+        needles += [[VAR] + decoy[0] + [EQ] + other_value + [SEP]]
+        needles += [[VAR] + decoy[i] + [EQ] + decoy[i - 1] + [SEP] for i in range(1, 4)]
+        # Each hop comes after the one it names; the chain starts at `depth`.
+        hops = np.sort(rng.random(3)) * (1.0 - depth) + depth
+        decoy_depths = np.sort(rng.random(4))
+        depths = [depth] + [float(h) for h in hops] + [float(d) for d in decoy_depths]
+        tokens, spans = _assemble(rng, length, needles, depths, value)
+        answer = [t for name in chain for t in name]
+        used = [0, 1, 2, 3]
+    return Example(task=task,
+                   prompt=np.asarray(tokens, dtype=np.int32),
+                   answer=np.asarray(answer, dtype=np.int32),
+                   needle_spans=tuple(spans[i] for i in used),
+                   depth=depth)
+
+
+def examples(task: str, length: int, count: int, seed: int = 0) -> List[Example]:
+    """`count` examples with needle depths spread evenly over [0, 1] (0%, ..., 100%)."""
+    depths = np.linspace(0.0, 1.0, count) if count > 1 else np.array([0.5])
+    return [make_example(task, length, seed * 1_000_003 + i, float(d)) for i, d in enumerate(depths)]
