@@ -184,6 +184,13 @@ absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindSequenceModel(
 absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
                                                   v1::RegisterModelResponse* response) {
   ASSIGN_OR_RETURN(const CacheOptions cache, ToCacheOptions(request, options_));
+  // Tiny frames in a large arena cost bookkeeping per frame out of all proportion to the arena.
+  const int64_t frames = cache.capacity_bytes / FrameBytes(cache.geometry, cache.layout);
+  if (frames > options_.max_pool_frames) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "capacity_bytes: ", frames, " frames of ", FrameBytes(cache.geometry, cache.layout),
+        " bytes, more than --max_pool_frames=", options_.max_pool_frames));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_.Register(request.model_id(), cache));
   FillPoolInfo(*model, response->mutable_pool());
   return absl::OkStatus();
@@ -219,6 +226,13 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     const int64_t first_page = std::clamp<int64_t>(request.prefix_pages(), 0, int64_t{1} << 40);
     RETURN_IF_ERROR(CheckReplyFits(*model, first_page, first_page + new_pages,
                                    options_.max_message_bytes, "initial_tokens"));
+  }
+  // Checked before opening; concurrent opens may pass it together, by at most one each.
+  if (const int64_t open = state.Stats().sequences_active;
+      open >= options_.max_sequences_per_model) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sequence_id: the model has ", open,
+                     " open sequences, --max_sequences_per_model; close some first"));
   }
   if (request.parent_sequence_id().empty()) {
     if (request.prefix_pages() != 0) {

@@ -29,15 +29,16 @@ namespace entrokv::service {
 // must be added to this chain too (else its calls get UNIMPLEMENTED).
 namespace internal {
 using v1::CacheManager;
-using CallbackServiceWithRawStream = CacheManager::WithCallbackMethod_RegisterModel<
-    CacheManager::WithCallbackMethod_GetModel<CacheManager::WithCallbackMethod_ListModels<
-        CacheManager::WithCallbackMethod_OpenSequence<CacheManager::WithCallbackMethod_AppendTokens<
-            CacheManager::WithCallbackMethod_Decide<CacheManager::WithRawCallbackMethod_DecideStream<
-                CacheManager::WithCallbackMethod_CloseSequence<
-                    CacheManager::WithCallbackMethod_GetPoolStats<
-                        CacheManager::WithCallbackMethod_ListSequences<
-                            CacheManager::WithCallbackMethod_UnregisterModel<
-                                CacheManager::Service>>>>>>>>>>>;
+using CallbackServiceWithRawStream =
+    CacheManager::WithCallbackMethod_RegisterModel<CacheManager::WithCallbackMethod_GetModel<
+        CacheManager::WithCallbackMethod_ListModels<CacheManager::WithCallbackMethod_OpenSequence<
+            CacheManager::WithCallbackMethod_AppendTokens<CacheManager::WithCallbackMethod_Decide<
+                CacheManager::WithRawCallbackMethod_DecideStream<
+                    CacheManager::WithCallbackMethod_CloseSequence<
+                        CacheManager::WithCallbackMethod_GetPoolStats<
+                            CacheManager::WithCallbackMethod_ListSequences<
+                                CacheManager::WithCallbackMethod_UnregisterModel<
+                                    CacheManager::Service>>>>>>>>>>>;
 }  // namespace internal
 
 class CacheManagerService final : public internal::CallbackServiceWithRawStream {

@@ -31,6 +31,10 @@ ABSL_FLAG(int32_t, max_inflight_decisions, 64,
           "Decision jobs queued or running; more are shed with RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, max_models, 256,
           "Registered models at most; more RegisterModel calls get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_pool_frames, int64_t{1} << 24,
+          "Frames one model's pool may hold; RegisterModel beyond gets RESOURCE_EXHAUSTED");
+ABSL_FLAG(int64_t, max_sequences_per_model, 65536,
+          "Open sequences per model; OpenSequence beyond gets RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)");
 ABSL_FLAG(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms");
 ABSL_FLAG(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)");
@@ -65,6 +69,8 @@ const absl::flat_hash_set<std::string>& ConfigurableNames() {
                                                                   "max_message_bytes",
                                                                   "max_inflight_decisions",
                                                                   "max_models",
+                                                                  "max_pool_frames",
+                                                                  "max_sequences_per_model",
                                                                   "worker_threads",
                                                                   "keepalive_ms",
                                                                   "max_connection_age_ms",
@@ -150,6 +156,8 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   options.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   options.max_inflight_decisions = absl::GetFlag(FLAGS_max_inflight_decisions);
   options.max_models = absl::GetFlag(FLAGS_max_models);
+  options.max_pool_frames = absl::GetFlag(FLAGS_max_pool_frames);
+  options.max_sequences_per_model = absl::GetFlag(FLAGS_max_sequences_per_model);
   options.worker_threads = absl::GetFlag(FLAGS_worker_threads);
   options.keepalive_ms = absl::GetFlag(FLAGS_keepalive_ms);
   options.max_connection_age_ms = absl::GetFlag(FLAGS_max_connection_age_ms);

@@ -121,6 +121,13 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.max_models < 1 || options.max_models > 65536) {
     return Invalid("max_models", absl::StrCat("must be in [1, 65536], got ", options.max_models));
   }
+  if (options.max_pool_frames < 1) {
+    return Invalid("max_pool_frames", absl::StrCat("must be >= 1, got ", options.max_pool_frames));
+  }
+  if (options.max_sequences_per_model < 1) {
+    return Invalid("max_sequences_per_model",
+                   absl::StrCat("must be >= 1, got ", options.max_sequences_per_model));
+  }
   if (options.worker_threads < 0 || options.worker_threads > 1024) {
     return Invalid("worker_threads",
                    absl::StrCat("must be in [0, 1024], got ", options.worker_threads));

@@ -32,6 +32,8 @@ struct ServerOptions {
   int64_t max_message_bytes = 64 << 20;            // max receive (and send) message size
   int max_inflight_decisions = 64;                 // queued + running decision jobs
   int max_models = 256;                            // registered models (each holds an arena fd)
+  int64_t max_pool_frames = int64_t{1} << 24;      // frames of one pool (~12 B bookkeeping each)
+  int64_t max_sequences_per_model = 65536;         // open sequences of one model
   int worker_threads = 0;                          // scoring threads; 0: hardware threads
   int64_t keepalive_ms = 30000;                    // server keepalive ping interval
   int64_t max_connection_age_ms = 0;               // 0: unlimited; else GOAWAY after this age

@@ -400,5 +400,36 @@ TEST_F(HardeningTest, ADeadlineStopsScoringBetweenLayers) {
   ExpectInvariants("deep");
 }
 
+// Issue 12 #4 (part): 2-byte frames in a 256 MiB pool made 134M frames of bookkeeping, and
+// sequences per model were unbounded.
+TEST_F(HardeningTest, PoolFramesAndSequencesPerModelAreBounded) {
+  ServerOptions options = LoopbackOptions();
+  options.max_pool_frames = 1000;
+  options.max_sequences_per_model = 2;
+  Restart(options);
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    const grpc::Status status = stub_->RegisterModel(
+        &context, RegisterRequest("tiny", 1, 1, 1, uint64_t{256} << 20), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    EXPECT_THAT(status.error_message(), HasSubstr("max_pool_frames"));
+  }
+  EXPECT_EQ(server_->service().registry().size(), 0);
+  Register("m", 1 << 16);
+  Open("m", "a", 16);
+  Open("m", "b", 16);
+  const v1::PoolStats before = Stats("m");
+  grpc::ClientContext context;
+  v1::OpenSequenceRequest request;
+  request.set_model_id("m");
+  request.set_sequence_id("c");
+  v1::OpenSequenceResponse response;
+  const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(status.error_message(), HasSubstr("max_sequences_per_model"));
+  EXPECT_EQ(Stats("m").DebugString(), before.DebugString());
+}
+
 }  // namespace
 }  // namespace entrokv::service
