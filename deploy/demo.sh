@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The main job on a built tree: starts entrokvd on its embedded defaults (host shared-memory
 # pool, no GPU), replays simulated Qwen2.5-1.5B prefills through it with four policies, prints
-# the comparison, shows a slice of /metrics, and stops the daemon cleanly.
+# the comparison, replays them again into a pool in vLLM's frame layout (a frame holds every KV
+# head of a layer; layer-scope selection there), shows a slice of /metrics, and stops the daemon
+# cleanly.
 set -euo pipefail
 build="${1:-build}"
 tokens="${ENTROKV_DEMO_TOKENS:-8192}"
@@ -18,8 +20,9 @@ cleanup() {
 trap cleanup EXIT
 
 echo "== starting entrokvd (host pool, loopback, ports chosen by the kernel)"
+# 2 GiB of arena address space for the two pools (host shared memory is touched only when used).
 "$build/service/entrokvd" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 \
-  >"$work/entrokvd.out" 2>"$work/entrokvd.err" &
+  --pool_capacity_bytes 2147483648 >"$work/entrokvd.out" 2>"$work/entrokvd.err" &
 daemon_pid=$!
 for _ in $(seq 1 100); do
   grep -q "listening on" "$work/entrokvd.out" 2>/dev/null && break
@@ -36,10 +39,16 @@ echo "== entrokv replay: ${sequences} concurrent sequences x ${tokens} tokens, 2
   --tokens "$tokens" --budget 0.2 --sequences "$sequences" --concurrency "$sequences" \
   --policy page_entrokv,mean,head_independent,streaming
 
+echo "== the same prefills in the layer frame layout (vLLM: a frame holds every KV head of a layer)"
+"$build/client/cli/entrokv" replay --server "$server" --model qwen2.5-1.5b \
+  --model-id qwen2.5-1.5b-layer --frame-layout layer \
+  --tokens "$tokens" --budget 0.2 --sequences "$sequences" --concurrency "$sequences" \
+  --policy page_entrokv,head_independent
+
 echo "== metrics are at http://${metrics}/metrics; a few of them:"
 curl -fsS "http://${metrics}/metrics" |
-  grep -E '^entrokv_(pool_frames|decisions_total|pages_evicted_total|union_overhead_ratio_(sum|count))' |
-  grep -v ' 0$' | head -14
+  grep -E '^entrokv_(pool_frames|decisions_total|union_overhead_ratio_(sum|count)|layer_scope_frames_saved_total)' |
+  grep -v ' 0$' | head -16
 
 echo "== stopping entrokvd (SIGTERM, graceful drain)"
 kill -TERM "$daemon_pid"

@@ -8,6 +8,7 @@
 // caught by ApplyDecision (FAILED_PRECONDITION on the length) for the layer it hits.
 #include "service/decider.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <string>
@@ -50,6 +51,7 @@ struct LayerWork {
 struct Decider::Job {
   std::string sequence_id;
   ResolvedPolicy policy;
+  SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
   std::vector<LayerWork> layers;
 };
@@ -113,7 +115,9 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
   return absl::OkStatus();
 }
 
-// Evicted-page counts go to reason="budget" for positional policies, "score" otherwise.
+// Evicted-page counts go to reason="budget" for positional policies, "score" otherwise. In the
+// LAYER layout the group scope's union is the shadow: what per-group selection keeps or, in
+// layer scope, would have kept.
 void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
                     const v1::LayerDecision& out) {
   PoolMetrics& metrics = model.metrics();
@@ -131,7 +135,15 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
   (policy.needs_statistic() ? series.evicted_score : series.evicted_budget)
       ->Increment(static_cast<double>(evicted));
   series.retained->Increment(static_cast<double>(kept));
-  if (layout == FrameLayout::kLayer) metrics.page_union_ratio->Observe(out.page_union_ratio());
+  if (layout != FrameLayout::kLayer) return;
+  metrics.page_union_ratio->Observe(out.page_union_ratio());
+  const int64_t quota = std::min(out.quota_pages(), out.page_count());
+  if (quota > 0) {
+    metrics.group_scope_page_union_ratio->Observe(
+        static_cast<double>(out.group_scope_union_pages()) / static_cast<double>(quota));
+  }
+  metrics.layer_scope_frames_saved->Increment(
+      static_cast<double>(std::max<int64_t>(0, out.group_scope_union_pages() - out.union_pages())));
 }
 
 }  // namespace
@@ -168,6 +180,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     request.kv_groups = geometry.kv_groups;
     request.tokens = job.tokens;
     request.quota_pages = work.quota_pages;
+    request.scope = job.scope;
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
     const auto start = Clock::now();
     absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
@@ -197,6 +210,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     out.set_tokens(job.tokens);
     out.set_policy(std::string(job.policy.policy->name()));
     out.set_page_union_ratio(applied->page_union_ratio);
+    out.set_scope(ToProto(work.decision.scope));
+    out.set_union_pages(work.decision.union_pages);
+    out.set_group_scope_union_pages(work.decision.group_scope_union_pages);
     out.mutable_freed_frames()->Assign(applied->freed_frames.begin(), applied->freed_frames.end());
     std::vector<double> weights;
     for (size_t g = 0; g < work.decision.groups.size(); ++g) {
@@ -235,11 +251,13 @@ namespace {
 template <typename Request>
 absl::Status PrepareJob(Model& model, const Request& request, const ServerOptions& defaults,
                         std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
-                        ResolvedBudget* quotas) {
+                        SelectionScope* scope, ResolvedBudget* quotas) {
   RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
   *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
   ASSIGN_OR_RETURN(*policy, ResolvePolicy(request.policy(), defaults, geometry.page_size));
+  ASSIGN_OR_RETURN(*scope,
+                   ResolveScope(request.policy().scope(), defaults, model.state().layout()));
   ASSIGN_OR_RETURN(*tokens, model.state().SequenceLength(*sequence_id));
   if (*tokens < 1) {
     return absl::FailedPreconditionError(
@@ -281,8 +299,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(
-      PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
+                             &job.scope, &quotas));
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -314,8 +332,8 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(
-      PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy, &quotas));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
+                             &job.scope, &quotas));
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,

@@ -22,6 +22,9 @@ ABSL_FLAG(int64_t, pool_capacity_bytes, int64_t{1} << 30,
 ABSL_FLAG(std::string, backend, "host", "Default arena backend: host or cuda");
 ABSL_FLAG(std::string, frame_layout, "group", "Default frame layout: group or layer");
 ABSL_FLAG(std::string, policy, "page_entrokv", "Default eviction policy");
+ABSL_FLAG(std::string, selection_scope, "auto",
+          "Default selection scope: auto (layer for a pool in the layer frame layout, group "
+          "otherwise), group (one page set per layer and KV group) or layer (one per layer)");
 ABSL_FLAG(double, tau, 0.5, "Default softmax temperature of the head weights (> 0)");
 ABSL_FLAG(double, alpha, 2.0, "Default Renyi entropy order (> 0, inf allowed)");
 ABSL_FLAG(int32_t, sink_tokens, 4, "Default sink tokens left out of the entropy");
@@ -62,6 +65,7 @@ const absl::flat_hash_set<std::string>& ConfigurableNames() {
                                                                   "backend",
                                                                   "frame_layout",
                                                                   "policy",
+                                                                  "selection_scope",
                                                                   "tau",
                                                                   "alpha",
                                                                   "sink_tokens",
@@ -149,6 +153,10 @@ absl::StatusOr<ServerOptions> OptionsFromFlags() {
   }
   options.frame_layout = *layout;
   options.policy = absl::GetFlag(FLAGS_policy);
+  const std::string scope = absl::GetFlag(FLAGS_selection_scope);
+  if (scope != "auto") {
+    ASSIGN_OR_RETURN(options.selection_scope, ParseSelectionScope("--selection_scope", scope));
+  }
   options.tau = absl::GetFlag(FLAGS_tau);
   options.alpha = absl::GetFlag(FLAGS_alpha);
   options.sink_tokens = absl::GetFlag(FLAGS_sink_tokens);

@@ -19,8 +19,8 @@ namespace entrokv::service {
 [[nodiscard]] absl::Status ApplyConfigFile(const std::string& path,
                                            const std::vector<std::string>& argv);
 
-// Reads every flag into options. INVALID_ARGUMENT naming --backend / --frame_layout for an
-// unknown value; the rest is checked by ValidateServerOptions.
+// Reads every flag into options. INVALID_ARGUMENT naming --backend / --frame_layout /
+// --selection_scope for an unknown value; the rest is checked by ValidateServerOptions.
 [[nodiscard]] absl::StatusOr<ServerOptions> OptionsFromFlags();
 
 // The value of --config ("" when not given).

@@ -61,5 +61,17 @@ TEST(OptionsFromFlagsTest, NamesBadEnumFlags) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--backend")));
 }
 
+TEST(OptionsFromFlagsTest, SelectionScopeIsAutoUnlessNamed) {
+  absl::FlagSaver saver;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ServerOptions options, OptionsFromFlags());
+  EXPECT_FALSE(options.selection_scope.has_value());
+  absl::FindCommandLineFlag("selection_scope")->ParseFrom("group", nullptr);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(options, OptionsFromFlags());
+  EXPECT_EQ(options.selection_scope, SelectionScope::kGroup);
+  absl::FindCommandLineFlag("selection_scope")->ParseFrom("head", nullptr);
+  EXPECT_THAT(OptionsFromFlags(),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--selection_scope")));
+}
+
 }  // namespace
 }  // namespace entrokv::service

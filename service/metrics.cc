@@ -95,6 +95,18 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
                         .Name("entrokv_retained_mass_ratio")
                         .Help("Share of the pooled statistic inside the kept pages, per group")
                         .Register(*registry_);
+  group_scope_page_union_ =
+      &prometheus::BuildHistogram()
+           .Name("entrokv_group_scope_page_union_ratio")
+           .Help(
+               "Kept-page union over groups per quota that per-group selection keeps or would "
+               "have kept, per layer (LAYER layout; the shadow of layer scope)")
+           .Register(*registry_);
+  layer_scope_frames_saved_ =
+      &prometheus::BuildCounter()
+           .Name("entrokv_layer_scope_frames_saved_total")
+           .Help("Frames layer scope kept fewer than per-group selection would have (LAYER layout)")
+           .Register(*registry_);
   decision_duration_ = &prometheus::BuildHistogram()
                             .Name("entrokv_decision_duration_seconds")
                             .Help("Time per layer decision by phase")
@@ -155,6 +167,9 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->page_union_ratio =
       &page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
   metrics->retained_mass_ratio = &retained_mass_->Add({{"pool", pool}}, Linear(0.0, 1.0));
+  metrics->group_scope_page_union_ratio =
+      &group_scope_page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
+  metrics->layer_scope_frames_saved = &layer_scope_frames_saved_->Add({{"pool", pool}});
   it->second = std::move(metrics);
   return it->second.get();
 }

@@ -70,6 +70,10 @@ class PoolMetrics {
   prometheus::Histogram* group_disagreement = nullptr;
   prometheus::Histogram* page_union_ratio = nullptr;
   prometheus::Histogram* retained_mass_ratio = nullptr;
+  // LAYER layout: what per-group selection keeps (or, in layer scope, would have kept) per
+  // quota, per layer, and the frames layer scope kept fewer than that.
+  prometheus::Histogram* group_scope_page_union_ratio = nullptr;
+  prometheus::Counter* layer_scope_frames_saved = nullptr;
 
  private:
   friend class ServiceMetrics;
@@ -114,6 +118,8 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* disagreement_;
   prometheus::Family<prometheus::Histogram>* page_union_;
   prometheus::Family<prometheus::Histogram>* retained_mass_;
+  prometheus::Family<prometheus::Histogram>* group_scope_page_union_;
+  prometheus::Family<prometheus::Counter>* layer_scope_frames_saved_;
   prometheus::Family<prometheus::Histogram>* decision_duration_;
   prometheus::Family<prometheus::Counter>* stats_bytes_;
   prometheus::Family<prometheus::Counter>* rpc_requests_;

@@ -3,8 +3,9 @@
 #define ENTROKV_SERVICE_OPTIONS_H_
 
 #include <sys/types.h>
-#include <cstdint>
 
+#include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "core/pool/geometry.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
 
 namespace entrokv::service {
@@ -25,6 +27,8 @@ struct ServerOptions {
   Backend backend = Backend::kHost;                // default arena backend
   FrameLayout frame_layout = FrameLayout::kGroup;  // default frame layout
   std::string policy = "page_entrokv";             // default policy
+  std::optional<SelectionScope> selection_scope;   // default scope; unset (auto): layer for a
+                                                   // LAYER-layout pool, group otherwise
   double tau = 0.5;                                // default softmax temperature
   double alpha = 2.0;                              // default Renyi order
   int sink_tokens = 4;                             // default sink tokens

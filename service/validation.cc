@@ -199,6 +199,27 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::PolicyParams& params,
   return resolved;
 }
 
+absl::StatusOr<SelectionScope> ResolveScope(v1::SelectionScope scope, const ServerOptions& defaults,
+                                            FrameLayout layout) {
+  switch (scope) {
+    case v1::SELECTION_SCOPE_GROUP:
+      return SelectionScope::kGroup;
+    case v1::SELECTION_SCOPE_LAYER:
+      return SelectionScope::kLayer;
+    case v1::SELECTION_SCOPE_UNSPECIFIED:
+      if (defaults.selection_scope.has_value()) return *defaults.selection_scope;
+      return layout == FrameLayout::kLayer ? SelectionScope::kLayer : SelectionScope::kGroup;
+    default:
+      return Invalid("policy.scope",
+                     absl::StrCat("unknown value ", static_cast<int>(scope),
+                                  ", expected SELECTION_SCOPE_GROUP or SELECTION_SCOPE_LAYER"));
+  }
+}
+
+v1::SelectionScope ToProto(SelectionScope scope) {
+  return scope == SelectionScope::kLayer ? v1::SELECTION_SCOPE_LAYER : v1::SELECTION_SCOPE_GROUP;
+}
+
 absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_budget,
                                              const ModelGeometry& geometry, int64_t tokens) {
   if (!has_budget || budget.kind_case() == v1::Budget::KIND_NOT_SET) {

@@ -46,6 +46,14 @@ struct ResolvedPolicy {
                                                            const ServerOptions& defaults,
                                                            int page_size);
 
+// The scope of one decision: `scope` when set, else the daemon's --selection_scope, else the
+// pool's own (layer for the LAYER layout, group otherwise). INVALID_ARGUMENT naming
+// policy.scope for a value the contract does not define.
+[[nodiscard]] absl::StatusOr<SelectionScope> ResolveScope(v1::SelectionScope scope,
+                                                          const ServerOptions& defaults,
+                                                          FrameLayout layout);
+[[nodiscard]] v1::SelectionScope ToProto(SelectionScope scope);
+
 // Page quotas for every layer of a model, for a sequence of `tokens` tokens.
 struct ResolvedBudget {
   std::vector<int64_t> pages_per_layer;  // K_l, indexed by layer

@@ -118,5 +118,22 @@ TEST(ResolveBudgetTest, ExplicitAndPlanned) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("pages_per_group")));
 }
 
+TEST(ResolveScopeTest, RequestThenFlagThenThePoolsLayout) {
+  ServerOptions defaults;
+  EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_UNSPECIFIED, defaults, FrameLayout::kLayer),
+            SelectionScope::kLayer);
+  EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_UNSPECIFIED, defaults, FrameLayout::kGroup),
+            SelectionScope::kGroup);
+  EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_GROUP, defaults, FrameLayout::kLayer),
+            SelectionScope::kGroup);
+  EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_LAYER, defaults, FrameLayout::kGroup),
+            SelectionScope::kLayer);
+  defaults.selection_scope = SelectionScope::kGroup;
+  EXPECT_EQ(*ResolveScope(v1::SELECTION_SCOPE_UNSPECIFIED, defaults, FrameLayout::kLayer),
+            SelectionScope::kGroup);
+  EXPECT_THAT(ResolveScope(static_cast<v1::SelectionScope>(9), defaults, FrameLayout::kLayer),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.scope")));
+}
+
 }  // namespace
 }  // namespace entrokv::service

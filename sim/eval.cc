@@ -15,6 +15,7 @@
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/entropy.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/policy.h"
@@ -119,6 +120,23 @@ struct Cell {
   double lower_sum = 0.0;
   double upper_sum = 0.0;
   int64_t violations = 0;
+};
+
+// One variant of the selection-scope analysis and its running sums, per budget.
+struct ScopeVariant {
+  const Policy* policy = nullptr;
+  SelectionScope scope = SelectionScope::kGroup;
+  LayerCombine combine = kDefaultLayerCombine;
+  struct Sums {
+    int64_t planned = 0;
+    int64_t kept = 0;
+    int64_t groups = 0;
+    double mass_sum = 0.0;
+    int64_t targets = 0;
+    int64_t targets_kept = 0;
+    std::vector<char> needle_all_targets;
+  };
+  std::vector<Sums> per_budget;
 };
 
 struct WeightSums {
@@ -419,6 +437,30 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
   std::vector<char> needle_has_target(needles.size(), 0);
   WeightAnalysis weights(options);
 
+  // The scope analysis: each named policy in group scope and in layer scope with every
+  // combine, then head_independent (whose layer scope is its union over the layer's heads).
+  std::vector<ScopeVariant> scope_variants;
+  for (const std::string& name : options.scope_policies) {
+    ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
+    scope_variants.push_back({policy, SelectionScope::kGroup, kDefaultLayerCombine, {}});
+    for (const LayerCombine combine :
+         {LayerCombine::kMassMax, LayerCombine::kEntropyWeighted, LayerCombine::kMassMean}) {
+      scope_variants.push_back({policy, SelectionScope::kLayer, combine, {}});
+    }
+  }
+  if (!scope_variants.empty()) {
+    ASSIGN_OR_RETURN(const Policy* independent, FindPolicy("head_independent"));
+    scope_variants.push_back({independent, SelectionScope::kGroup, kDefaultLayerCombine, {}});
+  }
+  for (ScopeVariant& variant : scope_variants) {
+    variant.per_budget.resize(budget_count);
+    for (auto& sums : variant.per_budget) sums.needle_all_targets.assign(needles.size(), 1);
+  }
+  const auto scope_size =
+      static_cast<size_t>(std::find(options.page_sizes.begin(), options.page_sizes.end(), 16) -
+                          options.page_sizes.begin());
+  const size_t scope_size_index = scope_size < size_count ? scope_size : 0;
+
   std::vector<float> layer;
   std::vector<float> accumulated;
   std::vector<std::vector<float>> group_mean(static_cast<size_t>(model.kv_groups));
@@ -533,6 +575,51 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
         }
       }
     }
+    // Selection scope, as a LAYER-layout pool keeps it: the distinct pages over the groups.
+    if (!scope_variants.empty()) {
+      const int page_size = options.page_sizes[scope_size_index];
+      const int64_t pages = PageCount(tokens, page_size);
+      PolicyOptions policy_options;
+      policy_options.page_size = page_size;
+      policy_options.sink_tokens = options.sink_tokens;
+      policy_options.tau = options.tau;
+      policy_options.alpha = options.alpha;
+      for (size_t b = 0; b < budget_count; ++b) {
+        const int64_t quota =
+            plans[scope_size_index * budget_count + b].pages_per_layer[static_cast<size_t>(l)];
+        for (ScopeVariant& variant : scope_variants) {
+          const Policy& policy = *variant.policy;
+          const bool h2o = policy.name() == "h2o" && accumulated_view.has_value();
+          LayerRequest request;
+          if (policy.needs_statistic()) request.statistic = h2o ? *accumulated_view : view;
+          request.query_heads = model.query_heads;
+          request.kv_groups = model.kv_groups;
+          request.tokens = tokens;
+          request.quota_pages = quota;
+          request.measure = false;
+          request.scope = variant.scope;
+          request.combine = variant.combine;
+          ASSIGN_OR_RETURN(const LayerDecision decision,
+                           DecideLayer(policy, policy_options, request));
+          std::vector<std::vector<int32_t>> per_group;
+          for (const GroupDecision& group : decision.groups) per_group.push_back(group.kept_pages);
+          const std::vector<int32_t> kept = UnionOfPages(per_group);
+          ScopeVariant::Sums& sums = variant.per_budget[b];
+          sums.planned += std::min(quota, pages);
+          sums.kept += static_cast<int64_t>(kept.size());
+          for (int g = 0; g < model.kv_groups; ++g) {
+            ++sums.groups;
+            sums.mass_sum += RetainedMass(group_mean[static_cast<size_t>(g)], page_size, kept);
+            for (const int j : facts.targets[static_cast<size_t>(g)]) {
+              const bool needle_kept = NeedleKept(needles[static_cast<size_t>(j)], page_size, kept);
+              ++sums.targets;
+              sums.targets_kept += needle_kept ? 1 : 0;
+              if (!needle_kept) sums.needle_all_targets[static_cast<size_t>(j)] = 0;
+            }
+          }
+        }
+      }
+    }
     if (progress) {
       progress({l + 1, model.layers,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
@@ -589,6 +676,36 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
         }
         results.rows.push_back(std::move(row));
       }
+    }
+  }
+  for (const ScopeVariant& variant : scope_variants) {
+    for (size_t b = 0; b < budget_count; ++b) {
+      const ScopeVariant::Sums& sums = variant.per_budget[b];
+      ScopeRow row;
+      row.policy = std::string(variant.policy->name());
+      row.scope = std::string(SelectionScopeName(variant.scope));
+      row.combine = variant.scope == SelectionScope::kLayer && variant.policy->exact_budget()
+                        ? std::string(LayerCombineName(variant.combine))
+                        : "-";
+      row.budget = options.budgets[b];
+      row.page_size = options.page_sizes[scope_size_index];
+      row.planned_frames = sums.planned;
+      row.kept_frames = sums.kept;
+      row.retained_mass = sums.mass_sum / static_cast<double>(std::max<int64_t>(sums.groups, 1));
+      row.needle_target_rate = sums.targets == 0 ? 0.0
+                                                 : static_cast<double>(sums.targets_kept) /
+                                                       static_cast<double>(sums.targets);
+      int64_t with_target = 0;
+      int64_t all_targets = 0;
+      for (size_t j = 0; j < needles.size(); ++j) {
+        if (!needle_has_target[j]) continue;
+        ++with_target;
+        all_targets += sums.needle_all_targets[j];
+      }
+      row.needle_all_targets =
+          with_target == 0 ? 0.0
+                           : static_cast<double>(all_targets) / static_cast<double>(with_target);
+      results.scope_rows.push_back(std::move(row));
     }
   }
   weights.Emit(&results.head_rows);

@@ -39,6 +39,10 @@ struct EvalOptions {
   std::string python = "/usr/bin/python3";
   std::string plot_script;  // empty: DefaultPlotScript() (beside the binary)
   bool closed_form_checks = true;
+  // The selection-scope analysis (scope.csv): these policies in group scope and in layer scope
+  // with every combine, plus head_independent, at page size 16 (or the first page size), as a
+  // LAYER-layout pool keeps them. Empty: no analysis.
+  std::vector<std::string> scope_policies = {"page_entrokv", "mean"};
 };
 
 // INVALID_ARGUMENT naming the field.
@@ -84,6 +88,22 @@ struct UorSample {
   double sandwich_upper = 0.0;
 };
 
+// One variant of the selection-scope analysis at one budget, as the LAYER frame layout keeps it
+// (a page stays while any group keeps it): scope.csv.
+struct ScopeRow {
+  std::string policy;
+  std::string scope;    // group | layer
+  std::string combine;  // layer scope: mass_max | entropy_weighted | mass_mean; "-" otherwise
+  double budget = 0.0;
+  int page_size = 0;
+  int64_t planned_frames = 0;       // sum over layers of min(K_l, n): P, in layer frames
+  int64_t kept_frames = 0;          // sum over layers of the distinct pages kept
+  double retained_mass = 0.0;       // mean over (layer, group) of the LAST_ROW group-mean mass
+                                    // inside the layer's kept pages
+  double needle_target_rate = 0.0;  // share of (needle, layer, group) targets kept
+  double needle_all_targets = 0.0;  // share of needles kept at every one of their targets
+};
+
 // One measurement of the head-weight analysis: heads.csv.
 struct HeadRow {
   std::string analysis;  // class_weight | mixed_group_weight | tau_sweep | alpha_sweep
@@ -119,7 +139,8 @@ struct EvalResults {
   std::vector<UorSample> uor_samples;
   std::vector<HeadRow> head_rows;
   std::vector<ClosedFormRow> closed_form;
-  std::vector<std::string> notes;  // e.g. h2o given LAST_ROW because a trace has no ACCUMULATED
+  std::vector<ScopeRow> scope_rows;  // variants x budgets, in that nesting
+  std::vector<std::string> notes;    // e.g. h2o given LAST_ROW because a trace has no ACCUMULATED
   double seconds = 0.0;
 };
 

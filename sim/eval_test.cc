@@ -26,7 +26,8 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_eval_" + name + "_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("entrokv_eval_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }
@@ -214,6 +215,41 @@ TEST(EvalTest, AFailingPlotScriptStillWritesCsvAndReport) {
   EXPECT_THAT(outcome.plot_message, HasSubstr("not found"));
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(options.out_dir) / "results.csv"));
   EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(options.out_dir) / "report.md"));
+}
+
+// The scope analysis: layer scope keeps exactly the planned layer frames with every combine,
+// group scope keeps at least as many, head_independent at least as many as group scope.
+TEST(EvalTest, ScopeAnalysisKeepsThePlannedFramesInLayerScope) {
+  const std::string out = TempDir("scope");
+  EvalOptions options = TinyOptions(out);
+  options.page_sizes = {16};
+  options.closed_form_checks = false;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const EvalOutcome outcome, RunEvaluation(options, nullptr));
+  const EvalResults& results = outcome.results;
+  // (page_entrokv, mean) x (group + 3 combines) + head_independent, per budget.
+  ASSERT_EQ(results.scope_rows.size(), 9 * options.budgets.size());
+  for (const ScopeRow& row : results.scope_rows) {
+    SCOPED_TRACE(row.policy + " " + row.scope + " " + row.combine);
+    EXPECT_EQ(row.page_size, 16);
+    EXPECT_GE(row.kept_frames, row.planned_frames);
+    if (row.scope == "layer") {
+      EXPECT_EQ(row.kept_frames, row.planned_frames);
+    }
+    EXPECT_GE(row.retained_mass, 0.0);
+    EXPECT_LE(row.retained_mass, 1.0);
+  }
+  const size_t budgets = options.budgets.size();
+  for (size_t b = 0; b < budgets; ++b) {
+    const ScopeRow& group = results.scope_rows[b];  // page_entrokv, group scope
+    const ScopeRow& independent = results.scope_rows[8 * budgets + b];
+    EXPECT_EQ(group.scope, "group");
+    EXPECT_EQ(independent.policy, "head_independent");
+    EXPECT_GE(independent.kept_frames, group.kept_frames);
+  }
+  const auto csv = ReadCsv(out + "/scope.csv");
+  ASSERT_EQ(csv.size(), results.scope_rows.size() + 1);
+  EXPECT_EQ(Field(csv[0], csv[1], "planned_frames"),
+            static_cast<double>(results.scope_rows[0].planned_frames));
 }
 
 }  // namespace

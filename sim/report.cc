@@ -369,6 +369,35 @@ std::string LossSection(const Tables& tables) {
   return out + "\n";
 }
 
+std::string ScopeSection(const EvalResults& results) {
+  if (results.scope_rows.empty()) return "";
+  std::string out = absl::StrCat(
+      "## 8. Selection scope (LAYER frame layout)\n\n"
+      "In the LAYER frame layout (vLLM, SGLang) a page holds every KV group of a layer and stays "
+      "while any group keeps it. *group* scope selects per (layer, group) and keeps the union; "
+      "*layer* scope combines the groups' page scores into one score per page (mass_max: each "
+      "group's scores normalised to its own mass, max over groups; entropy_weighted: their sum "
+      "weighted by softmax(-H_g / tau) of the groups' page-score entropies; mass_mean: the plain "
+      "mean) and keeps exactly min(K_l, n) pages per layer. head_independent keeps the union "
+      "over the layer's heads. Frames, mass and needles are counted on the pages the layout keeps "
+      "(the union over the groups), B = ",
+      results.scope_rows.front().page_size,
+      "; mass and needle targets per (layer, group) as in sections 2-3.\n\n"
+      "| policy | scope | combine | budget | frames / planned | retained mass | needle targets "
+      "| needles at every target |\n|---|---|---|---|---|---|---|---|\n");
+  for (const ScopeRow& row : results.scope_rows) {
+    absl::StrAppend(&out, "| ", row.policy, " | ", row.scope, " | ", row.combine, " | ",
+                    Percent(row.budget), " | ", row.kept_frames, " / ", row.planned_frames, " (",
+                    Fixed(static_cast<double>(row.kept_frames) /
+                              static_cast<double>(std::max<int64_t>(row.planned_frames, 1)),
+                          2),
+                    "x) | ", Fixed(row.retained_mass), " | ", Fixed(row.needle_target_rate), " | ",
+                    Fixed(row.needle_all_targets), " |\n");
+  }
+  absl::StrAppend(&out, "\n![selection scope](scope.png)\n\n");
+  return out;
+}
+
 }  // namespace
 
 std::string ResultsCsvHeader() {
@@ -414,8 +443,19 @@ absl::StatusOr<std::vector<std::string>> WriteEvalCsv(const EvalResults& results
                     Num(row.delta), ",", Num(row.pooled_bound), ",", Num(row.pooled_measured), ",",
                     Num(row.mean_closed), ",", Num(row.mean_measured), "\n");
   }
+  std::string scope =
+      "model,tokens,seed,policy,scope,combine,budget,page_size,planned_frames,kept_frames,"
+      "retained_mass,needle_target_rate,needle_all_targets\n";
+  for (const ScopeRow& row : results.scope_rows) {
+    absl::StrAppend(&scope, results.model.name, ",", results.tokens, ",", results.seed, ",",
+                    row.policy, ",", row.scope, ",", row.combine, ",", Num(row.budget), ",",
+                    row.page_size, ",", row.planned_frames, ",", row.kept_frames, ",",
+                    Num(row.retained_mass), ",", Num(row.needle_target_rate), ",",
+                    Num(row.needle_all_targets), "\n");
+  }
   const std::vector<std::pair<std::string, const std::string*>> files = {
       {"results.csv", &csv},
+      {"scope.csv", &scope},
       {"uor_groups.csv", &uor},
       {"heads.csv", &heads},
       {"closed_form.csv", &closed}};
@@ -459,12 +499,12 @@ absl::Status WriteReportMarkdown(const EvalResults& results, const EvalOptions& 
                   UnionSection(results, tables), NeedleSection(results, tables),
                   MassSection(tables), SinkSection(results, options),
                   ExactnessSection(results, tables), ClosedFormSection(results),
-                  LossSection(tables));
+                  LossSection(tables), ScopeSection(results));
   return WriteFile(Join(out_dir, "report.md"), md);
 }
 
 std::vector<std::string> PlotFiles() {
-  return {"uor.png", "needle.png", "mass.png", "page_size.png", "masquerade.png"};
+  return {"uor.png", "needle.png", "mass.png", "page_size.png", "masquerade.png", "scope.png"};
 }
 
 absl::Status RunPlotScript(const std::string& python, const std::string& script,

@@ -39,6 +39,9 @@ struct ReplayOptions {
   double budget = 0;
   int page_size = 16;
   std::vector<std::string> policies;
+  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;      // auto: the pool's default
+  v1::FrameLayout register_layout = v1::FRAME_LAYOUT_UNSPECIFIED;  // asked for: daemon's
+  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;                 // the pool's, once registered
   int sequences = 1;
   int concurrency = 1;
   uint64_t seed = 1;
@@ -53,8 +56,13 @@ struct PolicyReport {
   int64_t frames_used_baseline = 0;  // pool before the replay opened anything
   int64_t frames_used_before = 0;    // after the appends, before any eviction
   int64_t frames_used_after = 0;     // after every decision was applied
-  int64_t planned_frames = 0;        // baseline + sequences * G * sum_l K_l
-  int64_t frames_freed = 0;          // reported by the decisions
+  // baseline + sequences * sum_l K_l frames of the pool's layout (x G in the GROUP layout)
+  int64_t planned_frames = 0;
+  // LAYER layout: baseline + the frames per-group selection keeps (or, in layer scope, would
+  // have kept): the distinct pages of the groups' own selections, summed over every layer.
+  int64_t group_scope_frames = 0;
+  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;  // as the daemon decided
+  int64_t frames_freed = 0;                                    // reported by the decisions
   int64_t group_decisions = 0;
   int64_t kept_pages = 0;  // summed over every (sequence, layer, group)
   double shadow_uor_sum = 0;
@@ -107,9 +115,12 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
     statistic->set_data(values.data(), values.size() * sizeof(float));
     request.mutable_budget()->set_fraction(options.budget);
     request.mutable_policy()->set_name(policy);
+    request.mutable_policy()->set_scope(options.scope);
     v1::LayerDecision decision;
     if (!stream->Write(request) || !stream->Read(&decision)) break;  // Finish() says why
     local.frames_freed += decision.freed_frames_size();
+    local.group_scope_frames += decision.group_scope_union_pages();
+    local.scope = decision.scope();
     for (const v1::GroupDecision& group : decision.groups()) {
       ++local.group_decisions;
       local.kept_pages += group.kept_pages_size();
@@ -143,6 +154,8 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
   }
   std::lock_guard<std::mutex> lock(mutex);
   report.frames_freed += local.frames_freed;
+  report.group_scope_frames += local.group_scope_frames;
+  report.scope = local.scope;
   report.group_decisions += local.group_decisions;
   report.kept_pages += local.kept_pages;
   report.shadow_uor_sum += local.shadow_uor_sum;
@@ -183,7 +196,9 @@ absl::StatusOr<int64_t> UsedFrames(Client& client, const std::string& model_id) 
   return stats.used_frames();
 }
 
-absl::Status EnsureModel(Client& client, const ReplayOptions& options) {
+// Registers the model (or checks the one registered under its id) and returns its pool's frame
+// layout, in whose frames the replay counts.
+absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions& options) {
   const sim::ModelPreset& preset = options.preset;
   v1::RegisterModelRequest request;
   request.set_model_id(options.model_id);
@@ -199,19 +214,23 @@ absl::Status EnsureModel(Client& client, const ReplayOptions& options) {
                          preset.kv_groups * PageCount(options.tokens, options.page_size);
   request.set_capacity_bytes(static_cast<uint64_t>(frames) * 2 * options.page_size *
                              preset.head_dim * 2);
+  request.set_frame_layout(options.register_layout);
   auto registered = client.RegisterModel(request);
-  if (registered.ok()) return absl::OkStatus();
+  if (registered.ok()) return registered->pool().frame_layout();
   if (registered.status().code() != absl::StatusCode::kAlreadyExists) return registered.status();
   v1::GetModelRequest get;
   get.set_model_id(options.model_id);
   ASSIGN_OR_RETURN(v1::GetModelResponse existing, client.GetModel(get));
   const v1::ModelGeometry& have = existing.pool().geometry();
   if (have.layers() != preset.layers || have.query_heads() != preset.query_heads ||
-      have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "model ", options.model_id, " is registered with another geometry; pass --model-id"));
+      have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size ||
+      (options.register_layout != v1::FRAME_LAYOUT_UNSPECIFIED &&
+       existing.pool().frame_layout() != options.register_layout)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model ", options.model_id,
+                     " is registered with another geometry or frame layout; pass --model-id"));
   }
-  return absl::OkStatus();
+  return existing.pool().frame_layout();
 }
 
 absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& options,
@@ -227,8 +246,12 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
   budget.fraction = options.budget;
   ASSIGN_OR_RETURN(const BudgetPlan plan, PlanBudget(budget));
   ASSIGN_OR_RETURN(report.frames_used_baseline, UsedFrames(client, options.model_id));
+  // A LAYER-layout frame holds every group of a page, so the plan's layer-pages are its frames.
+  const int64_t frames_per_layer_page =
+      options.layout == v1::FRAME_LAYOUT_LAYER ? 1 : preset.kv_groups;
   report.planned_frames = report.frames_used_baseline + static_cast<int64_t>(options.sequences) *
-                                                            preset.kv_groups * plan.layer_pages;
+                                                            frames_per_layer_page *
+                                                            plan.layer_pages;
   auto progress = [&](absl::string_view phase) {
     return [&, phase](int done) {
       if (options.progress) {
@@ -259,6 +282,7 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
       [&](int i) { return ReplaySequence(client, options, policy, i, mutex, report); },
       progress("decide")));
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  report.group_scope_frames += report.frames_used_baseline;
   ASSIGN_OR_RETURN(report.frames_used_after, UsedFrames(client, options.model_id));
   if (!options.keep_open) {
     RETURN_IF_ERROR(ParallelFor(
@@ -277,24 +301,44 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
 
 double Ratio(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
+std::string ScopeName(v1::SelectionScope scope) {
+  return scope == v1::SELECTION_SCOPE_LAYER   ? "layer"
+         : scope == v1::SELECTION_SCOPE_GROUP ? "group"
+                                              : "auto";
+}
+
+std::string LayoutName(v1::FrameLayout layout) {
+  return layout == v1::FRAME_LAYOUT_LAYER ? "layer" : "group";
+}
+
+// The group-scope frames column: meaningful in the LAYER layout only, where a page is one frame.
+std::string GroupScopeFrames(const ReplayOptions& options, const PolicyReport& report) {
+  if (options.layout != v1::FRAME_LAYOUT_LAYER) return "-";
+  return absl::StrCat(report.group_scope_frames);
+}
+
 void PrintTable(const ReplayOptions& options, const std::vector<PolicyReport>& reports) {
-  std::printf("replay of %s: %d sequences x %lld tokens, budget %.0f%%, page size %d\n",
-              options.preset.name.c_str(), options.sequences,
-              static_cast<long long>(options.tokens), options.budget * 100, options.page_size);
-  std::printf("%-17s %13s %13s %13s %12s %11s %15s %11s %9s\n", "policy", "frames before",
-              "frames after", "planned", "pages/group", "shadow UOR", "needle targets", "retained",
-              "time (s)");
+  std::printf(
+      "replay of %s: %d sequences x %lld tokens, budget %.0f%%, page size %d, %s frame layout\n",
+      options.preset.name.c_str(), options.sequences, static_cast<long long>(options.tokens),
+      options.budget * 100, options.page_size, LayoutName(options.layout).c_str());
+  std::printf("%-17s %6s %13s %13s %13s %12s %12s %11s %15s %11s %9s\n", "policy", "scope",
+              "frames before", "frames after", "planned", "group scope", "pages/group",
+              "shadow UOR", "needle targets", "retained", "time (s)");
   for (const PolicyReport& r : reports) {
-    std::printf("%-17s %13lld %13lld %13lld %12.1f %11.3f %14.1f%% %10.1f%% %9.2f\n",
-                r.policy.c_str(), static_cast<long long>(r.frames_used_before),
+    std::printf("%-17s %6s %13lld %13lld %13lld %12s %12.1f %11.3f %14.1f%% %10.1f%% %9.2f\n",
+                r.policy.c_str(), ScopeName(r.scope).c_str(),
+                static_cast<long long>(r.frames_used_before),
                 static_cast<long long>(r.frames_used_after),
-                static_cast<long long>(r.planned_frames), Ratio(r.kept_pages, r.group_decisions),
-                Ratio(r.shadow_uor_sum, r.group_decisions),
+                static_cast<long long>(r.planned_frames), GroupScopeFrames(options, r).c_str(),
+                Ratio(r.kept_pages, r.group_decisions), Ratio(r.shadow_uor_sum, r.group_decisions),
                 100 * Ratio(r.needle_targets_kept, r.needle_targets),
                 100 * Ratio(r.retained_mass_sum, r.group_decisions), r.seconds);
   }
   std::printf(
-      "frames: pool frames in use; planned: what the budget allows (an exact policy ends there).\n"
+      "frames: pool frames in use (in the layout's frames); planned: what the budget allows (an\n"
+      "exact policy ends there); group scope: the frames per-group selection keeps in the layer\n"
+      "layout (what layer scope saves); scope: one page set per layer and group, or per layer.\n"
       "needle targets: share of (sequence, layer, group, needle) cells with a retrieval head on\n"
       "that needle whose needle pages were kept; retained: share of the head-mean attention "
       "kept.\n");
@@ -305,6 +349,8 @@ void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& re
   for (const PolicyReport& r : reports) {
     policies.push_back(
         {{"policy", r.policy},
+         {"frame_layout", LayoutName(options.layout)},
+         {"scope", ScopeName(r.scope)},
          {"sequences", options.sequences},
          {"tokens", options.tokens},
          {"budget", options.budget},
@@ -312,6 +358,9 @@ void PrintJson(const ReplayOptions& options, const std::vector<PolicyReport>& re
          {"frames_before", r.frames_used_before},
          {"frames_used_after", r.frames_used_after},
          {"planned_frames", r.planned_frames},
+         // LAYER layout only (-1 otherwise): the frames per-group selection keeps there
+         {"group_scope_frames",
+          options.layout == v1::FRAME_LAYOUT_LAYER ? r.group_scope_frames : int64_t{-1}},
          {"frames_freed", r.frames_freed},
          {"pages_kept_per_group", RoundTo(Ratio(r.kept_pages, r.group_decisions), 6)},
          {"shadow_uor", RoundTo(Ratio(r.shadow_uor_sum, r.group_decisions), 6)},
@@ -354,6 +403,24 @@ absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
   options.concurrency = static_cast<int>(concurrency);
   ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed"));
   options.seed = static_cast<uint64_t>(seed);
+  const std::string scope = args.Get("scope");
+  if (scope == "group") {
+    options.scope = v1::SELECTION_SCOPE_GROUP;
+  } else if (scope == "layer") {
+    options.scope = v1::SELECTION_SCOPE_LAYER;
+  } else if (scope != "auto") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--scope: '", scope, "' is not one of auto, group, layer"));
+  }
+  const std::string layout = args.Get("frame-layout");
+  if (layout == "group") {
+    options.register_layout = v1::FRAME_LAYOUT_GROUP;
+  } else if (layout == "layer") {
+    options.register_layout = v1::FRAME_LAYOUT_LAYER;
+  } else if (!layout.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--frame-layout: '", layout, "' is not one of group, layer"));
+  }
   options.keep_open = args.GetFlag("keep-open");
   options.json = args.GetFlag("json");
   options.progress = !options.json && isatty(STDERR_FILENO);
@@ -375,6 +442,12 @@ int RunReplay(const std::vector<std::string>& argv) {
   args.Option("sequences", "1", "sequences N per policy");
   args.Option("concurrency", "1", "concurrent worker streams C");
   args.Option("seed", "1", "simulator seed (sequence i uses seed + i)");
+  args.Option("frame-layout", "",
+              "frame layout to register the model with: group or layer (default: the daemon's "
+              "--frame_layout)");
+  args.Option(
+      "scope", "auto",
+      "selection scope: auto (the daemon's: layer for a layer-layout pool), group or layer");
   args.Flag("keep-open", false, "leave the sequences open instead of closing them");
   args.Flag("json", false, "print one JSON object instead of the table");
   auto parsed = args.Parse(argv);
@@ -385,9 +458,9 @@ int RunReplay(const std::vector<std::string>& argv) {
   auto client_options = ServerOptions(args);
   if (!client_options.ok()) return UsageError("replay", client_options.status());
   Client client(*client_options);
-  if (absl::Status status = EnsureModel(client, *options); !status.ok()) {
-    return ServerError("replay", status);
-  }
+  auto layout = EnsureModel(client, *options);
+  if (!layout.ok()) return ServerError("replay", layout.status());
+  options->layout = *layout;
   std::vector<PolicyReport> reports;
   for (const std::string& policy : options->policies) {
     auto report = ReplayPolicy(client, *options, policy);

@@ -11,6 +11,7 @@
 #include "core/io/npy.h"
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
@@ -76,13 +77,18 @@ void PrintJson(const std::vector<LayerDecision>& layers) {
                         {"entropies", group.entropies},
                         {"uor", group.shadow_uor.value_or(1.0)}});
     }
-    out_layers.push_back({{"layer", l}, {"groups", std::move(groups)}});
+    out_layers.push_back({{"layer", l},
+                          {"groups", std::move(groups)},
+                          {"scope", std::string(SelectionScopeName(layers[l].scope))},
+                          {"union_pages", layers[l].union_pages},
+                          {"group_scope_union_pages", layers[l].group_scope_union_pages}});
   }
   std::printf("%s\n", DumpJson(Json{{"layers", std::move(out_layers)}}).c_str());
 }
 
 void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view policy) {
-  std::printf("policy %s, %lld pages per group in all\n", std::string(policy).c_str(),
+  std::printf("policy %s, %s scope, %lld pages per group in all\n", std::string(policy).c_str(),
+              std::string(SelectionScopeName(layers.front().scope)).c_str(),
               static_cast<long long>(layers.front().page_count));
   std::printf("%5s %5s %5s %8s %9s  %s\n", "layer", "group", "kept", "uor", "retained", "weights");
   for (size_t l = 0; l < layers.size(); ++l) {
@@ -119,6 +125,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   ASSIGN_OR_RETURN(options.alpha, args.GetDouble("alpha"));
   options.protections.tail_page = args.GetFlag("protect-tail");
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
+  ASSIGN_OR_RETURN(const SelectionScope scope, ParseSelectionScope("--scope", args.Get("scope")));
+  ASSIGN_OR_RETURN(const LayerCombine combine, ParseLayerCombine("--combine", args.Get("combine")));
   ASSIGN_OR_RETURN(LoadedStatistic loaded, LoadStatistic(args.Get("stats"), args.Get("dtype")));
   if (kv_groups <= 0 || loaded.query_heads % kv_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-heads: ", kv_groups,
@@ -159,6 +167,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
     request.kv_groups = static_cast<int>(kv_groups);
     request.tokens = loaded.tokens;
     request.quota_pages = quotas[static_cast<size_t>(layer)];
+    request.scope = scope;
+    request.combine = combine;
     auto decision = DecideLayer(*policy, options, request);
     if (!decision.ok()) {
       return absl::Status(decision.status().code(),
@@ -181,6 +191,12 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("pages", "", "pages kept per (layer, group)");
   args.Option("budget", "", "fraction of the sequence to keep, planned per layer (Hamilton)");
   args.Option("policy", "page_entrokv", "one of " + absl::StrJoin(PolicyNames(), ", "));
+  args.Option("scope", "group",
+              "selection scope: group (one page set per layer and group) or layer (one per "
+              "layer, for a frame that holds every KV head)");
+  args.Option("combine", std::string(LayerCombineName(kDefaultLayerCombine)),
+              "layer scope: how the groups' page scores combine (mass_max, entropy_weighted, "
+              "mass_mean)");
   args.Option("tau", "0.5", "head-weight temperature, > 0");
   args.Option("alpha", "2", "Renyi order, > 0 (inf allowed)");
   args.Option("sink-tokens", "4", "leading tokens left out of the entropy");

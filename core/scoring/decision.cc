@@ -90,15 +90,20 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
 
   std::vector<std::vector<float>> scratch(static_cast<size_t>(r));
   std::vector<std::span<const float>> rows(static_cast<size_t>(r));
+  auto load_rows = [&](int g) {
+    for (int i = 0; i < r; ++i) {
+      rows[static_cast<size_t>(i)] =
+          request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
+    }
+  };
+  const bool layer_scope = request.scope == SelectionScope::kLayer;
+  std::vector<std::vector<float>> page_scores;  // per group, kept for layer scope
   for (int g = 0; g < request.kv_groups; ++g) {
     GroupInput input;
     input.tokens = request.tokens;
     input.quota_pages = request.quota_pages;
     if (request.statistic.has_value()) {
-      for (int i = 0; i < r; ++i) {
-        rows[static_cast<size_t>(i)] =
-            request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
-      }
+      load_rows(g);
       input.rows = rows;
     }
     if (!request.cached_weights.empty()) {
@@ -110,8 +115,28 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
     group.kept_pages = std::move(selection.kept_pages);
     group.weights = std::move(selection.weights);
     group.entropies = std::move(selection.entropies);
-    if (request.measure && request.statistic.has_value()) {
+    if (layer_scope && !selection.page_scores.empty()) {
+      page_scores.push_back(std::move(selection.page_scores));
+    }
+    // Group scope measures now, while the rows are loaded; layer scope once its set is known.
+    if (!layer_scope && request.measure && request.statistic.has_value()) {
       MeasureGroup(rows, options, request.quota_pages, &group);
+    }
+  }
+  if (!layer_scope) {
+    FinishGroupScope(&decision);
+    return decision;
+  }
+  std::vector<std::span<const float>> score_spans;
+  // Every group of a policy has page scores or none does.
+  if (page_scores.size() == decision.groups.size()) {
+    score_spans.assign(page_scores.begin(), page_scores.end());
+  }
+  ApplyLayerScope(score_spans, request.combine, options, &decision);
+  if (request.measure && request.statistic.has_value()) {
+    for (int g = 0; g < request.kv_groups; ++g) {
+      load_rows(g);
+      MeasureGroup(rows, options, request.quota_pages, &decision.groups[static_cast<size_t>(g)]);
     }
   }
   return decision;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
 #include "core/scoring/statistic.h"
 
@@ -21,6 +22,9 @@ struct LayerRequest {
   int64_t quota_pages = 0;                 // K per group, >= 1; K > n keeps every page
   std::span<const double> cached_weights;  // H_Q weights from prefill, or empty
   bool measure = true;                     // compute the shadow UOR, disagreement, mass
+  // One page set per (layer, group), or one per layer shared by every group (§3.9).
+  SelectionScope scope = SelectionScope::kGroup;
+  LayerCombine combine = kDefaultLayerCombine;  // how layer scope combines the groups' scores
 };
 
 struct GroupDecision {
@@ -37,6 +41,13 @@ struct LayerDecision {
   int64_t page_count = 0;   // n = ceil(T / B)
   int64_t quota_pages = 0;  // K as asked
   std::vector<GroupDecision> groups;
+  SelectionScope scope = SelectionScope::kGroup;
+  // Distinct pages kept over the groups: the frames the layer keeps in the LAYER layout.
+  int64_t union_pages = 0;
+  // What group scope keeps (or would have kept, in layer scope): the distinct pages of the
+  // per-group selections. union_pages in group scope; the shadow layer scope is compared with.
+  int64_t group_scope_union_pages = 0;
+  std::vector<double> combine_weights;  // layer scope: v_g of a weighted combine, else empty
 };
 
 // Validates everything before computing: INVALID_ARGUMENT naming the field for a bad shape,

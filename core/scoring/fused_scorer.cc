@@ -30,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/scoring/entropy.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/selection.h"
@@ -823,10 +824,42 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
   decision.page_count = PageCount(request.tokens, options_.page_size);
   decision.quota_pages = request.quota_pages;
   decision.groups.resize(static_cast<size_t>(request.kv_groups));
+  const bool layer_scope = request.scope == SelectionScope::kLayer;
+  const auto pages = static_cast<size_t>(decision.page_count);
+  const auto groups = static_cast<size_t>(request.kv_groups);
+  if (layer_scope) {
+    layer_scores_.resize(groups * pages);
+    if (request.measure) layer_page_sums_.resize(groups * pages);
+  }
   for (int g = 0; g < request.kv_groups; ++g) {
     if (!DecideGroup(policy, request, g, &decision.groups[static_cast<size_t>(g)])) {
       RETURN_IF_ERROR(request.statistic->ValidateValues());
       return absl::InternalError("statistic: fused validation disagrees with ValidateValues");
+    }
+    if (layer_scope) {  // the group's page scores (and page sums) outlive the next group
+      const size_t at = static_cast<size_t>(g) * pages;
+      std::copy(page_max_.begin(), page_max_.begin() + static_cast<ptrdiff_t>(pages),
+                layer_scores_.begin() + static_cast<ptrdiff_t>(at));
+      if (request.measure) {
+        std::copy(page_sums_.begin(), page_sums_.begin() + static_cast<ptrdiff_t>(pages),
+                  layer_page_sums_.begin() + static_cast<ptrdiff_t>(at));
+      }
+    }
+  }
+  if (!layer_scope) {
+    FinishGroupScope(&decision);
+    return decision;
+  }
+  std::vector<std::span<const float>> scores(groups);
+  for (size_t g = 0; g < groups; ++g) {
+    scores[g] = std::span<const float>(layer_scores_.data() + g * pages, pages);
+  }
+  ApplyLayerScope(scores, request.combine, options_, &decision);
+  if (request.measure) {  // retained mass against the layer's set, as MeasureGroup takes it
+    for (size_t g = 0; g < groups; ++g) {
+      GroupDecision& group = decision.groups[g];
+      group.retained_mass = RetainedMassFromPageSums(
+          std::span<const double>(layer_page_sums_.data() + g * pages, pages), group.kept_pages);
     }
   }
   return decision;

@@ -57,6 +57,9 @@ class FusedScorer {
   std::vector<float> mean_;                      // one chunk of the head-mean row
   std::vector<double> page_sums_;                // PageSums of the head-mean row
   std::vector<std::vector<int32_t>> head_kept_;  // the head-independent shadow's pages
+  // layer scope only: [G][n] page scores and (measure) page sums of every group of the layer
+  std::vector<float> layer_scores_;
+  std::vector<double> layer_page_sums_;
 };
 
 // Every layer of a model: requests[l] decided with its own quota. `threads` workers take whole

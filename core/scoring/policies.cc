@@ -16,18 +16,22 @@
 namespace entrokv {
 namespace {
 
-std::vector<int32_t> SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
-                                      const PolicyOptions& options) {
-  return SelectTopPages(PageMaxima(pooled, options.page_size), input.quota_pages,
-                        EffectiveProtections(options));
+// Page maxima of the pooled row into selection->page_scores (layer scope combines them), then
+// the top pages into selection->kept_pages.
+void SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
+                      const PolicyOptions& options, GroupSelection* selection) {
+  selection->page_scores = PageMaxima(pooled, options.page_size);
+  selection->kept_pages =
+      SelectTopPages(selection->page_scores, input.quota_pages, EffectiveProtections(options));
 }
 
-// The weighted pooling policies' last two steps: pool the rows with `weights`, keep the top pages.
-std::vector<int32_t> SelectWithWeights(std::span<const double> weights, const GroupInput& input,
-                                       const PolicyOptions& options) {
+// The weighted pooling policies' last two steps: pool the rows with selection->weights, keep the
+// top pages.
+void SelectWithWeights(const GroupInput& input, const PolicyOptions& options,
+                       GroupSelection* selection) {
   std::vector<float> pooled(static_cast<size_t>(input.tokens));
-  PoolRows(input.rows, weights, pooled);
-  return SelectFromPooled(pooled, input, options);
+  PoolRows(input.rows, selection->weights, pooled);
+  SelectFromPooled(pooled, input, options, selection);
 }
 
 // Pools with softmax(-entropy / tau) weights; the entropy leaves out the sink tokens for
@@ -49,7 +53,7 @@ class EntropyWeightedPolicy final : public Policy {
       }
       selection.weights = EntropyWeights(selection.entropies, options.tau);
     }
-    selection.kept_pages = SelectWithWeights(selection.weights, input, options);
+    SelectWithWeights(input, options, &selection);
     return selection;
   }
 
@@ -66,7 +70,7 @@ class MeanPolicy final : public Policy {
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), 1.0 / static_cast<double>(input.rows.size()));
-    selection.kept_pages = SelectWithWeights(selection.weights, input, options);
+    SelectWithWeights(input, options, &selection);
     return selection;
   }
 
@@ -83,7 +87,7 @@ class MaxPolicy final : public Policy {
       for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = std::max(pooled[t], row[t]);
     }
     GroupSelection selection;
-    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    SelectFromPooled(pooled, input, options, &selection);
     return selection;
   }
 };
@@ -115,7 +119,7 @@ class SnapKvPolicy final : public Policy {
       }
     }
     GroupSelection selection;
-    selection.kept_pages = SelectFromPooled(pooled, input, options);
+    SelectFromPooled(pooled, input, options, &selection);
     return selection;
   }
 };

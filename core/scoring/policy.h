@@ -43,6 +43,9 @@ struct GroupSelection {
   std::vector<int32_t> kept_pages;  // ascending
   std::vector<double> weights;      // per head, for pooling policies (empty otherwise)
   std::vector<double> entropies;    // per head, when computed in this call
+  // I_g[b], the page scores the pages were selected by (pooling policies; empty for those that
+  // select otherwise: head_independent, streaming). Layer scope combines them (layer_scope.h).
+  std::vector<float> page_scores;
 };
 
 // Stateless and thread-safe: one instance serves every caller.

@@ -2,8 +2,8 @@
 """Draws the PNGs of an `entrokv eval` output directory from its CSV files.
 
 Usage: /usr/bin/python3 sim/plots/eval_plots.py --out DIR
-Reads results.csv, uor_groups.csv and heads.csv in DIR and writes uor.png, needle.png,
-mass.png, page_size.png and masquerade.png beside them. Needs matplotlib (Debian
+Reads results.csv, uor_groups.csv, heads.csv and scope.csv in DIR and writes uor.png,
+needle.png, mass.png, page_size.png, masquerade.png and scope.png beside them. Needs matplotlib (Debian
 python3-matplotlib); exits non-zero when it cannot draw.
 """
 import argparse
@@ -215,6 +215,58 @@ def plot_masquerade(rows, heads, out):
     plt.close(fig)
 
 
+SCOPE_STYLE = {"mass_max": "-", "entropy_weighted": "--", "mass_mean": "-.", "-": ":"}
+
+
+def plot_scope(rows, out):
+    """Selection scope in the LAYER layout: frames kept per planned, retained mass and needle
+    targets per budget, one line per (policy, scope, combine)."""
+    fig, axes = plt.subplots(1, 3, figsize=(19.5, 5), squeeze=False)
+    if not rows:
+        axes[0][0].text(0.5, 0.5, "no scope analysis in this run", ha="center")
+        fig.savefig(os.path.join(out, "scope.png"), dpi=110)
+        plt.close(fig)
+        return
+    variants = []
+    for r in rows:
+        key = (r["policy"], r["scope"], r["combine"])
+        if key not in variants:
+            variants.append(key)
+    budgets = sorted({float(r["budget"]) for r in rows})
+    panels = [("frames", "frames kept / planned (LAYER layout)"),
+              ("retained_mass", "retained attention mass (group mean, LAST_ROW)"),
+              ("needle_target_rate", "share of (needle, layer, group) targets kept")]
+    for ax, (field, ylabel) in zip(axes[0], panels):
+        for policy, scope, combine in variants:
+            pts = []
+            for r in rows:
+                if (r["policy"], r["scope"], r["combine"]) != (policy, scope, combine):
+                    continue
+                value = (int(r["kept_frames"]) / max(int(r["planned_frames"]), 1)
+                         if field == "frames" else float(r[field]))
+                pts.append((float(r["budget"]) * 100, value))
+            pts.sort()
+            color, marker, width = style(policy)
+            label = f"{policy} {scope}" + (f" {combine}" if combine != "-" else "")
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, marker=marker,
+                    linewidth=width if scope == "layer" else 1.2,
+                    linestyle=SCOPE_STYLE.get(combine, ":") if scope == "layer" else ":",
+                    alpha=1.0 if scope == "layer" else 0.6, label=label)
+        ax.set_xscale("log")
+        ax.set_xticks([b * 100 for b in budgets], [f"{b * 100:g}%" for b in budgets])
+        ax.set_xlabel("budget (share of the sequence)")
+        ax.set_ylabel(ylabel)
+        if field != "frames":
+            ax.set_ylim(-0.03, 1.03)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=7)
+    fig.suptitle(f"Selection scope in the LAYER frame layout, B = {rows[0]['page_size']} "
+                 f"({title(rows)})")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, "scope.png"), dpi=110)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", required=True, help="the eval output directory")
@@ -235,6 +287,8 @@ def main():
                       "Retained attention mass")
     plot_page_size(rows, args.out)
     plot_masquerade(rows, heads, args.out)
+    scope_path = os.path.join(args.out, "scope.csv")
+    plot_scope(read_csv(scope_path) if os.path.exists(scope_path) else [], args.out)
     return 0
 
 

@@ -118,6 +118,33 @@ TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
   }
 }
 
+// --scope layer: one page set per layer, shared by every group, as the library decides it.
+TEST_F(SelectCliTest, LayerScopeKeepsOneSetPerLayer) {
+  const int heads = 8, groups = 4;
+  const int64_t tokens = 700;
+  std::mt19937_64 rng(12);
+  const std::vector<float> data = testing::MixedRows(heads, tokens, rng);
+  const std::string path = Write("stats.npy", NpyType::kFloat32, {heads, tokens}, data.data(),
+                                 data.size() * sizeof(float));
+  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
+                                         " --kv-heads 4 --page-size 16 --pages 6 --scope layer"));
+  ASSERT_EQ(run.exit_code, 0) << run.out;
+  EXPECT_THAT(run.out, HasSubstr("\"scope\":\"layer\",\"union_pages\":6,"));
+  LayerRequest request;
+  request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, heads, tokens);
+  request.query_heads = heads;
+  request.kv_groups = groups;
+  request.tokens = tokens;
+  request.quota_pages = 6;
+  request.scope = SelectionScope::kLayer;
+  const LayerDecision expected = *DecideLayer(**FindPolicy("page_entrokv"), {}, request);
+  EXPECT_EQ(ActualKeptPages(run.out), ExpectedKeptPages({expected}));
+  const CliRun bad =
+      RunCli(absl::StrCat("select --stats ", path, " --kv-heads 4 --pages 6", " --scope head"));
+  EXPECT_EQ(bad.exit_code, 2) << bad.out;
+  EXPECT_THAT(bad.out, HasSubstr("--scope"));
+}
+
 TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {
   std::vector<float> data(2 * 4 * 160, 1.0f);
   const std::string path =

@@ -258,6 +258,37 @@ class ClientTest(unittest.TestCase):
                 np.testing.assert_allclose(cli_group["weights"], daemon_group.weights, rtol=1e-8)
                 self.assertAlmostEqual(cli_group["uor"], daemon_group.shadow_uor, places=8)
 
+    def test_layer_layout_keeps_exactly_the_planned_frames(self):
+        # A page of the layer layout holds every KV group: layer scope (the default there)
+        # keeps one page set per layer, so the pool ends at P = floor(0.2 * 800 * 3 / 16) = 30
+        # frames; group scope keeps the union of the groups' sets and reports it.
+        tokens = 800
+        for scope, model_id in ((None, "layer-auto"), ("group", "layer-group")):
+            self.client.register_model(model_id, capacity_bytes=4096 * FRAME_BYTES * 2,
+                                       frame_layout="layer", **GEOMETRY)
+            self.client.open_sequence(model_id, "s", tokens)
+            stats = np.random.default_rng(3).random(
+                (GEOMETRY["layers"], GEOMETRY["query_heads"], tokens), dtype=np.float32)
+            decisions = self.client.decide(model_id, "s", stats, fraction=0.2, policy="mean",
+                                           scope=scope)
+            used = self.assert_pool_consistent(model_id).used_frames
+            if scope is None:
+                self.assertEqual(used, 30)
+                for decision in decisions:
+                    self.assertEqual(decision.scope, "layer")
+                    self.assertEqual(decision.union_pages, decision.quota_pages)
+                    self.assertGreaterEqual(decision.group_scope_union_pages,
+                                            decision.union_pages)
+                    for group in decision.groups:
+                        np.testing.assert_array_equal(group.kept_pages,
+                                                      decision.groups[0].kept_pages)
+            else:
+                self.assertEqual([d.scope for d in decisions], ["group"] * 3)
+                self.assertEqual(used, sum(d.union_pages for d in decisions))
+                self.assertGreater(used, 30)
+        with self.assertRaisesRegex(ValueError, "scope"):
+            self.client.decide("layer-auto", "s", stats, fraction=0.2, scope="head")
+
     def test_example_worker_loop_runs(self):
         result = subprocess.run(
             [sys.executable, os.path.join(os.environ["ENTROKV_EXAMPLES"], "worker_loop.py"),

@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 
 from entrokv.errors import EntrokvError, from_rpc_error
-from entrokv.records import (BACKENDS, FRAME_LAYOUTS, LayerDecision, PoolInfo, PoolStats,
-                             SequenceInfo)
+from entrokv.records import (BACKENDS, FRAME_LAYOUTS, SELECTION_SCOPES, LayerDecision, PoolInfo,
+                             PoolStats, SequenceInfo)
 from entrokv.v1 import cache_manager_pb2 as pb
 from entrokv.v1 import cache_manager_pb2_grpc as pb_grpc
 from entrokv.v1 import types_pb2 as types
@@ -86,12 +86,16 @@ def _budget(pages: Optional[int], fraction: Optional[float],
     return types.Budget(token_slots=token_slots)
 
 
-def _policy(policy: Optional[str], params: dict) -> "types.PolicyParams":
+def _policy(policy: Optional[str], params: dict,
+            scope: Optional[str] = None) -> "types.PolicyParams":
     unknown = set(params) - set(_POLICY_PARAMS)
     if unknown:
         raise ValueError(f"policy parameters: unknown {sorted(unknown)}; known: "
                          f"{', '.join(_POLICY_PARAMS)}")
-    return types.PolicyParams(name=policy or "", **params)
+    # None leaves the scope to the daemon: layer for a layer-layout pool, group otherwise.
+    wire_scope = (types.SELECTION_SCOPE_UNSPECIFIED if scope is None
+                  else _choice("scope", scope, SELECTION_SCOPES))
+    return types.PolicyParams(name=policy or "", scope=wire_scope, **params)
 
 
 def _layer_statistic(item: Any, dtype: Optional[str]) -> "pb.LayerStatistic":
@@ -203,11 +207,12 @@ class Client:
                layers: Optional[Sequence[int]] = None, pages: Optional[int] = None,
                fraction: Optional[float] = None, token_slots: Optional[int] = None,
                policy: Optional[str] = None, dtype: Optional[str] = None,
-               **params) -> List[LayerDecision]:
+               scope: Optional[str] = None, **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
-        (default 0..n-1).
+        (default 0..n-1). `scope`: "group" (one page set per layer and group), "layer" (one per
+        layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
         """
         stats = np.asarray(stats)
         if stats.ndim == 2:
@@ -218,7 +223,8 @@ class Client:
         request = pb.DecideRequest(
             model_id=model_id, sequence_id=sequence_id,
             layers=[_layer_statistic((index, stats[i]), dtype) for i, index in enumerate(indices)],
-            budget=_budget(pages, fraction, token_slots), policy=_policy(policy, params))
+            budget=_budget(pages, fraction, token_slots),
+            policy=_policy(policy, params, scope))
         response = self._call(self._stub.Decide, request)
         return [LayerDecision.from_message(layer) for layer in response.layers]
 
@@ -226,8 +232,8 @@ class Client:
                       layer_stats: Iterable[Tuple[int, np.ndarray]], *,
                       pages: Optional[int] = None, fraction: Optional[float] = None,
                       token_slots: Optional[int] = None, policy: Optional[str] = None,
-                      dtype: Optional[str] = None, stream_timeout_s: float = 300.0,
-                      **params) -> Iterator[LayerDecision]:
+                      dtype: Optional[str] = None, scope: Optional[str] = None,
+                      stream_timeout_s: float = 300.0, **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
         each layer's decision in order. Not retried.
 
@@ -238,7 +244,7 @@ class Client:
         were decided and is re-raised here as itself.
         """
         budget = _budget(pages, fraction, token_slots)
-        policy_params = _policy(policy, params)
+        policy_params = _policy(policy, params, scope)
 
         def request(layer: "pb.LayerStatistic") -> "pb.DecideLayerRequest":
             return pb.DecideLayerRequest(model_id=model_id, sequence_id=sequence_id, layer=layer,

@@ -16,6 +16,7 @@ from entrokv.v1 import types_pb2 as types
 
 FRAME_LAYOUTS = {"group": types.FRAME_LAYOUT_GROUP, "layer": types.FRAME_LAYOUT_LAYER}
 BACKENDS = {"host": types.BACKEND_HOST, "cuda": types.BACKEND_CUDA}
+SELECTION_SCOPES = {"group": types.SELECTION_SCOPE_GROUP, "layer": types.SELECTION_SCOPE_LAYER}
 
 
 def _name(table: dict, value: int) -> str:
@@ -140,6 +141,9 @@ class LayerDecision:
     groups: List[GroupDecision]
     freed_frames: np.ndarray  # int32
     page_union_ratio: float
+    scope: str  # "group" or "layer": the selection scope that decided
+    union_pages: int  # distinct pages kept over the groups (the layer's frames, layer layout)
+    group_scope_union_pages: int  # what per-group selection keeps or would have kept
 
     @classmethod
     def from_message(cls, message) -> "LayerDecision":
@@ -162,4 +166,7 @@ class LayerDecision:
         return cls(layer=message.layer, tokens=message.tokens, page_count=message.page_count,
                    quota_pages=message.quota_pages, policy=message.policy, groups=groups,
                    freed_frames=np.asarray(message.freed_frames, dtype=np.int32),
-                   page_union_ratio=message.page_union_ratio)
+                   page_union_ratio=message.page_union_ratio,
+                   scope=_name(SELECTION_SCOPES, message.scope),
+                   union_pages=message.union_pages,
+                   group_scope_union_pages=message.group_scope_union_pages)

@@ -1,0 +1,139 @@
+#include "core/scoring/layer_scope.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "core/scoring/decision.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/selection.h"
+#include "core/scoring/weights.h"
+
+namespace entrokv {
+namespace {
+
+// The pages that hold a sink token, left out of a group's page entropy as the sink tokens are
+// left out of a head's (§3.2): they are large in every group and would make all look alike.
+int SinkPages(const PolicyOptions& options) {
+  return (options.sink_tokens + options.page_size - 1) / options.page_size;
+}
+
+// 1 / sum_b scores[b], summed in double in page order; 0 when the sum is not > 0.
+double InverseMass(std::span<const float> scores) {
+  double mass = 0.0;
+  for (const float score : scores) mass += score;
+  return mass > 0.0 ? 1.0 / mass : 0.0;
+}
+
+}  // namespace
+
+absl::string_view SelectionScopeName(SelectionScope scope) {
+  return scope == SelectionScope::kLayer ? "layer" : "group";
+}
+
+absl::StatusOr<SelectionScope> ParseSelectionScope(absl::string_view field,
+                                                   absl::string_view name) {
+  if (name == "group") return SelectionScope::kGroup;
+  if (name == "layer") return SelectionScope::kLayer;
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": '", name, "' is not a selection scope (group, layer)"));
+}
+
+absl::string_view LayerCombineName(LayerCombine combine) {
+  switch (combine) {
+    case LayerCombine::kMassMax:
+      return "mass_max";
+    case LayerCombine::kEntropyWeighted:
+      return "entropy_weighted";
+    case LayerCombine::kMassMean:
+      return "mass_mean";
+  }
+  return "mass_max";
+}
+
+absl::StatusOr<LayerCombine> ParseLayerCombine(absl::string_view field, absl::string_view name) {
+  for (const LayerCombine combine :
+       {LayerCombine::kMassMax, LayerCombine::kEntropyWeighted, LayerCombine::kMassMean}) {
+    if (name == LayerCombineName(combine)) return combine;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": '", name, "' is not a layer combine (mass_max, entropy_weighted, mass_mean)"));
+}
+
+void CombineGroupScores(std::span<const std::span<const float>> group_scores, LayerCombine combine,
+                        const PolicyOptions& options, std::vector<float>* combined,
+                        std::vector<double>* group_weights) {
+  const size_t pages = group_scores.front().size();
+  combined->assign(pages, 0.0f);
+  group_weights->clear();
+  if (combine == LayerCombine::kMassMax) {
+    for (const std::span<const float> scores : group_scores) {
+      const auto inverse = static_cast<float>(InverseMass(scores));
+      for (size_t b = 0; b < pages; ++b) {
+        (*combined)[b] = std::max((*combined)[b], scores[b] * inverse);
+      }
+    }
+    return;
+  }
+  if (combine == LayerCombine::kEntropyWeighted) {
+    std::vector<double> entropies;
+    entropies.reserve(group_scores.size());
+    for (const std::span<const float> scores : group_scores) {
+      entropies.push_back(SinkIsolatedEntropy(scores, SinkPages(options), options.alpha));
+    }
+    *group_weights = EntropyWeights(entropies, options.tau);
+  } else {
+    group_weights->assign(group_scores.size(), 1.0 / static_cast<double>(group_scores.size()));
+  }
+  for (size_t g = 0; g < group_scores.size(); ++g) {
+    const std::span<const float> scores = group_scores[g];
+    const auto factor = static_cast<float>((*group_weights)[g] * InverseMass(scores));
+    for (size_t b = 0; b < pages; ++b) (*combined)[b] += factor * scores[b];
+  }
+}
+
+std::vector<int32_t> UnionOfPages(std::span<const std::vector<int32_t>> sets) {
+  std::vector<int32_t> all;
+  for (const auto& set : sets) all.insert(all.end(), set.begin(), set.end());
+  std::sort(all.begin(), all.end());
+  all.erase(std::unique(all.begin(), all.end()), all.end());
+  return all;
+}
+
+namespace {
+
+std::vector<std::vector<int32_t>> KeptPerGroup(const LayerDecision& decision) {
+  std::vector<std::vector<int32_t>> kept;
+  kept.reserve(decision.groups.size());
+  for (const GroupDecision& group : decision.groups) kept.push_back(group.kept_pages);
+  return kept;
+}
+
+}  // namespace
+
+void FinishGroupScope(LayerDecision* decision) {
+  decision->scope = SelectionScope::kGroup;
+  decision->union_pages = static_cast<int64_t>(UnionOfPages(KeptPerGroup(*decision)).size());
+  decision->group_scope_union_pages = decision->union_pages;
+}
+
+void ApplyLayerScope(std::span<const std::span<const float>> group_scores, LayerCombine combine,
+                     const PolicyOptions& options, LayerDecision* decision) {
+  decision->scope = SelectionScope::kLayer;
+  const std::vector<std::vector<int32_t>> per_group = KeptPerGroup(*decision);
+  std::vector<int32_t> union_pages = UnionOfPages(per_group);
+  decision->group_scope_union_pages = static_cast<int64_t>(union_pages.size());
+  std::vector<int32_t> layer_pages;
+  if (group_scores.empty()) {
+    layer_pages = std::move(union_pages);
+    decision->combine_weights.clear();
+  } else {
+    std::vector<float> combined;
+    CombineGroupScores(group_scores, combine, options, &combined, &decision->combine_weights);
+    layer_pages = SelectTopPages(combined, decision->quota_pages, EffectiveProtections(options));
+  }
+  decision->union_pages = static_cast<int64_t>(layer_pages.size());
+  for (GroupDecision& group : decision->groups) group.kept_pages = layer_pages;
+}
+
+}  // namespace entrokv
