@@ -193,6 +193,8 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   disagreement_->Remove(metrics.group_disagreement);
   page_union_->Remove(metrics.page_union_ratio);
   retained_mass_->Remove(metrics.retained_mass_ratio);
+  group_scope_page_union_->Remove(metrics.group_scope_page_union_ratio);
+  layer_scope_frames_saved_->Remove(metrics.layer_scope_frames_saved);
   pools_.erase(it);
 }
 

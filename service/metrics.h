@@ -99,7 +99,8 @@ class ServiceMetrics {
   // the same name; it lives as long as this.
   PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups);
   // Removes every series of the pool (a no-op for an unknown name); the PoolMetrics AddPool
-  // returned for it is destroyed. REQUIRES: nothing uses it any more.
+  // returned for it is destroyed. REQUIRES: nothing uses it any more. A new per-pool series
+  // must be removed here too (service_hardening_test counts what is left).
   void RemovePool(const std::string& pool);
 
   void RecordRpc(Method method, grpc::StatusCode code, double seconds);
