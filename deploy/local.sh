@@ -15,7 +15,7 @@ packages=(
   libabsl-dev libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   prometheus-cpp-dev libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-grpcio python3-protobuf python3-matplotlib
-  nlohmann-json3-dev python3-pip python3-setuptools
+  nlohmann-json3-dev python3-pip python3-setuptools libssl-dev
   prometheus openssl
   libleveldb-dev libsnappy-dev libsqlite3-dev
   yamllint python3-yaml

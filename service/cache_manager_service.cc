@@ -1,5 +1,6 @@
 #include "service/cache_manager_service.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 
@@ -58,6 +59,42 @@ void FillSequence(const SequenceInfo& info, v1::SequenceInfo* out) {
   }
 }
 
+// Bytes of a varint holding `value` (>= 0).
+int64_t VarintBytes(int64_t value) {
+  int64_t bytes = 1;
+  while (value >= 128) {
+    value >>= 7;
+    ++bytes;
+  }
+  return bytes;
+}
+
+// RESOURCE_EXHAUSTED naming `field` and --max_message_bytes when a reply listing the frames of
+// pages [first_page, end_page) of every (layer, group) could exceed `max_message_bytes`. An
+// upper bound (each frame id at the pool's largest), so it never lets a too-large reply pass.
+absl::Status CheckReplyFits(const Model& model, int64_t first_page, int64_t end_page,
+                            int64_t max_message_bytes, absl::string_view field) {
+  const CacheState& state = model.state();
+  const ModelGeometry& geometry = state.geometry();
+  const int64_t groups = state.layout() == FrameLayout::kGroup ? geometry.kv_groups : 1;
+  const int64_t frames = (end_page - first_page) * geometry.layers * groups;
+  if (frames <= 0) return absl::OkStatus();
+  // FrameAssignment{layer, group, page, frame}: four tagged varints inside a tagged,
+  // length-prefixed entry (tag 1 byte, length at most 2 bytes for these sizes).
+  const int64_t entry = 3 + (1 + VarintBytes(geometry.layers)) + (1 + VarintBytes(groups)) +
+                        (1 + VarintBytes(end_page)) +
+                        (1 + VarintBytes(state.Stats().capacity_frames));
+  constexpr int64_t kSequenceInfoBytes = 256;  // id (<= 128) and four small fields
+  // Compared as a quotient: frames * entry may be far beyond int64 for absurd requests.
+  if (frames > (max_message_bytes - kSequenceInfoBytes) / entry) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(field, ": the reply would list ", frames, " frames (up to ", entry,
+                     " bytes each), more than --max_message_bytes=", max_message_bytes,
+                     " allows; nothing was allocated. Ask for fewer tokens and append the rest"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // One unary call: admission, then exactly one Finish that also records the metrics. Every
@@ -103,7 +140,10 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       bearer_token_(bearer_token.empty() ? "" : absl::StrCat("Bearer ", bearer_token)),
       metrics_(metrics),
       workers_(workers),
-      registry_(options.pool_capacity_bytes, metrics),
+      registry_(options.pool_capacity_bytes, options.max_models, metrics),
+      shm_(ShmReader::Access{
+          .allowed_uids = options.allowed_shm_uids,
+          .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
       decider_(options, metrics, &shm_) {}
 
 absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {
@@ -144,6 +184,13 @@ absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindSequenceModel(
 absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
                                                   v1::RegisterModelResponse* response) {
   ASSIGN_OR_RETURN(const CacheOptions cache, ToCacheOptions(request, options_));
+  // Tiny frames in a large arena cost bookkeeping per frame out of all proportion to the arena.
+  const int64_t frames = cache.capacity_bytes / FrameBytes(cache.geometry, cache.layout);
+  if (frames > options_.max_pool_frames) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "capacity_bytes: ", frames, " frames of ", FrameBytes(cache.geometry, cache.layout),
+        " bytes, more than --max_pool_frames=", options_.max_pool_frames));
+  }
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_.Register(request.model_id(), cache));
   FillPoolInfo(*model, response->mutable_pool());
   return absl::OkStatus();
@@ -170,6 +217,23 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
                    FindSequenceModel(request.model_id(), request.sequence_id()));
   RETURN_IF_ERROR(ValidateTokenCount("initial_tokens", request.initial_tokens(), 0));
   CacheState& state = model->state();
+  {
+    // The reply lists every new frame; one that gRPC could not send must not leave the
+    // sequence behind, so the bound is checked before anything is created.
+    const int64_t page_size = state.geometry().page_size;
+    const int64_t new_pages = (request.initial_tokens() + page_size - 1) / page_size;
+    // A prefix beyond any sequence is refused by ForkSequence; here it only must not overflow.
+    const int64_t first_page = std::clamp<int64_t>(request.prefix_pages(), 0, int64_t{1} << 40);
+    RETURN_IF_ERROR(CheckReplyFits(*model, first_page, first_page + new_pages,
+                                   options_.max_message_bytes, "initial_tokens"));
+  }
+  // Checked before opening; concurrent opens may pass it together, by at most one each.
+  if (const int64_t open = state.Stats().sequences_active;
+      open >= options_.max_sequences_per_model) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("sequence_id: the model has ", open,
+                     " open sequences, --max_sequences_per_model; close some first"));
+  }
   if (request.parent_sequence_id().empty()) {
     if (request.prefix_pages() != 0) {
       return absl::InvalidArgumentError("prefix_pages: needs parent_sequence_id");
@@ -195,6 +259,11 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     }
     FillFrames(appended->new_frames, response->mutable_new_frames());
   }
+  if (model->retired()) {  // UnregisterModel raced this call and missed the new sequence
+    (void)state.CloseSequence(request.sequence_id());
+    return absl::NotFoundError(
+        absl::StrCat("model_id: '", request.model_id(), "' is not registered"));
+  }
   ASSIGN_OR_RETURN(const SequenceInfo info,
                    state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
   FillSequence(info, response->mutable_sequence());
@@ -202,11 +271,32 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   return absl::OkStatus();
 }
 
+absl::Status CacheManagerService::DoUnregisterModel(const v1::UnregisterModelRequest& request,
+                                                    v1::UnregisterModelResponse* response) {
+  RETURN_IF_ERROR(ValidateId("model_id", request.model_id()));
+  ASSIGN_OR_RETURN(const int64_t closed, registry_.Unregister(request.model_id(), request.force()));
+  response->set_closed_sequences(closed);
+  return absl::OkStatus();
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::UnregisterModel(
+    grpc::CallbackServerContext* context, const v1::UnregisterModelRequest* request,
+    v1::UnregisterModelResponse* response) {
+  return Serve(context, Method::kUnregisterModel, &CacheManagerService::DoUnregisterModel, request,
+               response);
+}
+
 absl::Status CacheManagerService::DoAppendTokens(const v1::AppendTokensRequest& request,
                                                  v1::AppendTokensResponse* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
                    FindSequenceModel(request.model_id(), request.sequence_id()));
   RETURN_IF_ERROR(ValidateTokenCount("tokens", request.tokens(), 1));
+  ASSIGN_OR_RETURN(const int64_t length, model->state().SequenceLength(request.sequence_id()));
+  const int64_t page_size = model->state().geometry().page_size;
+  // From the page holding the last token: a shared tail page is copied on write.
+  RETURN_IF_ERROR(CheckReplyFits(*model, length / page_size,
+                                 (length + request.tokens() + page_size - 1) / page_size,
+                                 options_.max_message_bytes, "tokens"));
   ASSIGN_OR_RETURN(const AppendResult appended,
                    model->state().AppendTokens(request.sequence_id(), request.tokens()));
   response->set_length_tokens(appended.length);
@@ -346,7 +436,7 @@ absl::Status CacheManagerService::Overloaded() const {
 // next. One message in flight per stream keeps the decisions in order and bounds memory; the
 // reactor deletes itself in OnDone.
 class CacheManagerService::StreamReactor
-    : public grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision> {
+    : public grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
   StreamReactor(CacheManagerService* service, grpc::CallbackServerContext* context)
       : service_(service), context_(context), start_(Clock::now()) {
@@ -357,7 +447,7 @@ class CacheManagerService::StreamReactor
       return;
     }
     service_->active_calls_.fetch_add(1);
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnReadDone(bool ok) override {
@@ -369,6 +459,15 @@ class CacheManagerService::StreamReactor
       FinishWith(absl::UnavailableError("entrokvd is draining; retry elsewhere"));
       return;
     }
+    request_.Clear();
+    if (!grpc::SerializationTraits<v1::DecideLayerRequest>::Deserialize(&request_bytes_, &request_)
+             .ok()) {
+      FinishWith(absl::InvalidArgumentError(
+          absl::StrCat("DecideStream: message ", messages_,
+                       " is not a parsable entrokv.v1.DecideLayerRequest")));
+      return;
+    }
+    ++messages_;
     absl::StatusOr<std::shared_ptr<Model>> model = service_->FindModel(request_.model_id());
     if (!model.ok()) {
       FinishWith(model.status());
@@ -384,7 +483,7 @@ class CacheManagerService::StreamReactor
       FinishWith(absl::CancelledError("stream closed while writing a decision"));
       return;
     }
-    StartRead(&request_);
+    StartRead(&request_bytes_);
   }
 
   void OnDone() override {
@@ -403,7 +502,16 @@ class CacheManagerService::StreamReactor
       FinishWith(status);
       return;
     }
-    StartWrite(&response_);
+    bool own_buffer = false;
+    response_bytes_.Clear();
+    if (const grpc::Status serialized = grpc::SerializationTraits<v1::LayerDecision>::Serialize(
+            response_, &response_bytes_, &own_buffer);
+        !serialized.ok()) {
+      FinishWith(absl::InternalError(
+          absl::StrCat("DecideStream: cannot serialize a decision: ", serialized.error_message())));
+      return;
+    }
+    StartWrite(&response_bytes_);
   }
 
   void FinishWith(const absl::Status& status) {
@@ -417,12 +525,15 @@ class CacheManagerService::StreamReactor
   Clock::time_point start_;
   bool admitted_ = true;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
+  int64_t messages_ = 0;  // parsed so far, to name the one that is not
+  grpc::ByteBuffer request_bytes_;
+  grpc::ByteBuffer response_bytes_;
   v1::DecideLayerRequest request_;
   v1::LayerDecision response_;
 };
 
-grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision>*
-CacheManagerService::DecideStream(grpc::CallbackServerContext* context) {
+grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* CacheManagerService::DecideStream(
+    grpc::CallbackServerContext* context) {
   return new StreamReactor(this, context);
 }
 

@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "entrokv/v1/cache_manager.grpc.pb.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "service/decider.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
@@ -22,7 +23,25 @@ namespace entrokv::service {
 // decisions (scoring) run on `workers`, and excess decisions are shed with RESOURCE_EXHAUSTED.
 // `metrics` and `workers` must outlive the service, and the service must outlive the
 // grpc::Server it is registered with. Thread-safe.
-class CacheManagerService final : public v1::CacheManager::CallbackService {
+// The callback service with DecideStream served raw (bytes in, bytes out), so that a message
+// that does not parse ends the stream with INVALID_ARGUMENT (a typed read reports it like the
+// client's half-close): v1::CacheManager::CallbackService with that one link swapped. A new RPC
+// must be added to this chain too (else its calls get UNIMPLEMENTED).
+namespace internal {
+using v1::CacheManager;
+using CallbackServiceWithRawStream =
+    CacheManager::WithCallbackMethod_RegisterModel<CacheManager::WithCallbackMethod_GetModel<
+        CacheManager::WithCallbackMethod_ListModels<CacheManager::WithCallbackMethod_OpenSequence<
+            CacheManager::WithCallbackMethod_AppendTokens<CacheManager::WithCallbackMethod_Decide<
+                CacheManager::WithRawCallbackMethod_DecideStream<
+                    CacheManager::WithCallbackMethod_CloseSequence<
+                        CacheManager::WithCallbackMethod_GetPoolStats<
+                            CacheManager::WithCallbackMethod_ListSequences<
+                                CacheManager::WithCallbackMethod_UnregisterModel<
+                                    CacheManager::Service>>>>>>>>>>>;
+}  // namespace internal
+
+class CacheManagerService final : public internal::CallbackServiceWithRawStream {
  public:
   // `bearer_token` empty: no authentication.
   CacheManagerService(const ServerOptions& options, std::string bearer_token,
@@ -51,7 +70,7 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   grpc::ServerUnaryReactor* Decide(grpc::CallbackServerContext* context,
                                    const v1::DecideRequest* request,
                                    v1::DecideResponse* response) override;
-  grpc::ServerBidiReactor<v1::DecideLayerRequest, v1::LayerDecision>* DecideStream(
+  grpc::ServerBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer>* DecideStream(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* CloseSequence(grpc::CallbackServerContext* context,
                                           const v1::CloseSequenceRequest* request,
@@ -65,6 +84,9 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
   grpc::ServerUnaryReactor* ListSequences(grpc::CallbackServerContext* context,
                                           const v1::ListSequencesRequest* request,
                                           v1::ListSequencesResponse* response) override;
+  grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* context,
+                                            const v1::UnregisterModelRequest* request,
+                                            v1::UnregisterModelResponse* response) override;
 
  private:
   class UnaryCall;
@@ -94,6 +116,8 @@ class CacheManagerService final : public v1::CacheManager::CallbackService {
 
   absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
                                v1::RegisterModelResponse* response);
+  absl::Status DoUnregisterModel(const v1::UnregisterModelRequest& request,
+                                 v1::UnregisterModelResponse* response);
   absl::Status DoGetModel(const v1::GetModelRequest& request, v1::GetModelResponse* response);
   absl::Status DoListModels(const v1::ListModelsRequest& request, v1::ListModelsResponse* response);
   absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,

@@ -37,7 +37,12 @@ struct LayerWork {
   int layer = 0;
   std::string field;                  // "layers[i]" for messages
   std::optional<StatisticView> view;  // absent for policies without a statistic
-  ShmRegion region;                   // keeps a shared-memory statistic mapped
+  // A shared-memory statistic is checked in step 1 but copied only just before its layer is
+  // scored (into the job's one buffer), so a job holds one layer's copy at a time.
+  const v1::SharedMemoryRegion* shm = nullptr;
+  std::string shm_field;
+  DType dtype = DType::kFloat32;
+  int query_heads = 0;
   std::optional<std::vector<double>> cached_weights;
   std::vector<uint8_t> live_pages;  // empty: every page held (see CacheState::LivePages)
   int64_t quota_pages = 0;
@@ -101,10 +106,12 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
       return absl::InvalidArgumentError(absl::StrCat(
           shm_field, ".offset_bytes: ", ref.offset_bytes(), " is not element-aligned"));
     }
-    ASSIGN_OR_RETURN(work.region,
-                     shm.Read(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
-    data = work.region.data;
-    metrics.AddStatsBytes(StatSource::kSharedMemory, static_cast<int64_t>(expected));
+    RETURN_IF_ERROR(shm.Check(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
+    work.shm = &ref;
+    work.shm_field = shm_field;
+    work.dtype = dtype;
+    work.query_heads = stat.query_heads();
+    return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(work.view,
                    StatisticView::Create(data, dtype, stat.query_heads(), stat.tokens()));
@@ -155,7 +162,26 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // Step 2: score every layer. One scorer per job: it is not thread-safe, and its scratch
   // buffers are reused across the job's layers.
   FusedScorer scorer(job.policy.options);
-  for (LayerWork& work : job.layers) {
+  std::vector<char> copied;  // the shared-memory statistic of the layer being scored
+  for (size_t scored = 0; scored < job.layers.size(); ++scored) {
+    LayerWork& work = job.layers[scored];
+    // A call whose client gave up (or whose deadline passed) frees its worker before the next
+    // layer rather than after the whole job.
+    if (cancelled()) {
+      return absl::CancelledError(absl::StrCat("call cancelled or past its deadline after ", scored,
+                                               " of ", job.layers.size(),
+                                               " layers were scored; nothing was applied"));
+    }
+    if (work.shm != nullptr) {
+      const auto copy_start = Clock::now();
+      RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
+                                 work.shm->length_bytes(), &copied));
+      ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
+                                                        job.tokens));
+      metrics_->AddStatsBytes(StatSource::kSharedMemory,
+                              static_cast<int64_t>(work.shm->length_bytes()));
+      metrics_->ObservePhase(Phase::kDecode, SecondsSince(copy_start));
+    }
     LayerRequest request;
     request.statistic = work.view;
     request.query_heads = geometry.query_heads;
@@ -175,6 +201,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);
+    if (work.shm != nullptr) work.view.reset();  // it points into `copied`
   }
   BeforeApplyHook hook;
   {

@@ -6,7 +6,11 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "core/scoring/layer_scope.h"
 #include "service/option_table.h"
@@ -54,6 +58,22 @@ bool AbslParseFlag(absl::string_view text, ScopeSetting* setting, std::string* e
   *setting = *scope == SelectionScope::kLayer ? ScopeSetting::kLayer : ScopeSetting::kGroup;
   return true;
 }
+
+bool AbslParseFlag(absl::string_view text, UidList* uids, std::string* error) {
+  UidList parsed;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(item, &uid)) {
+      *error = absl::StrCat("'", item, "' is not a uid");
+      return false;
+    }
+    parsed.push_back(static_cast<uid_t>(uid));
+  }
+  *uids = std::move(parsed);
+  return true;
+}
+
+std::string AbslUnparseFlag(const UidList& uids) { return absl::StrJoin(uids, ","); }
 
 std::string AbslUnparseFlag(ScopeSetting setting) {
   switch (setting) {

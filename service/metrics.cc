@@ -10,8 +10,9 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",      "OpenSequence", "AppendTokens",  "Decide",
-    "DecideStream",  "CloseSequence", "GetPoolStats", "ListSequences", "ListModels"};
+    "RegisterModel", "GetModel",     "OpenSequence",   "AppendTokens",
+    "Decide",        "DecideStream", "CloseSequence",  "GetPoolStats",
+    "ListSequences", "ListModels",   "UnregisterModel"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 // gRPC's canonical code names, indexed by code.
@@ -171,6 +172,30 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->layer_scope_frames_saved = &layer_scope_frames_saved_->Add({{"pool", pool}});
   it->second = std::move(metrics);
   return it->second.get();
+}
+
+void ServiceMetrics::RemovePool(const std::string& pool) {
+  absl::MutexLock lock(&mu_);
+  const auto it = pools_.find(pool);
+  if (it == pools_.end()) return;
+  PoolMetrics& metrics = *it->second;
+  pool_frames_->Remove(metrics.frames_used_);
+  pool_frames_->Remove(metrics.frames_free_);
+  pool_capacity_bytes_->Remove(metrics.capacity_bytes_);
+  sequences_active_->Remove(metrics.sequences_active_);
+  for (const auto& [name, series] : metrics.policies_) {
+    decisions_->Remove(series.decisions);
+    pages_evicted_->Remove(series.evicted_score);
+    pages_evicted_->Remove(series.evicted_budget);
+    pages_retained_->Remove(series.retained);
+  }
+  union_overhead_->Remove(metrics.union_overhead_ratio);
+  disagreement_->Remove(metrics.group_disagreement);
+  page_union_->Remove(metrics.page_union_ratio);
+  retained_mass_->Remove(metrics.retained_mass_ratio);
+  group_scope_page_union_->Remove(metrics.group_scope_page_union_ratio);
+  layer_scope_frames_saved_->Remove(metrics.layer_scope_frames_saved);
+  pools_.erase(it);
 }
 
 void ServiceMetrics::RecordRpc(Method method, grpc::StatusCode code, double seconds) {

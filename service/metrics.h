@@ -33,8 +33,9 @@ enum class Method : int {
   kGetPoolStats,
   kListSequences,
   kListModels,
+  kUnregisterModel,
 };
-inline constexpr int kMethodCount = 10;
+inline constexpr int kMethodCount = 11;
 [[nodiscard]] absl::string_view MethodName(Method method);
 
 // Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and
@@ -97,6 +98,10 @@ class ServiceMetrics {
   // its group size r = query_heads / kv_groups and its kv_groups. Returns the same object for
   // the same name; it lives as long as this.
   PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups);
+  // Removes every series of the pool (a no-op for an unknown name); the PoolMetrics AddPool
+  // returned for it is destroyed. REQUIRES: nothing uses it any more. A new per-pool series
+  // must be removed here too (service_hardening_test counts what is left).
+  void RemovePool(const std::string& pool);
 
   void RecordRpc(Method method, grpc::StatusCode code, double seconds);
   void ObservePhase(Phase phase, double seconds);

@@ -1,6 +1,7 @@
 #include "service/model_registry.h"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <utility>
@@ -57,6 +58,16 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
       return absl::AlreadyExistsError(
           absl::StrCat("model_id: '", model_id, "' is already registered"));
     }
+    if (releasing_.contains(model_id)) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "model_id: '", model_id, "' is unregistered but still used by calls; retry shortly"));
+    }
+    const int64_t count =
+        static_cast<int64_t>(models_.size() + pending_.size() + releasing_.size());
+    if (count >= max_models_) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("max_models: ", max_models_, " models exist; unregister one first"));
+    }
     if (options.capacity_bytes > capacity_bytes_ - reserved_bytes_) {
       return absl::ResourceExhaustedError(
           absl::StrCat("capacity_bytes: ", options.capacity_bytes, " asked, ",
@@ -89,8 +100,25 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
   std::unique_ptr<CacheJournal> journal = AttachJournal(model_id, **state);
   PoolMetrics* metrics =
       metrics_->AddPool(model_id, options.geometry.query_heads, options.geometry.kv_groups);
-  auto model = std::make_shared<Model>(model_id, options.backend, std::move(journal),
-                                       *std::move(state), metrics);
+  return Adopt(model_id, options.backend, std::move(journal), *std::move(state), metrics,
+               options.capacity_bytes);
+}
+
+std::shared_ptr<Model> ModelRegistry::Adopt(const std::string& model_id, Backend backend,
+                                            std::unique_ptr<CacheJournal> journal,
+                                            std::unique_ptr<CacheState> state, PoolMetrics* metrics,
+                                            int64_t reserved_bytes) {
+  std::shared_ptr<Model> model(
+      new Model(model_id, backend, std::move(journal), std::move(state), metrics),
+      [this](Model* m) { Release(m); });
+  model->reserved_bytes_ = reserved_bytes;
+  if (const ArenaInfo arena = model->state().arena(); arena.fd >= 0) {
+    struct stat info;
+    if (::fstat(arena.fd, &info) == 0) {
+      model->arena_file_.emplace(info.st_dev, info.st_ino);
+      arena_files_.insert(*model->arena_file_);
+    }
+  }
   model->RefreshOccupancy();
   models_[model_id] = model;
   return model;
@@ -181,10 +209,8 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   absl::MutexLock lock(&mu_);
   PoolMetrics* metrics =
       metrics_->AddPool(id, options.geometry.query_heads, options.geometry.kv_groups);
-  auto model =
-      std::make_shared<Model>(id, options.backend, std::move(journal), *std::move(state), metrics);
-  model->RefreshOccupancy();
-  models_[id] = model;
+  Adopt(id, options.backend, std::move(journal), *std::move(state), metrics,
+        options.capacity_bytes);
   reserved_bytes_ += options.capacity_bytes;
   return absl::OkStatus();
 }
@@ -204,6 +230,72 @@ std::vector<std::shared_ptr<Model>> ModelRegistry::All() const {
   for (const auto& [id, model] : models_) all.push_back(model);
   std::sort(all.begin(), all.end(), [](const auto& a, const auto& b) { return a->id() < b->id(); });
   return all;
+}
+
+ModelRegistry::~ModelRegistry() {
+  absl::flat_hash_map<std::string, std::shared_ptr<Model>> models;
+  {
+    absl::MutexLock lock(&mu_);
+    models.swap(models_);
+  }
+  models.clear();  // Release runs here for the models nobody else holds
+}
+
+void ModelRegistry::Release(Model* model) {
+  {
+    absl::MutexLock lock(&mu_);
+    metrics_->RemovePool(model->id());
+    reserved_bytes_ -= model->reserved_bytes_;
+    if (model->arena_file_.has_value()) arena_files_.erase(*model->arena_file_);
+    releasing_.erase(model->id());
+  }
+  delete model;  // unmaps and unlinks the arena, closes its descriptor
+}
+
+absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bool force) {
+  std::shared_ptr<Model> model;
+  {
+    absl::MutexLock lock(&mu_);
+    const auto it = models_.find(model_id);
+    if (it == models_.end()) {
+      return absl::NotFoundError(absl::StrCat("model_id: '", model_id, "' is not registered"));
+    }
+    model = it->second;
+    // Retired first, counted second: an OpenSequence that counts too late sees the flag.
+    model->retired_.store(true);
+    const int64_t open = model->state().Stats().sequences_active;
+    if (open > 0 && !force) {
+      model->retired_.store(false);
+      return absl::FailedPreconditionError(absl::StrCat(
+          "force: model '", model_id, "' has ", open, " open sequences; close them or set force"));
+    }
+    releasing_[model->id()] = model->reserved_bytes_;
+    models_.erase(it);
+  }
+  int64_t closed = 0;
+  for (const SequenceInfo& info : model->state().ListSequences(/*with_block_tables=*/false)) {
+    if (model->state().CloseSequence(info.id).ok()) ++closed;
+  }
+  if (store_ != nullptr) {
+    // Gone for good: its records leave the journal (a restart must not bring it back), and its
+    // host arena's name goes now (a --state_dir daemon keeps names only for restarts).
+    if (const absl::Status deleted = store::DeleteModel(*store_, model->id()); !deleted.ok()) {
+      LogError(absl::StrCat("--state_dir: could not remove model '", model->id(),
+                            "' from the journal: ", deleted.message()));
+    }
+    if (model->backend() == Backend::kHost) ::shm_unlink(model->state().arena().name.c_str());
+  }
+  return closed;  // `model` lets go here; Release runs when the last call does too
+}
+
+bool ModelRegistry::IsArena(dev_t dev, ino_t ino) const {
+  absl::MutexLock lock(&mu_);
+  return arena_files_.contains(std::pair<uint64_t, uint64_t>(dev, ino));
+}
+
+int ModelRegistry::size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(models_.size() + pending_.size() + releasing_.size());
 }
 
 }  // namespace entrokv::service

@@ -3,10 +3,14 @@
 #ifndef ENTROKV_SERVICE_MODEL_REGISTRY_H_
 #define ENTROKV_SERVICE_MODEL_REGISTRY_H_
 
+#include <sys/types.h>
+#include <atomic>
+
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -25,8 +29,10 @@
 
 namespace entrokv::service {
 
-// One registered model. Thread-safe: the CacheState is, and the rest is immutable. Shared
-// (std::shared_ptr) by the registry and the calls using it; never removed.
+// One registered model. Thread-safe: the CacheState is, and the rest is immutable but for the
+// retired flag. Shared (std::shared_ptr) by the registry and the calls using it; after
+// UnregisterModel it lives until the last call using it lets go, and only then are its arena
+// and metric series released.
 class Model {
  public:
   // `journal` (null without --state_dir) is what `state` reports its changes to.
@@ -51,21 +57,34 @@ class Model {
   void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
   // Copies the pool's occupancy into the gauges.
   void RefreshOccupancy() const { metrics_->UpdateOccupancy(state_->Stats()); }
+  // True once UnregisterModel took the model out of the registry (or is about to): a sequence
+  // opened by a call that raced it must be closed again.
+  [[nodiscard]] bool retired() const { return retired_.load(); }
 
  private:
+  friend class ModelRegistry;
   const std::string id_;
   const Backend backend_;
   const std::unique_ptr<CacheJournal> journal_;  // declared first: outlives state_
   const std::unique_ptr<CacheState> state_;
   PoolMetrics* const metrics_;
+  std::atomic<bool> retired_{false};
+  int64_t reserved_bytes_ = 0;  // of the registry's capacity, given back on release
+  std::optional<std::pair<uint64_t, uint64_t>> arena_file_;  // host arena (dev, inode)
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.
 class ModelRegistry {
  public:
-  // `capacity_bytes` bounds the sum of every model's arena; `metrics` must outlive this.
-  ModelRegistry(int64_t capacity_bytes, ServiceMetrics* metrics)
-      : capacity_bytes_(capacity_bytes), metrics_(metrics) {}
+  // `capacity_bytes` bounds the sum of every model's arena and `max_models` their number
+  // (models still being released count); `metrics` must outlive this.
+  ModelRegistry(int64_t capacity_bytes, int max_models, ServiceMetrics* metrics)
+      : capacity_bytes_(capacity_bytes), max_models_(max_models), metrics_(metrics) {}
+  // Releases every model nobody else holds; the rest release themselves later (they must not
+  // outlive the ServiceMetrics).
+  ~ModelRegistry();
+  ModelRegistry(const ModelRegistry&) = delete;
+  ModelRegistry& operator=(const ModelRegistry&) = delete;
 
   // Where host arenas get their names, and (with --state_dir) the journal every model's
   // changes go to. Both must outlive the registry; call before the first Register.
@@ -80,8 +99,9 @@ class ModelRegistry {
   // instance's arenas no model names.
   [[nodiscard]] absl::Status Recover(std::vector<store::RecoveredModel> models);
 
-  // Creates the model's pool. ALREADY_EXISTS for a registered id; RESOURCE_EXHAUSTED naming
-  // capacity_bytes when the daemon's remaining capacity is smaller; the CacheState's errors.
+  // Creates the model's pool. ALREADY_EXISTS for a registered id or one still being released;
+  // RESOURCE_EXHAUSTED naming max_models when that many exist, or capacity_bytes when the
+  // daemon's remaining capacity is smaller; the CacheState's errors.
   // REQUIRES: the caller validated the id and geometry.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Register(const std::string& model_id,
                                                                 const CacheOptions& options);
@@ -89,6 +109,15 @@ class ModelRegistry {
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Find(absl::string_view model_id) const;
   // Every model, ordered by id.
   [[nodiscard]] std::vector<std::shared_ptr<Model>> All() const;
+  // Takes the model out of the registry; its arena bytes, descriptors and metric series are
+  // released when the last call using it finishes. NOT_FOUND naming model_id; without `force`,
+  // FAILED_PRECONDITION naming force while sequences are open (nothing changes then); with it,
+  // closes them first. Returns the sequences closed.
+  [[nodiscard]] absl::StatusOr<int64_t> Unregister(absl::string_view model_id, bool force);
+  // Models registered, being created or still being released.
+  [[nodiscard]] int size() const;
+  // True when (dev, ino) is the shared-memory file of a host arena this registry holds.
+  [[nodiscard]] bool IsArena(dev_t dev, ino_t ino) const;
 
  private:
   // The model's journal wired to `state`; null without a store.
@@ -96,8 +125,16 @@ class ModelRegistry {
                                                             CacheState& state) const;
   [[nodiscard]] absl::Status RecoverOne(store::RecoveredModel recovered,
                                         absl::flat_hash_set<std::string>& arenas_in_use);
+  // The shared_ptr deleter of every Model: drops its series and capacity, then the model.
+  void Release(Model* model);
+  // Makes the Model (released through Release) and registers it.
+  std::shared_ptr<Model> Adopt(const std::string& model_id, Backend backend,
+                               std::unique_ptr<CacheJournal> journal,
+                               std::unique_ptr<CacheState> state, PoolMetrics* metrics,
+                               int64_t reserved_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const int64_t capacity_bytes_;
+  const int max_models_;
   ServiceMetrics* const metrics_;
   ArenaNamer* namer_ = nullptr;
   store::StateStore* store_ = nullptr;
@@ -106,6 +143,10 @@ class ModelRegistry {
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   // Ids being created right now (the arena is made outside the lock).
   absl::flat_hash_map<std::string, int64_t> pending_ ABSL_GUARDED_BY(mu_);
+  // Ids unregistered whose Model some call still holds.
+  absl::flat_hash_map<std::string, int64_t> releasing_ ABSL_GUARDED_BY(mu_);
+  // (dev, inode) of every live host arena, so no request can name one as its statistic.
+  absl::flat_hash_set<std::pair<uint64_t, uint64_t>> arena_files_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace entrokv::service

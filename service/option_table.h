@@ -4,8 +4,11 @@
 #ifndef ENTROKV_SERVICE_OPTION_TABLE_H_
 #define ENTROKV_SERVICE_OPTION_TABLE_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/string_view.h"
 #include "core/pool/geometry.h"
@@ -19,6 +22,13 @@ enum class ScopeSetting : uint8_t { kAuto, kGroup, kLayer };
 // Abseil flag parsing ("auto" | "group" | "layer"), found by argument-dependent lookup.
 bool AbslParseFlag(absl::string_view text, ScopeSetting* setting, std::string* error);
 std::string AbslUnparseFlag(ScopeSetting setting);
+
+// --allowed_shm_uids: user ids, given as "1000,1001".
+struct UidList : std::vector<uid_t> {
+  using std::vector<uid_t>::vector;
+};
+bool AbslParseFlag(absl::string_view text, UidList* uids, std::string* error);
+std::string AbslUnparseFlag(const UidList& uids);
 
 }  // namespace entrokv::service
 
@@ -44,6 +54,12 @@ std::string AbslUnparseFlag(ScopeSetting setting);
   X(int64_t, max_message_bytes, 64 << 20, "Max gRPC message size in bytes (receive and send)")     \
   X(int32_t, max_inflight_decisions, 64,                                                           \
     "Decision jobs queued or running; more are shed with RESOURCE_EXHAUSTED")                      \
+  X(int32_t, max_models, 256,                                                                      \
+    "Registered models at most; more RegisterModel calls get RESOURCE_EXHAUSTED")                  \
+  X(int64_t, max_pool_frames, int64_t{1} << 24,                                                    \
+    "Frames one model's pool may hold; RegisterModel beyond gets RESOURCE_EXHAUSTED")              \
+  X(int64_t, max_sequences_per_model, 65536,                                                       \
+    "Open sequences per model; OpenSequence beyond gets RESOURCE_EXHAUSTED")                       \
   X(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)")                    \
   X(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms")                          \
   X(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)")             \
@@ -52,6 +68,9 @@ std::string AbslUnparseFlag(ScopeSetting setting);
   X(std::string, tls_cert, "", "PEM server certificate (TLS on when set, with --tls_key)")         \
   X(std::string, tls_key, "", "PEM server private key")                                            \
   X(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed")               \
+  X(::entrokv::service::UidList, allowed_shm_uids, ::entrokv::service::UidList(),                   \
+    "Comma-separated uids whose shared-memory segments may be read as statistics, besides "        \
+    "the daemon's own")                                                                            \
   X(std::string, token_file, "", "File holding the bearer token clients must send")                \
   X(std::string, state_dir, "",                                                                    \
     "Directory of the crash-recovery journal (LevelDB); empty: nothing survives a restart")        \

@@ -14,6 +14,7 @@
 #include "absl/strings/string_view.h"
 #include "core/util/status_macros.h"
 #include "service/log.h"
+#include "service/tls_check.h"
 
 namespace entrokv::service {
 namespace {
@@ -38,8 +39,22 @@ absl::Status ValidateAddress(absl::string_view option, const std::string& addres
 
 absl::Status ValidateReadableFile(absl::string_view option, const std::string& path) {
   if (path.empty()) return absl::OkStatus();
-  if (::access(path.c_str(), R_OK) != 0) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0 || ::access(path.c_str(), R_OK) != 0) {
     return Invalid(option, absl::StrCat("cannot read '", path, "'"));
+  }
+  if (!S_ISREG(info.st_mode)) {  // a directory would abort the reader; a FIFO would block it
+    return Invalid(option, absl::StrCat("'", path, "' is not a regular file"));
+  }
+  return absl::OkStatus();
+}
+
+// Millisecond options that gRPC takes as int and that deadlines add to the clock.
+constexpr int64_t kMaxMillis = (int64_t{1} << 31) - 1;
+
+absl::Status ValidateMillis(absl::string_view option, int64_t value, int64_t low, int64_t high) {
+  if (value < low || value > high) {
+    return Invalid(option, absl::StrCat("must be in [", low, ", ", high, "], got ", value));
   }
   return absl::OkStatus();
 }
@@ -47,6 +62,7 @@ absl::Status ValidateReadableFile(absl::string_view option, const std::string& p
 }  // namespace
 
 absl::StatusOr<std::string> ReadOptionFile(absl::string_view option, const std::string& path) {
+  RETURN_IF_ERROR(ValidateReadableFile(option, path));
   std::ifstream in(path, std::ios::binary);
   if (!in) return Invalid(option, absl::StrCat("cannot read '", path, "'"));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -103,21 +119,25 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     return Invalid("max_inflight_decisions",
                    absl::StrCat("must be >= 1, got ", options.max_inflight_decisions));
   }
+  if (options.max_models < 1 || options.max_models > 65536) {
+    return Invalid("max_models", absl::StrCat("must be in [1, 65536], got ", options.max_models));
+  }
+  if (options.max_pool_frames < 1) {
+    return Invalid("max_pool_frames", absl::StrCat("must be >= 1, got ", options.max_pool_frames));
+  }
+  if (options.max_sequences_per_model < 1) {
+    return Invalid("max_sequences_per_model",
+                   absl::StrCat("must be >= 1, got ", options.max_sequences_per_model));
+  }
   if (options.worker_threads < 0 || options.worker_threads > 1024) {
     return Invalid("worker_threads",
                    absl::StrCat("must be in [0, 1024], got ", options.worker_threads));
   }
-  if (options.keepalive_ms < 1000) {
-    return Invalid("keepalive_ms", absl::StrCat("must be >= 1000, got ", options.keepalive_ms));
-  }
-  if (options.max_connection_age_ms < 0) {
-    return Invalid("max_connection_age_ms",
-                   absl::StrCat("must be >= 0, got ", options.max_connection_age_ms));
-  }
-  if (options.drain_timeout_ms < 0) {
-    return Invalid("drain_timeout_ms",
-                   absl::StrCat("must be >= 0, got ", options.drain_timeout_ms));
-  }
+  RETURN_IF_ERROR(ValidateMillis("keepalive_ms", options.keepalive_ms, 1000, kMaxMillis));
+  RETURN_IF_ERROR(
+      ValidateMillis("max_connection_age_ms", options.max_connection_age_ms, 0, kMaxMillis));
+  // An hour of grace is already far more than any orchestrator waits before SIGKILL.
+  RETURN_IF_ERROR(ValidateMillis("drain_timeout_ms", options.drain_timeout_ms, 0, 3600 * 1000));
   if (options.tls_cert.empty() != options.tls_key.empty()) {
     return Invalid(options.tls_cert.empty() ? "tls_cert" : "tls_key",
                    "--tls_cert and --tls_key must be given together");
@@ -130,6 +150,16 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateReadableFile("tls_ca", options.tls_ca));
   RETURN_IF_ERROR(ValidateReadableFile("token_file", options.token_file));
   RETURN_IF_ERROR(ParseLogLevel(options.log_level).status());
+  if (!options.token_file.empty()) RETURN_IF_ERROR(LoadBearerToken(options.token_file).status());
+  if (!options.tls_cert.empty()) {
+    ASSIGN_OR_RETURN(const std::string cert, ReadOptionFile("tls_cert", options.tls_cert));
+    ASSIGN_OR_RETURN(const std::string key, ReadOptionFile("tls_key", options.tls_key));
+    std::string ca;
+    if (!options.tls_ca.empty()) {
+      ASSIGN_OR_RETURN(ca, ReadOptionFile("tls_ca", options.tls_ca));
+    }
+    RETURN_IF_ERROR(CheckTlsMaterial(cert, key, ca));
+  }
   if (!options.state_dir.empty()) {
     struct stat info;
     if (::stat(options.state_dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {

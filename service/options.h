@@ -2,8 +2,11 @@
 #ifndef ENTROKV_SERVICE_OPTIONS_H_
 #define ENTROKV_SERVICE_OPTIONS_H_
 
+#include <sys/types.h>
+
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"

@@ -17,6 +17,7 @@
 #include "grpcpp/server_builder.h"
 #include "prometheus/exposer.h"
 #include "service/arena_names.h"
+#include "service/call_guard.h"
 #include "service/log.h"
 #include "store/recovery.h"
 
@@ -106,7 +107,7 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
   server->service_ = std::make_unique<CacheManagerService>(
-      options, std::move(token), server->metrics_.get(), server->workers_.get());
+      options, token, server->metrics_.get(), server->workers_.get());
   ModelRegistry& registry = server->service_->registry();
   registry.UseArenaNames(server->namer_.get());
   if (server->store_ != nullptr) {
@@ -148,6 +149,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                                static_cast<int>(options.drain_timeout_ms));
   }
   builder.SetOption(std::make_unique<ReflectionOption>(options.reflection));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> guards;
+  guards.push_back(std::make_unique<CallGuardFactory>(token, server->metrics_.get()));
+  builder.experimental().SetInterceptorCreators(std::move(guards));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || server->port_ == 0) {
     return absl::UnavailableError(

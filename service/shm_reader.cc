@@ -5,71 +5,114 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace entrokv::service {
+namespace {
 
-ShmMapping::~ShmMapping() {
-  if (bytes_ > 0) ::munmap(const_cast<void*>(data_), static_cast<size_t>(bytes_));
+// "/entrokv.<pool>.<pid>.<n>", the host arenas' names (core/pool/arena.h).
+bool LooksLikeArena(absl::string_view name) {
+  if (!absl::StartsWith(name, "/entrokv.")) return false;
+  const std::vector<absl::string_view> parts = absl::StrSplit(name.substr(1), '.');
+  if (parts.size() < 4) return false;
+  for (const absl::string_view number : {parts[parts.size() - 2], parts.back()}) {
+    if (number.empty()) return false;
+    for (const char c : number) {
+      if (c < '0' || c > '9') return false;
+    }
+  }
+  return true;
 }
 
-absl::StatusOr<ShmRegion> ShmReader::Read(absl::string_view field, absl::string_view name,
-                                          uint64_t offset, uint64_t length) {
+}  // namespace
+
+absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, uint64_t offset,
+                             uint64_t length, int* fd) const {
+  *fd = -1;
   if (!absl::StartsWith(name, "/entrokv") || name.size() > 255 ||
       absl::StrContains(name.substr(1), "/")) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ".segment: '", name, "' must start with /entrokv and contain no other '/'"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field,
+                     ".segment: must start with /entrokv, contain no other '/' and be at "
+                     "most 255 characters"));
   }
   const std::string key(name);
-  const int fd = ::shm_open(key.c_str(), O_RDONLY, 0);
-  if (fd < 0) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer, forever.
+  const int opened = ::shm_open(key.c_str(), O_RDONLY | O_NONBLOCK, 0);
+  if (opened < 0) {
     return absl::NotFoundError(
         absl::StrCat(field, ".segment: cannot open '", name, "': ", std::strerror(errno)));
   }
   struct stat info;
-  if (::fstat(fd, &info) != 0) {
-    ::close(fd);
+  if (::fstat(opened, &info) != 0) {
+    ::close(opened);
     return absl::NotFoundError(absl::StrCat(field, ".segment: cannot stat '", name, "'"));
+  }
+  if (!S_ISREG(info.st_mode)) {
+    ::close(opened);
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".segment: '", name, "' is not a regular shared-memory file"));
+  }
+  if (info.st_uid != ::geteuid() &&
+      std::find(access_.allowed_uids.begin(), access_.allowed_uids.end(), info.st_uid) ==
+          access_.allowed_uids.end()) {
+    ::close(opened);
+    return absl::PermissionDeniedError(
+        absl::StrCat(field, ".segment: '", name, "' belongs to uid ", info.st_uid,
+                     ", not the daemon's; --allowed_shm_uids lists the users it may read"));
+  }
+  if (LooksLikeArena(name) || (access_.is_arena && access_.is_arena(info.st_dev, info.st_ino))) {
+    ::close(opened);
+    return absl::PermissionDeniedError(absl::StrCat(
+        field, ".segment: '", name, "' is a pool arena, not a statistic; arenas are never read"));
   }
   const uint64_t size = static_cast<uint64_t>(info.st_size);
   if (offset > size || length > size - offset) {
-    ::close(fd);
+    ::close(opened);
     return absl::InvalidArgumentError(absl::StrCat(field, ": [", offset, ", ", offset, " + ",
                                                    length, ") is outside segment '", name, "' of ",
                                                    size, " bytes"));
   }
-  std::shared_ptr<const ShmMapping> mapping;
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = mappings_.find(key);
-    if (it != mappings_.end() && it->second->inode() == info.st_ino &&
-        static_cast<uint64_t>(it->second->bytes()) == size) {
-      mapping = it->second;
-    }
-  }
-  if (mapping == nullptr) {
-    void* data = size == 0 ? nullptr : ::mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    if (data == MAP_FAILED) {
-      ::close(fd);
-      return absl::NotFoundError(
-          absl::StrCat(field, ".segment: cannot map '", name, "': ", std::strerror(errno)));
-    }
-    mapping = std::make_shared<const ShmMapping>(data, static_cast<int64_t>(size), info.st_ino);
-    absl::MutexLock lock(&mu_);
-    if (static_cast<int>(mappings_.size()) >= max_segments_ && !mappings_.contains(key)) {
-      mappings_.erase(mappings_.begin());  // any victim: holders keep theirs alive
-    }
-    mappings_[key] = mapping;
+  *fd = opened;
+  return absl::OkStatus();
+}
+
+absl::Status ShmReader::Check(absl::string_view field, absl::string_view name, uint64_t offset,
+                              uint64_t length) const {
+  int fd = -1;
+  const absl::Status status = Open(field, name, offset, length, &fd);
+  if (fd >= 0) ::close(fd);
+  return status;
+}
+
+absl::Status ShmReader::Copy(absl::string_view field, absl::string_view name, uint64_t offset,
+                             uint64_t length, std::vector<char>* out) const {
+  int fd = -1;
+  if (absl::Status status = Open(field, name, offset, length, &fd); !status.ok()) return status;
+  out->resize(length);
+  uint64_t done = 0;
+  while (done < length) {
+    const ssize_t n =
+        ::pread(fd, out->data() + done, length - done, static_cast<off_t>(offset + done));
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) break;  // end of file: the segment shrank after the size check
+    done += static_cast<uint64_t>(n);
   }
   ::close(fd);
-  ShmRegion region;
-  region.data = static_cast<const char*>(mapping->data()) + offset;
-  region.mapping = std::move(mapping);
-  return region;
+  if (done < length) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": segment '", name, "' shrank below [", offset, ", ", offset, " + ",
+                     length, ") while it was read; workers must not shrink a segment in use"));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace entrokv::service

@@ -1,67 +1,60 @@
-// Read-only access to statistics a worker wrote into its own POSIX shared-memory segment.
+// Reads statistics a worker wrote into its own POSIX shared-memory segment.
 #ifndef ENTROKV_SERVICE_SHM_READER_H_
 #define ENTROKV_SERVICE_SHM_READER_H_
 
 #include <sys/types.h>
 
 #include <cstdint>
-#include <memory>
-#include <string>
+#include <functional>
+#include <utility>
+#include <vector>
 
-#include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/status/statusor.h"
+#include <utility>
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 
 namespace entrokv::service {
 
-// One read-only mapping of a whole segment. Owns it: unmapped when the last holder lets go.
-class ShmMapping {
- public:
-  ShmMapping(const void* data, int64_t bytes, ino_t inode)
-      : data_(data), bytes_(bytes), inode_(inode) {}
-  ~ShmMapping();
-  ShmMapping(const ShmMapping&) = delete;
-  ShmMapping& operator=(const ShmMapping&) = delete;
-
-  [[nodiscard]] const void* data() const { return data_; }
-  [[nodiscard]] int64_t bytes() const { return bytes_; }
-  [[nodiscard]] ino_t inode() const { return inode_; }
-
- private:
-  const void* data_;
-  int64_t bytes_;
-  ino_t inode_;
-};
-
-// A region of a mapped segment; `mapping` keeps `data` valid.
-struct ShmRegion {
-  std::shared_ptr<const ShmMapping> mapping;
-  const void* data = nullptr;
-};
-
-// Maps segments by name and keeps up to `max_segments` mappings so repeated statistics from
-// the same worker segment cost no mmap and no page faults. A segment re-created under the same
-// name (new inode) or grown is mapped again. Thread-safe.
-//
-// The worker must not shrink a segment while a call that names it is in flight (the daemon
-// would fault reading past the end); the size is checked on every call.
+// A segment belongs to another process, which may shrink, grow, replace or fill it at any
+// moment. So the daemon never maps it: it copies the bytes with pread(2), which reports a
+// shrunk segment as a short read instead of SIGBUS on a page past the end (docs/decisions.md,
+// "Hardening"). The copy also freezes the values that are validated and then scored.
+// Stateless but for the access rules; thread-safe.
 class ShmReader {
  public:
-  explicit ShmReader(int max_segments = 64) : max_segments_(max_segments) {}
+  // Who may be read. A segment is refused when its owner is neither this process's effective
+  // user nor in `allowed_uids` (a daemon running as root would otherwise read any user's 0600
+  // segment for whoever names it), when `is_arena` says it is a pool arena (dev, inode), or
+  // when its name follows the arena naming scheme "/entrokv.<pool>.<pid>.<n>": arenas hold
+  // other tenants' KV data and are never statistics.
+  struct Access {
+    std::vector<uid_t> allowed_uids;
+    std::function<bool(dev_t, ino_t)> is_arena;
+  };
+  ShmReader() = default;
+  explicit ShmReader(Access access) : access_(std::move(access)) {}
 
-  // The `length` bytes at `offset` of segment `name`. INVALID_ARGUMENT naming
-  // `field` for a name not of the form "/entrokv<chars without '/'>" or a range outside the
-  // segment; NOT_FOUND when no such segment exists or it cannot be opened.
-  [[nodiscard]] absl::StatusOr<ShmRegion> Read(absl::string_view field, absl::string_view name,
-                                               uint64_t offset, uint64_t length);
+  // Checks that `length` bytes at `offset` of segment `name` can be read, without reading
+  // them (the cheap checks of a request, before any scoring). Errors name `field`:
+  // INVALID_ARGUMENT for a name not of the form "/entrokv<chars without '/'>", anything but a
+  // regular file (a FIFO or device is refused without blocking) or a range outside the segment;
+  // PERMISSION_DENIED for an arena or a segment of a user not allowed (see Access);
+  // NOT_FOUND when no such segment exists or it cannot be opened.
+  [[nodiscard]] absl::Status Check(absl::string_view field, absl::string_view name, uint64_t offset,
+                                   uint64_t length) const;
+
+  // The same checks, then copies the bytes into *out (resized to `length`; its storage is
+  // suitably aligned for any statistic element type). FAILED_PRECONDITION when the segment
+  // shrank below the range while it was being read.
+  [[nodiscard]] absl::Status Copy(absl::string_view field, absl::string_view name, uint64_t offset,
+                                  uint64_t length, std::vector<char>* out) const;
 
  private:
-  const int max_segments_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<std::string, std::shared_ptr<const ShmMapping>> mappings_
-      ABSL_GUARDED_BY(mu_);
+  // An open descriptor of the checked segment, or the error; the caller closes it.
+  [[nodiscard]] absl::Status Open(absl::string_view field, absl::string_view name, uint64_t offset,
+                                  uint64_t length, int* fd) const;
+
+  Access access_;
 };
 
 }  // namespace entrokv::service

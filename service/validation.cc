@@ -6,6 +6,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::service {
@@ -16,6 +17,11 @@ absl::Status Invalid(absl::string_view field, absl::string_view why) {
 }
 
 }  // namespace
+
+std::string EchoInput(absl::string_view input) {
+  if (input.size() <= kMaxEchoedChars) return std::string(input);
+  return absl::StrCat(input.substr(0, kMaxEchoedChars), "...");
+}
 
 absl::Status Annotate(const absl::Status& status, absl::string_view prefix) {
   if (status.ok()) return status;
@@ -148,7 +154,10 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::PolicyParams& params,
   ResolvedPolicy resolved;
   const std::string& name = params.name().empty() ? defaults.policy : params.name();
   absl::StatusOr<const Policy*> policy = FindPolicy(name);
-  if (!policy.ok()) return Invalid("policy.name", policy.status().message());
+  if (!policy.ok()) {
+    return Invalid("policy.name", absl::StrCat("'", EchoInput(name), "' is not one of ",
+                                               absl::StrJoin(PolicyNames(), ", ")));
+  }
   resolved.policy = *policy;
   resolved.options = DefaultPolicyOptions(defaults);
   resolved.options.page_size = page_size;

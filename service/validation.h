@@ -64,6 +64,11 @@ struct ResolvedBudget {
                                                            const ModelGeometry& geometry,
                                                            int64_t tokens);
 
+// At most the first 200 characters of client input, with "..." when cut: error messages echo
+// what they refuse, and an unbounded echo would turn the error into an oversized trailer.
+inline constexpr size_t kMaxEchoedChars = 200;
+[[nodiscard]] std::string EchoInput(absl::string_view input);
+
 // Same code, message prefixed with "<prefix>: ".
 [[nodiscard]] absl::Status Annotate(const absl::Status& status, absl::string_view prefix);
 

@@ -30,6 +30,7 @@ int RunReplay(const std::vector<std::string>& args);
 int RunStatus(const std::vector<std::string>& args);
 int RunModels(const std::vector<std::string>& args);
 int RunSequences(const std::vector<std::string>& args);
+int RunUnregister(const std::vector<std::string>& args);
 #endif
 
 }  // namespace entrokv::cli

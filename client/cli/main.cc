@@ -17,6 +17,7 @@ constexpr Command kCommands[] = {
     {"status", "daemon health and every pool's occupancy", RunStatus},
     {"models", "the registered models and their pools", RunModels},
     {"sequences", "open sequences with their lengths and block tables", RunSequences},
+    {"unregister", "remove a model and release its pool", RunUnregister},
     {"replay", "a simulated worker end to end against entrokvd", RunReplay},
 #endif
 };

@@ -173,4 +173,22 @@ int RunSequences(const std::vector<std::string>& argv) {
   return Print("sequences", SequencesReport(client, args.Get("model"), args.GetFlag("json")));
 }
 
+int RunUnregister(const std::vector<std::string>& argv) {
+  ArgParser args("unregister", "[--server ADDR] --model ID [--force]");
+  AddServerOptions(&args);
+  args.Option("model", "", "the model to remove");
+  args.Flag("force", false, "close its open sequences first instead of refusing");
+  ClientOptions options;
+  if (const int code = Parse(args, argv, "unregister", &options); code >= 0) return code;
+  Client client(options);
+  v1::UnregisterModelRequest request;
+  request.set_model_id(args.Get("model"));
+  request.set_force(args.GetFlag("force"));
+  const absl::StatusOr<v1::UnregisterModelResponse> response = client.UnregisterModel(request);
+  if (!response.ok()) return ServerError("unregister", response.status());
+  std::printf("unregistered %s (%lld sequences closed)\n", request.model_id().c_str(),
+              static_cast<long long>(response->closed_sequences()));
+  return kExitOk;
+}
+
 }  // namespace entrokv::cli

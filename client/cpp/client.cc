@@ -87,6 +87,11 @@ absl::StatusOr<v1::PoolStats> Client::GetPoolStats(const v1::GetPoolStatsRequest
   return Call<v1::GetPoolStatsRequest, v1::PoolStats>(&v1::CacheManager::Stub::GetPoolStats,
                                                       request);
 }
+absl::StatusOr<v1::UnregisterModelResponse> Client::UnregisterModel(
+    const v1::UnregisterModelRequest& request) {
+  return Call<v1::UnregisterModelRequest, v1::UnregisterModelResponse>(
+      &v1::CacheManager::Stub::UnregisterModel, request);
+}
 absl::StatusOr<v1::ListSequencesResponse> Client::ListSequences(
     const v1::ListSequencesRequest& request) {
   return Call<v1::ListSequencesRequest, v1::ListSequencesResponse>(

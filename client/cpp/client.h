@@ -41,6 +41,8 @@ class Client {
       const v1::RegisterModelRequest& request);
   [[nodiscard]] absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ListModelsResponse> ListModels();
+  [[nodiscard]] absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(
+      const v1::UnregisterModelRequest& request);
   [[nodiscard]] absl::StatusOr<v1::OpenSequenceResponse> OpenSequence(
       const v1::OpenSequenceRequest& request);
   [[nodiscard]] absl::StatusOr<v1::AppendTokensResponse> AppendTokens(

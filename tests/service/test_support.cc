@@ -28,9 +28,11 @@ int64_t NowMs() {
 }
 
 grpc::Status GenericUnary(grpc::Channel& channel, const std::string& method,
-                          const std::string& request, std::string* response, int timeout_ms) {
+                          const std::string& request, std::string* response, int timeout_ms,
+                          const std::string& token = "") {
   grpc::GenericStub stub(std::shared_ptr<grpc::ChannelInterface>(&channel, [](auto*) {}));
   grpc::ClientContext context;
+  if (!token.empty()) context.AddMetadata("authorization", "Bearer " + token);
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   grpc::Slice slice(request);
   grpc::ByteBuffer in(&slice, 1);
@@ -137,12 +139,12 @@ int HealthCheck(grpc::Channel& channel, const std::string& service, grpc::Status
   return 0;
 }
 
-grpc::Status CallReflection(grpc::Channel& channel) {
+grpc::Status CallReflection(grpc::Channel& channel, const std::string& token) {
   // ServerReflectionRequest{list_services = 7 (string)} = "".
   const std::string request("\x3a\x00", 2);
   std::string response;
   return GenericUnary(channel, "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo",
-                      request, &response, 2000);
+                      request, &response, 2000, token);
 }
 
 DaemonProcess::DaemonProcess(const std::string& binary, const std::vector<std::string>& args) {
@@ -179,13 +181,14 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::WaitListening(int timeout_ms) {
-  static const std::regex kLine(R"(entrokvd listening on [^ ]+:(\d+) metrics on [^ ]+:(\d+))");
+  static const std::regex kLine(
+      R"(entrokvd listening on [^ ]+:(\d+) metrics (?:on [^ ]+:(\d+)|off))");
   const int64_t deadline = NowMs() + timeout_ms;
   while (NowMs() < deadline) {
     std::smatch match;
     if (std::regex_search(stdout_text_, match, kLine)) {
       port_ = std::stoi(match[1]);
-      metrics_port_ = std::stoi(match[2]);
+      metrics_port_ = match[2].matched ? std::stoi(match[2]) : 0;
       return true;
     }
     pollfd fd{stdout_fd_, POLLIN, 0};

@@ -41,8 +41,9 @@ v1::Statistic BytesStatistic(const std::vector<float>& values, int heads, int64_
 int HealthCheck(grpc::Channel& channel, const std::string& service, grpc::Status* status = nullptr,
                 int timeout_ms = 1000);
 
-// One ServerReflectionInfo exchange (list_services) as a unary generic call.
-grpc::Status CallReflection(grpc::Channel& channel);
+// One ServerReflectionInfo exchange (list_services) as a unary generic call, with the bearer
+// token when one is given.
+grpc::Status CallReflection(grpc::Channel& channel, const std::string& token = "");
 
 // A real entrokvd process. Owns it: the destructor kills it (SIGKILL) if still running.
 class DaemonProcess {
@@ -54,7 +55,7 @@ class DaemonProcess {
   // True once the listening line was read; then port()/metrics_port() are set.
   [[nodiscard]] bool WaitListening(int timeout_ms);
   [[nodiscard]] int port() const { return port_; }
-  [[nodiscard]] int metrics_port() const { return metrics_port_; }
+  [[nodiscard]] int metrics_port() const { return metrics_port_; }  // 0: metrics off
   [[nodiscard]] pid_t pid() const { return pid_; }
   void Signal(int signal_number);
   // The exit code, or -1 on timeout / death by signal.

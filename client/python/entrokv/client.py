@@ -166,6 +166,12 @@ class Client:
         response = self._call(self._stub.ListModels, pb.ListModelsRequest())
         return [PoolInfo.from_message(pool) for pool in response.pools]
 
+    def unregister_model(self, model_id: str, force: bool = False) -> int:
+        """Removes the model and releases its pool; refused (FAILED_PRECONDITION) while it has
+        open sequences unless force. Returns the sequences force closed."""
+        request = pb.UnregisterModelRequest(model_id=model_id, force=force)
+        return self._call(self._stub.UnregisterModel, request).closed_sequences
+
     def open_sequence(self, model_id: str, sequence_id: str, initial_tokens: int = 0,
                       parent: Optional[str] = None, prefix_pages: int = 0) -> SequenceInfo:
         request = pb.OpenSequenceRequest(model_id=model_id, sequence_id=sequence_id,
