@@ -297,6 +297,47 @@ TEST(CrashRecoveryTest, ArenaGoneMarksSequencesLost) {
   shm_unlink(fresh.c_str());
 }
 
+// UnregisterModel is for good: the model's records leave the journal, so a restart does not
+// bring it back, and its host arena's kept name is unlinked; another model is untouched.
+TEST(CrashRecoveryTest, AnUnregisteredModelStaysGoneAfterARestart) {
+  const std::string dir = FreshDir("crash_unregister");
+  std::string gone_arena;
+  std::string kept_arena;
+  {
+    Daemon daemon(dir);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Register(daemon, "gone", v1::FRAME_LAYOUT_GROUP);
+    Register(daemon, "kept", v1::FRAME_LAYOUT_GROUP);
+    ASSERT_TRUE(Open(daemon.stub(), "gone", "s", 50).ok());
+    ASSERT_TRUE(Open(daemon.stub(), "kept", "s", 50).ok());
+    gone_arena = ArenaName(daemon, "gone");
+    kept_arena = ArenaName(daemon, "kept");
+    grpc::ClientContext context;
+    v1::UnregisterModelRequest request;
+    request.set_model_id("gone");
+    request.set_force(true);
+    v1::UnregisterModelResponse response;
+    ASSERT_TRUE(daemon.stub().UnregisterModel(&context, request, &response).ok());
+    EXPECT_FALSE(ShmExists(gone_arena));
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  Daemon daemon(dir);
+  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+  grpc::ClientContext context;
+  v1::GetModelRequest request;
+  request.set_model_id("gone");
+  v1::GetModelResponse response;
+  EXPECT_EQ(daemon.stub().GetModel(&context, request, &response).error_code(),
+            grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(ArenaName(daemon, "kept"), kept_arena);
+  EXPECT_EQ(Append(daemon.stub(), "kept", "s", 1).error_code(), grpc::StatusCode::OK);
+  daemon.process().Signal(SIGKILL);
+  EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  std::filesystem::remove_all(dir);
+  shm_unlink(kept_arena.c_str());
+}
+
 TEST(CrashRecoveryTest, DamagedJournalStopsTheStartWithExitTwo) {
   const std::string dir = FreshDir("crash_corrupt");
   std::string arena;
