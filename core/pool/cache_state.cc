@@ -176,10 +176,7 @@ absl::StatusOr<std::vector<double>> CacheState::GetHeadWeights(absl::string_view
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
-  if (layer < 0 || layer >= geometry_.layers) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
-  }
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
   return it->second.head_weights(layer);
 }
 
@@ -188,10 +185,7 @@ absl::StatusOr<std::vector<uint8_t>> CacheState::LivePages(absl::string_view seq
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
-  if (layer < 0 || layer >= geometry_.layers) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
-  }
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
   const Sequence& sequence = it->second;
   std::vector<uint8_t> live;
   bool any_evicted = false;

@@ -18,6 +18,14 @@ absl::Status CheckPositive(absl::string_view field, int value) {
 
 }  // namespace
 
+absl::Status CheckLayer(const ModelGeometry& geometry, int32_t layer) {
+  if (layer < 0 || layer >= geometry.layers) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("layer ", layer, " is outside the model's ", geometry.layers, " layers"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateGeometry(const ModelGeometry& geometry) {
   for (const auto& [field, value] : {std::pair<absl::string_view, int>{"layers", geometry.layers},
                                      {"query_heads", geometry.query_heads},

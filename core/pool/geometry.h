@@ -23,6 +23,8 @@ struct ModelGeometry {
 // INVALID_ARGUMENT naming the field: a non-positive field, query_heads % kv_groups != 0, or a
 // frame too large to address.
 [[nodiscard]] absl::Status ValidateGeometry(const ModelGeometry& geometry);
+// FAILED_PRECONDITION naming the layer when it is not in [0, geometry.layers).
+[[nodiscard]] absl::Status CheckLayer(const ModelGeometry& geometry, int32_t layer);
 
 // What one frame of the pool holds (ARCHITECTURE §3.9).
 enum class FrameLayout : uint8_t {

@@ -256,10 +256,7 @@ absl::Status Sequence::CheckDecision(
     const std::vector<std::vector<int32_t>>& kept_pages_per_group) const {
   if (released_)
     return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
-  if (layer < 0 || layer >= geometry_.layers) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
-  }
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
   if (decided_tokens != length_) {
     return absl::FailedPreconditionError(absl::StrCat(
         "decision is for ", decided_tokens, " tokens but sequence \"", id_, "\" has ", length_));
@@ -331,10 +328,7 @@ absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
 }
 
 absl::Status Sequence::SetHeadWeights(int32_t layer, std::vector<double> weights) {
-  if (layer < 0 || layer >= geometry_.layers) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("layer ", layer, " is outside the model's ", geometry_.layers, " layers"));
-  }
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
   if (weights.size() != static_cast<size_t>(geometry_.query_heads)) {
     return absl::InvalidArgumentError(absl::StrCat("head weights: ", weights.size(),
                                                    " values, the model has ", geometry_.query_heads,
