@@ -28,6 +28,15 @@ inline CliRun RunCli(const std::string& arguments) {
   return run;
 }
 
+// The integer after "key": in the JSON text the CLI printed, searching from `from`; -1 when
+// absent.
+inline long long JsonInt(const std::string& json, const std::string& key,  // NOLINT(runtime/int)
+                         size_t from = 0) {
+  const size_t at = json.find("\"" + key + "\":", from);
+  if (at == std::string::npos) return -1;
+  return std::stoll(json.substr(at + key.size() + 3));
+}
+
 }  // namespace entrokv::testing
 
 #endif  // ENTROKV_TESTS_E2E_CLI_RUNNER_H_

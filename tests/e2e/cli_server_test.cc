@@ -11,16 +11,10 @@ namespace entrokv {
 namespace {
 
 using ::entrokv::testing::CliRun;
+using ::entrokv::testing::JsonInt;
 using ::entrokv::testing::RunCli;
 using ::testing::HasSubstr;
 using ::testing::MatchesRegex;
-
-// The integer after "key": in a flat JSON object; -1 when absent.
-long long JsonInt(const std::string& json, const std::string& key, size_t from = 0) {
-  const size_t at = json.find("\"" + key + "\":", from);
-  if (at == std::string::npos) return -1;
-  return std::stoll(json.substr(at + key.size() + 3));
-}
 
 class CliServerTest : public ::testing::Test {
  protected:
