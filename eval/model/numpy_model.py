@@ -23,12 +23,12 @@ import numpy as np
 @dataclasses.dataclass(frozen=True)
 class Config:
     vocab: int = 128
-    d_model: int = 256
+    d_model: int = 128
     layers: int = 4
     query_heads: int = 8
     kv_heads: int = 2
     head_dim: int = 32
-    mlp_hidden: int = 512
+    mlp_hidden: int = 384
     rope_base: float = 10000.0
     norm_eps: float = 1e-5
 

@@ -65,12 +65,14 @@ class Block(nn.Module):
         q = self.wq(h).view(b, t, c.query_heads, c.head_dim).transpose(1, 2)
         k = self.wk(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
         v = self.wv(h).view(b, t, c.kv_heads, c.head_dim).transpose(1, 2)
-        q, k = rope(q, cos, sin), rope(k, cos, sin)
-        k = k.repeat_interleave(c.group_size, dim=1)  # head h reads KV head h // r
-        v = v.repeat_interleave(c.group_size, dim=1)
-        scores = (q @ k.transpose(-1, -2)) / math.sqrt(c.head_dim)
-        probs = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-        out = (probs @ v).transpose(1, 2).reshape(b, t, -1)
+        q, k = rope(q, cos, sin) * (1.0 / math.sqrt(c.head_dim)), rope(k, cos, sin)
+        # Query head h reads KV head h // r: stack each group's r heads along the row axis so
+        # one batched matmul per KV head does the group (no repeated K/V, larger matrices).
+        r = c.group_size
+        q = q.reshape(b, c.kv_heads, r * t, c.head_dim)
+        scores = q @ k.transpose(-1, -2) + mask.repeat(r, 1)
+        probs = torch.softmax(scores, dim=-1)
+        out = (probs @ v).view(b, c.query_heads, t, c.head_dim).transpose(1, 2).reshape(b, t, -1)
         x = x + self.wo(out)
         h = self.mlp_norm(x)
         return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
@@ -90,7 +92,7 @@ class Transformer(nn.Module):
         t = tokens.shape[1]
         cos, sin = numpy_model.rope_tables(np.arange(t), c.head_dim, c.rope_base)
         cos, sin = torch.from_numpy(cos).to(tokens.device), torch.from_numpy(sin).to(tokens.device)
-        mask = torch.ones(t, t, dtype=torch.bool, device=tokens.device).triu(1)
+        mask = torch.full((t, t), float("-inf"), device=tokens.device).triu(1)  # additive, causal
         x = self.embed(tokens)
         for block in self.layers:
             x = block(x, cos, sin, mask)
@@ -142,10 +144,11 @@ def main():
     ap.add_argument("--out", required=True, help="weights .npz to write")
     ap.add_argument("--log", required=True, help="JSON-lines training log to write")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--curriculum", default="256:1500,512:1500,1024:1000,2048:600",
-                    help="length:steps,... in order")
-    ap.add_argument("--batch", type=int, default=16)
-    ap.add_argument("--lr", type=float, default=1e-3)
+    ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
+                    help="length:steps:batch,... in order")
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--resume", help="a --checkpoint file to continue from (weights only)")
+    ap.add_argument("--checkpoint", help="PyTorch state to write at every evaluation")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
     args = ap.parse_args()
@@ -156,8 +159,10 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = numpy_model.Config()
     model = Transformer(config).to(device)
-    stages = [(int(a), int(b)) for a, b in (s.split(":") for s in args.curriculum.split(","))]
-    total = sum(s for _, s in stages)
+    stages = [tuple(int(v) for v in s.split(":")) for s in args.curriculum.split(",")]
+    total = sum(steps for _, steps, _ in stages)
+    if args.resume:
+        model.load_state_dict(torch.load(args.resume))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = 100
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -168,10 +173,10 @@ def main():
     with open(args.log, "w") as log:
         log.write(json.dumps({"event": "start", "params": params, "device": device,
                               "threads": torch.get_num_threads(), "args": vars(args)}) + "\n")
-        for length, steps in stages:
+        for length, steps, batch_size in stages:
             for _ in range(steps):
                 model.train()
-                x, y = batch(tasks.TASKS, length, args.batch, args.seed * 10_000_019 + step)
+                x, y = batch(tasks.TASKS, length, batch_size, args.seed * 10_000_019 + step)
                 logits = model(x.to(device))
                 loss = F.cross_entropy(logits.reshape(-1, config.vocab), y.to(device).reshape(-1))
                 opt.zero_grad(set_to_none=True)
@@ -187,7 +192,7 @@ def main():
                     log.write(json.dumps(record) + "\n")
                 if step % args.eval_every == 0 or step == total:
                     model.eval()
-                    acc = {t: accuracy(model, t, length, 32, 900_000 + step, device)
+                    acc = {t: accuracy(model, t, length, 16, 900_000 + step, device)
                            for t in tasks.TASKS}
                     record = {"step": step, "length": length, "accuracy": acc,
                               "seconds": round(time.time() - started, 1)}
@@ -195,6 +200,8 @@ def main():
                     log.write(json.dumps(record) + "\n")
                     log.flush()
                     export(model, config, args.out)
+                    if args.checkpoint:
+                        torch.save(model.state_dict(), args.checkpoint)
         log.write(json.dumps({"event": "done", "steps": step,
                               "seconds": round(time.time() - started, 1)}) + "\n")
     export(model, config, args.out)
