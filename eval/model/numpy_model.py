@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -108,13 +108,15 @@ class Model:
 
     # ---- one layer over new tokens, attending through the cache -------------------------------
     def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray, kv,
-                   stat_rows: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+                   stat_rows: Union[int, Sequence[int]]):
         """x: [n, d] new tokens at `positions` (ascending, after everything cached).
 
         Writes their K/V into `kv`, attends causally over what `kv` holds, and returns the
-        attention output [n, d] and, when stat_rows > 0, the statistic: the mean attention
-        probability of the last `stat_rows` new queries over every cached position,
-        [H_Q, T_cache] (positions in cache order).
+        attention output [n, d] and, when stat_rows > 0, the statistic: per group, the mean
+        attention probability of the last `stat_rows` new queries over every cached position,
+        [r, T_g] (positions in cache order). stat_rows may be a sequence of window sizes W: then
+        the statistic is a dict W -> that list, all from one pass (a W >= n averages every new
+        query, the ACCUMULATED statistic divided by n).
         """
         c, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "attn_norm.weight"], c.norm_eps)
@@ -127,7 +129,9 @@ class Model:
         kv.write(layer, positions, k.astype(np.float32), v.astype(np.float32))
         keys, values, cached = kv.read(layer)
         out = np.zeros((c.query_heads, n, c.head_dim), np.float32)
-        stat = None
+        single = isinstance(stat_rows, (int, np.integer))
+        windows = [int(w) for w in ((stat_rows,) if single else stat_rows) if w > 0]
+        stats = {w: [None] * c.kv_heads for w in windows}
         scale = 1.0 / np.sqrt(c.head_dim)
         for g in range(c.kv_heads):
             heads = slice(g * c.group_size, (g + 1) * c.group_size)
@@ -136,12 +140,12 @@ class Model:
             scores = np.where(mask[None], -np.inf, scores)
             probs = softmax(scores.astype(np.float32), axis=-1)
             out[heads] = probs @ values[g]
-            if stat_rows > 0:
-                if stat is None:
-                    stat = [None] * c.kv_heads
-                stat[g] = probs[:, -stat_rows:, :].mean(axis=1)
+            for w in windows:
+                stats[w][g] = probs[:, -w:, :].mean(axis=1)
         out = out.transpose(1, 0, 2).reshape(n, c.query_heads * c.head_dim)
-        return out @ self.w[p + "wo.weight"].T, stat
+        if not windows:
+            return out @ self.w[p + "wo.weight"].T, None
+        return out @ self.w[p + "wo.weight"].T, stats[windows[0]] if single else stats
 
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         p = f"layers.{layer}."
@@ -151,13 +155,14 @@ class Model:
         act = gate / (1.0 + np.exp(-gate)) * up
         return act @ self.w[p + "w2.weight"].T
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, kv, stat_rows: int = 0,
-             on_layer=None) -> np.ndarray:
+    def step(self, tokens: np.ndarray, positions: np.ndarray, kv,
+             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None) -> np.ndarray:
         """Runs new tokens through every layer; returns logits [n, vocab].
 
         on_layer(layer, statistic) is called after each layer's attention when stat_rows > 0,
-        with the per-group statistics (a list of [r, T_g] arrays): the moment a worker sends
-        that layer's statistic and may evict before the next layer runs.
+        with the per-group statistics (a list of [r, T_g] arrays; a dict window -> such a list
+        when stat_rows is a sequence of windows): the moment a worker sends that layer's
+        statistic and may evict before the next layer runs.
         """
         x = self.w["embed.weight"][tokens].astype(np.float32)
         for layer in range(self.config.layers):
