@@ -118,7 +118,8 @@ class NumpyModelTest(unittest.TestCase):
             model.step(tokens, np.arange(96), numpy_model.DenseKV(model.config), stat_rows=w,
                        on_layer=lambda layer, stat, w=w: single.setdefault((layer, w), stat))
         model.step(tokens, np.arange(96), numpy_model.DenseKV(model.config),
-                   stat_rows=(1, 5, 96), on_layer=lambda layer, stat: several.setdefault(layer, stat))
+                   stat_rows=(1, 5, 96),
+                   on_layer=lambda layer, stat: several.setdefault(layer, stat))
         for (layer, w), stat in single.items():
             self.assertEqual(sorted(several[layer]), [1, 5, 96])
             for group, want in zip(several[layer][w], stat):
