@@ -241,6 +241,7 @@ class RunResult:
     decide_ms: float
     decode_ms: float
     decode_tokens: int
+    cycle_ms: float = 0.0  # open or fork, decisions, decode and close: the whole sequence
 
 
 # ---- the worker -------------------------------------------------------------------------------
@@ -459,10 +460,12 @@ class PoolWorker:
                                      kinds=(policy.kind,))
         try:
             prefill_ms = (time.perf_counter() - start) * 1e3
-            return self._result(example, policy, kv, decisions, prompt_frames, prefill_ms, 0.0,
-                                max_new)
+            result = self._result(example, policy, kv, decisions, prompt_frames, prefill_ms, 0.0,
+                                  max_new)
         finally:
             self.close_sequence(kv)
+        result.cycle_ms = (time.perf_counter() - start) * 1e3
+        return result
 
     def run_forked(self, example: tasks.Example, policies: Sequence[Policy], *,
                    max_new: Optional[int] = None) -> List[RunResult]:
@@ -476,6 +479,7 @@ class PoolWorker:
             prompt_frames = parent.live_frames()
             results = []
             for policy in policies:
+                cycle = time.perf_counter()
                 child = self.fork(parent)
                 try:
                     start = time.perf_counter()
@@ -485,7 +489,9 @@ class PoolWorker:
                                                 0.0, decide_ms, max_new))
                 finally:
                     self.close_sequence(child)
-            results[0].prefill_ms = prefill_ms if results else 0.0
+                results[-1].cycle_ms = (time.perf_counter() - cycle) * 1e3
+            if results:
+                results[0].prefill_ms = prefill_ms
             return results
         finally:
             self.close_sequence(parent)
@@ -585,7 +591,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         print(f"{policy.label():<22} {correct:>4}/{len(results):<4} {kept:>12.0f} "
               f"{100 * share:>9.1f}% {ms:>16.1f}")
     prefill = np.mean([run[0].prefill_ms for run in runs])
-    print(f"prefill {prefill:.0f} ms/prompt; {elapsed:.1f} s in all; pool after every close: "
+    cycle = np.mean([r.cycle_ms for run in runs for r in run[1:]] or [0.0])
+    print(f"prefill {prefill:.0f} ms/prompt, fork + decide + decode + close {cycle:.0f} ms; "
+          f"{elapsed:.1f} s in all; pool after every close: "
           f"{stats.used_frames} used + {stats.free_frames} free = {stats.capacity_frames} frames")
     return 0 if stats.used_frames + stats.free_frames == stats.capacity_frames else 1
 

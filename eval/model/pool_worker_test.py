@@ -89,6 +89,17 @@ class PoolWorkerTest(unittest.TestCase):
                 self.assertEqual(worker.close_sequence(kv), kv.live_frames())
                 self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
 
+    def test_half_precision_frames_round_only(self):
+        # f16 K/V (element_bytes 2): the pool holds rounded keys and values, nothing else changes.
+        worker = self.worker("plain-f16", element="f16", capacity_frames=1024)
+        example = tasks.make_example("multi_key", 250, 1)
+        kv, _ = worker.prefill(example.prompt)
+        self.assertEqual(worker.arena.frames.dtype, np.float16)
+        prefill = self.model.forward(example.prompt)
+        np.testing.assert_allclose(kv.prefill_logits, prefill, rtol=1e-2, atol=1e-2)
+        self.assertFalse(np.array_equal(kv.prefill_logits, prefill))
+        worker.close_sequence(kv)
+
     def test_poisoned_free_frames_are_never_read(self):
         example = tasks.make_example("multi_key", 300, 2)
         for layout in ("group", "layer"):
