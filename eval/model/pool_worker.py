@@ -242,6 +242,7 @@ class RunResult:
     decode_ms: float
     decode_tokens: int
     cycle_ms: float = 0.0  # open or fork, decisions, decode and close: the whole sequence
+    decisions: list = dataclasses.field(default_factory=list)  # the LayerDecision records
 
 
 # ---- the worker -------------------------------------------------------------------------------
@@ -446,7 +447,8 @@ class PoolWorker:
                          kept_frames=kept, prompt_frames=prompt_frames,
                          freed_frames=sum(len(d.freed_frames) for d in decisions),
                          quota_pages=[d.quota_pages for d in decisions], prefill_ms=prefill_ms,
-                         decide_ms=decide_ms, decode_ms=decode_ms, decode_tokens=len(answer))
+                         decide_ms=decide_ms, decode_ms=decode_ms, decode_tokens=len(answer),
+                         decisions=decisions)
 
     def run_prompt(self, example: tasks.Example, policy: Policy, *,
                    max_new: Optional[int] = None,
