@@ -1,0 +1,224 @@
+"""Accuracy of the small GQA model under every eviction policy, with entrokvd as its KV cache.
+
+    /usr/bin/python3 eval/model/evaluate.py --weights eval/model/weights.npz \\
+        --entrokvd build/service/entrokvd --out docs/evaluation/small-gqa
+    (with PYTHONPATH=build/client/python)
+
+Each prompt is prefilled once into the daemon's pool and forked per (policy, compression ratio)
+with prefix sharing; each fork gets its decisions and a greedy decode (pool_worker.run_forked).
+Rows are written as they finish (results.csv), so a stopped run keeps what it measured; the
+summary (accuracy with Wilson 95% intervals, frames kept) and the plots are made from that file
+(`--summarize-only` remakes them without running anything).
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import csv
+import math
+import os
+import sys
+import time
+from typing import Dict, List, Sequence, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_model  # noqa: E402
+import pool_worker  # noqa: E402
+import tasks  # noqa: E402
+import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
+
+POLICIES = ("page_entrokv", "raw_entropy", "mean", "max", "head_independent", "snapkv", "h2o",
+            "streaming")
+RATIOS = (0.25, 0.5, 0.75, 0.875, 0.95)
+FIELDS = ("task", "length", "page_size", "layout", "prompt", "depth", "policy", "ratio",
+          "correct", "kept_frames", "prompt_frames", "freed_frames", "decide_ms", "decode_ms")
+
+
+def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
+    """The Wilson score interval: sound at 0% and 100%, where the normal approximation is not."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+# ---- running ------------------------------------------------------------------------------------
+_WORKER = None  # one PoolWorker per process
+
+
+def _start_worker(address: str, weights: str, page_size: int, layout: str, tag: str) -> None:
+    global _WORKER
+    client = entrokv.Client(address, timeout_s=120)
+    model = numpy_model.Model.load(weights)
+    _WORKER = pool_worker.PoolWorker(client, model, page_size=page_size, frame_layout=layout,
+                                     model_id=f"eval-{layout}-b{page_size}-{tag}-{os.getpid()}")
+
+
+def _run(job) -> List[Dict[str, object]]:
+    task, length, index, seed, count, settings = job
+    example = tasks.examples(task, length, count, seed)[index]
+    policies = [pool_worker.Policy("none") if name == "none" else
+                pool_worker.Policy(name, ratio=ratio) for name, ratio in settings]
+    rows = []
+    for (name, ratio), result in zip(settings, _WORKER.run_forked(example, policies)):
+        rows.append(dict(task=task, length=length, page_size=_WORKER.page_size,
+                         layout=_WORKER.pool.frame_layout, prompt=index,
+                         depth=round(example.depth, 4), policy=name,
+                         ratio=ratio, correct=int(result.correct),
+                         kept_frames=result.kept_frames, prompt_frames=result.prompt_frames,
+                         freed_frames=result.freed_frames, decide_ms=round(result.decide_ms, 2),
+                         decode_ms=round(result.decode_ms, 2)))
+    return rows
+
+
+def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str,
+        writer, out_file) -> None:
+    jobs = [(task, length, i, args.seed, args.prompts, tuple(settings))
+            for length in args.lengths for task in args.tasks for i in range(args.prompts)]
+    started = time.time()
+    with concurrent.futures.ProcessPoolExecutor(
+            args.processes, initializer=_start_worker,
+            initargs=(args.address, args.weights, page_size, layout, args.tag)) as pool:
+        for done, rows in enumerate(pool.map(_run, jobs), 1):
+            for row in rows:
+                writer.writerow(row)
+            out_file.flush()
+            if done % 5 == 0 or done == len(jobs):
+                rate = (time.time() - started) / done
+                print(f"  {layout} b{page_size}: {done}/{len(jobs)} prompts, "
+                      f"{rate:.1f} s each, about {rate * (len(jobs) - done) / 60:.0f} min left",
+                      flush=True)
+
+
+# ---- summarising --------------------------------------------------------------------------------
+def summarize(out_dir: str) -> List[Dict[str, object]]:
+    with open(os.path.join(out_dir, "results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    cells: Dict[tuple, List[dict]] = {}
+    for r in rows:
+        key = (r["task"], int(r["length"]), int(r["page_size"]), r["layout"], r["policy"],
+               float(r["ratio"]))
+        cells.setdefault(key, []).append(r)
+    summary = []
+    for key in sorted(cells):
+        group = cells[key]
+        n, correct = len(group), sum(int(r["correct"]) for r in group)
+        low, high = wilson(correct, n)
+        kept = np.mean([int(r["kept_frames"]) for r in group])
+        prompt = np.mean([int(r["prompt_frames"]) for r in group])
+        summary.append(dict(task=key[0], length=key[1], page_size=key[2], layout=key[3],
+                            policy=key[4], ratio=key[5], prompts=n, correct=correct,
+                            accuracy=round(correct / n, 4), ci_low=round(low, 4),
+                            ci_high=round(high, 4), kept_frames=round(float(kept), 1),
+                            prompt_frames=round(float(prompt), 1),
+                            kept_share=round(float(kept / prompt), 4)))
+    with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(summary[0]))
+        writer.writeheader()
+        writer.writerows(summary)
+    plot(summary, out_dir)
+    return summary
+
+
+def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    main = [s for s in summary if s["layout"] == "group" and s["page_size"] == 16]
+    task_names = sorted({s["task"] for s in main}, key=tasks.TASKS.index)
+    lengths = sorted({s["length"] for s in main})
+    fig, axes = plt.subplots(len(lengths), len(task_names), squeeze=False,
+                             figsize=(4.2 * len(task_names), 3.4 * len(lengths)), sharey=True)
+    for row, length in enumerate(lengths):
+        for col, task in enumerate(task_names):
+            ax = axes[row][col]
+            cell = [s for s in main if s["task"] == task and s["length"] == length]
+            baseline = [s for s in cell if s["policy"] == "none"]
+            for policy in POLICIES:
+                points = sorted((s["ratio"], s["accuracy"], s["ci_low"], s["ci_high"])
+                                for s in cell if s["policy"] == policy)
+                if not points:
+                    continue
+                if baseline:
+                    points = [(0.0, baseline[0]["accuracy"], baseline[0]["ci_low"],
+                               baseline[0]["ci_high"])] + points
+                x, y, lo, hi = (np.array(v) for v in zip(*points))
+                style = dict(lw=2.2) if policy == "page_entrokv" else dict(lw=1.1, alpha=0.85)
+                ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=2,
+                            label=policy, **style)
+            ax.set_title(f"{task}, T = {length}", fontsize=10)
+            ax.set_xlabel("compression ratio (share of KV evicted)")
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(alpha=0.3)
+            if col == 0:
+                ax.set_ylabel("exact-match accuracy")
+    axes[0][0].legend(fontsize=7, loc="lower left")
+    fig.suptitle("Small GQA model, entrokvd as its KV cache: accuracy vs compression "
+                 "(page size 16, Wilson 95% intervals)", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)
+    plt.close(fig)
+
+
+# ---- the command --------------------------------------------------------------------------------
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--weights", help="the model's .npz")
+    ap.add_argument("--out", required=True, help="folder for results.csv, summary.csv, plots")
+    ap.add_argument("--server", help="entrokvd address; default: start --entrokvd privately")
+    ap.add_argument("--entrokvd", default="entrokvd")
+    ap.add_argument("--tasks", default=",".join(tasks.TASKS))
+    ap.add_argument("--lengths", default="1024,2048")
+    ap.add_argument("--prompts", type=int, default=300, help="per (task, length), depths 0-100%%")
+    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--ratios", default=",".join(str(r) for r in RATIOS))
+    ap.add_argument("--also", default="b32:0.75,layer:0.75",
+                    help="extra passes at one ratio: b32 (page size 32), layer (LAYER layout)")
+    ap.add_argument("--processes", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--summarize-only", action="store_true")
+    args = ap.parse_args(argv)
+
+    os.makedirs(args.out, exist_ok=True)
+    if not args.summarize_only:
+        if not args.weights:
+            ap.error("--weights is required unless --summarize-only")
+        args.tasks = [t for t in args.tasks.split(",") if t]
+        args.lengths = [int(v) for v in args.lengths.split(",") if v]
+        args.tag = f"{os.getpid()}"
+        policies = [p for p in args.policies.split(",") if p]
+        ratios = [float(r) for r in args.ratios.split(",") if r]
+        daemon = None if args.server else pool_worker.LocalDaemon(
+            args.entrokvd)
+        args.address = args.server or daemon.address
+        started = time.time()
+        try:
+            with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=FIELDS)
+                writer.writeheader()
+                main_settings = [("none", 0.0)] + [(p, r) for r in ratios for p in policies]
+                print(f"evaluating {len(args.tasks)} tasks x lengths {args.lengths} x "
+                      f"{args.prompts} prompts, {len(main_settings)} settings each", flush=True)
+                run(args, main_settings, 16, "group", writer, f)
+                for extra in (e for e in args.also.split(",") if e):
+                    kind, ratio = extra.split(":")
+                    settings = [("none", 0.0)] + [(p, float(ratio)) for p in policies]
+                    page_size, layout = (32, "group") if kind == "b32" else (16, "layer")
+                    run(args, settings, page_size, layout, writer, f)
+        finally:
+            if daemon is not None:
+                daemon.stop()
+        print(f"done in {(time.time() - started) / 60:.1f} min", flush=True)
+    summary = summarize(args.out)
+    print(f"{len(summary)} cells written to {os.path.join(args.out, 'summary.csv')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
