@@ -121,7 +121,53 @@ def summarize(out_dir: str) -> List[Dict[str, object]]:
         writer.writeheader()
         writer.writerows(summary)
     plot(summary, out_dir)
+    with open(os.path.join(out_dir, "tables.md"), "w") as f:
+        f.write(tables(summary))
     return summary
+
+
+def tables(summary: List[Dict[str, object]]) -> str:
+    """Markdown: accuracy per (task, length) as policy x ratio, then the frames kept."""
+    out = []
+    for (page_size, layout) in sorted({(s["page_size"], s["layout"]) for s in summary}):
+        part = [s for s in summary if s["page_size"] == page_size and s["layout"] == layout]
+        ratios = sorted({s["ratio"] for s in part if s["policy"] != "none"})
+        for task in sorted({s["task"] for s in part}, key=tasks.TASKS.index):
+            for length in sorted({s["length"] for s in part}):
+                cell = {(s["policy"], s["ratio"]): s for s in part
+                        if s["task"] == task and s["length"] == length}
+                if not cell:
+                    continue
+                none = cell.get(("none", 0.0))
+                prompts = next(iter(cell.values()))["prompts"]
+                out.append(f"\n**{task}, T = {length}, page size {page_size}, {layout} layout** "
+                           f"({prompts} prompts; no eviction: "
+                           f"{_pct(none) if none else 'n/a'})\n")
+                out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
+                out.append("|---|" + "---|" * len(ratios))
+                for policy in POLICIES:
+                    if any((policy, r) in cell for r in ratios):
+                        out.append(f"| {policy} | " + " | ".join(
+                            _pct(cell.get((policy, r))) for r in ratios) + " |")
+        out.append(f"\n**Frames kept after the decisions, as a share of the prompt's frames "
+                   f"(page size {page_size}, {layout} layout; mean over prompts and tasks)**\n")
+        out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
+        out.append("|---|" + "---|" * len(ratios))
+        for policy in POLICIES:
+            shares = []
+            for r in ratios:
+                rows = [s for s in part if s["policy"] == policy and s["ratio"] == r]
+                shares.append(f"{100 * np.mean([s['kept_share'] for s in rows]):.1f}%"
+                              if rows else "")
+            if any(shares):
+                out.append(f"| {policy} | " + " | ".join(shares) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _pct(s) -> str:
+    if s is None:
+        return ""
+    return f"{100 * s['accuracy']:.0f}% [{100 * s['ci_low']:.0f}, {100 * s['ci_high']:.0f}]"
 
 
 def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
