@@ -108,13 +108,14 @@ class Model:
 
     # ---- one layer over new tokens, attending through the cache -------------------------------
     def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray, kv,
-                   stat_rows: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+                   stat_rows: int, on_probs=None) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """x: [n, d] new tokens at `positions` (ascending, after everything cached).
 
         Writes their K/V into `kv`, attends causally over what `kv` holds, and returns the
         attention output [n, d] and, when stat_rows > 0, the statistic: the mean attention
         probability of the last `stat_rows` new queries over every cached position,
-        [H_Q, T_cache] (positions in cache order).
+        [H_Q, T_cache] (positions in cache order). on_probs(layer, group, probs) sees every
+        group's attention probabilities [r, n, T_g] (trace capture reads them there).
         """
         c, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "attn_norm.weight"], c.norm_eps)
@@ -136,6 +137,8 @@ class Model:
             scores = np.where(mask[None], -np.inf, scores)
             probs = softmax(scores.astype(np.float32), axis=-1)
             out[heads] = probs @ values[g]
+            if on_probs is not None:
+                on_probs(layer, g, probs)
             if stat_rows > 0:
                 if stat is None:
                     stat = [None] * c.kv_heads
@@ -152,16 +155,17 @@ class Model:
         return act @ self.w[p + "w2.weight"].T
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, kv, stat_rows: int = 0,
-             on_layer=None) -> np.ndarray:
+             on_layer=None, on_probs=None) -> np.ndarray:
         """Runs new tokens through every layer; returns logits [n, vocab].
 
         on_layer(layer, statistic) is called after each layer's attention when stat_rows > 0,
         with the per-group statistics (a list of [r, T_g] arrays): the moment a worker sends
-        that layer's statistic and may evict before the next layer runs.
+        that layer's statistic and may evict before the next layer runs. on_probs: see
+        _attention.
         """
         x = self.w["embed.weight"][tokens].astype(np.float32)
         for layer in range(self.config.layers):
-            attn, stat = self._attention(layer, x, positions, kv, stat_rows)
+            attn, stat = self._attention(layer, x, positions, kv, stat_rows, on_probs)
             x = x + attn
             x = x + self._mlp(layer, x)
             if on_layer is not None and stat is not None:
