@@ -199,6 +199,10 @@ def spread(values: Sequence[float]) -> dict:
             "ci95": 1.96 * std / math.sqrt(len(v)), "min": float(v.min()), "max": float(v.max())}
 
 
+def ratio_text(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{value:.2f}x"
+
+
 def fmt(s: dict, digits: int = 3) -> str:
     if s["n"] == 0:
         return "n/a"
@@ -648,13 +652,17 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
         w(f"| {row['length']} | {row['variant']} | {row['sink_heads']} | "
           f"{row['retrieval_heads']} | {row['other_heads']} | {row['sink_weight']:.3f} | "
           f"{row['retrieval_weight']:.3f} | {row['other_weight']:.3f} | "
-          f"{row['sink_over_context']:.2f}x | {fmt(pr, 2)} ({pr['n']}) |")
+          f"{ratio_text(row['sink_over_context'])} | {fmt(pr, 2)} ({pr['n']}) |")
     w("")
     raw = find(census, length="all", variant="raw")
     iso = find(census, length="all", variant="isolated")
-    if raw["sink_heads"] == 0:
-        verdict19 = ("**not testable on this model**: no head puts half its last-row mass on "
-                     "the first 4 tokens (see the sink-mass table).")
+    sink_prompts = find(census, length="all", variant="raw")["prompt_ratio_n"]
+    if raw["sink_heads"] < 10 or sink_prompts < 5:
+        verdict19 = (f"**not testable on this model**: only {raw['sink_heads']} (layer, head) "
+                     f"rows in {sink_prompts} prompts put half their last-row mass on the first "
+                     "4 tokens (see the sink-mass table); "
+                     f"on those the ratio goes {raw['sink_over_context']:.2f}x raw -> "
+                     f"{iso['sink_over_context']:.2f}x isolated, too few to call.")
     elif raw["sink_over_context"] > 1.0 and iso["sink_over_context"] < 1.0:
         verdict19 = (f"**confirmed**: the ordering inverts, {raw['sink_over_context']:.2f}x raw "
                      f"-> {iso['sink_over_context']:.2f}x isolated.")
