@@ -57,20 +57,22 @@ def capture(model: numpy_model.Model, prompt: np.ndarray, statistic: str = "last
     c = model.config
     tokens = len(prompt)
     rows = 1 if statistic == "last_row" else min(window, tokens)
+    windows = sorted({rows, tokens} if accumulated else {rows})
     shape = (c.layers, c.query_heads, tokens)
     result = {"stats": np.zeros(shape, np.float32)}
     if accumulated:
         result["accumulated"] = np.zeros(shape, np.float32)
 
-    def on_probs(layer: int, group: int, probs: np.ndarray) -> None:
-        # probs: [r, T, T] of the group's query heads; head h reads group h // r.
-        heads = slice(group * c.group_size, (group + 1) * c.group_size)
-        result["stats"][layer, heads] = probs[:, -rows:, :].mean(axis=1)
+    def on_layer(layer: int, per_window: Dict[int, List[np.ndarray]]) -> None:
+        # Per window, one [r, T] array per group; head h reads group h // r, so stacking the
+        # groups in order gives head order.
+        result["stats"][layer] = np.concatenate(per_window[rows], axis=0)
         if accumulated:
-            result["accumulated"][layer, heads] = probs.mean(axis=1)
+            result["accumulated"][layer] = np.concatenate(per_window[tokens], axis=0)
 
+    # One prefill computes every window (a window of T rows is ACCUMULATED / T).
     logits = model.step(np.asarray(prompt), np.arange(tokens), numpy_model.DenseKV(c),
-                        on_probs=on_probs)
+                        stat_rows=windows, on_layer=on_layer)
     result["next_token"] = np.asarray(int(np.argmax(logits[-1])))  # not part of the trace
     return result
 
