@@ -46,6 +46,18 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
+def policy_of(name: str, ratio: float) -> pool_worker.Policy:
+    """"none", a policy name, or name+window: the policy given the question-window statistic
+    (the mean of the question's query rows, ARCHITECTURE 3.1) instead of its default."""
+    if name == "none":
+        return pool_worker.Policy("none")
+    base, _, statistic = name.partition("+")
+    kinds = {"": None, "window": "window_mean", "last": "last_row"}
+    if statistic not in kinds:
+        raise ValueError(f"policy {name}: the suffix must be +window or +last")
+    return pool_worker.Policy(base, ratio=ratio, statistic=kinds[statistic])
+
+
 # ---- running ------------------------------------------------------------------------------------
 _WORKER = None  # one PoolWorker per process
 
@@ -61,8 +73,7 @@ def _start_worker(address: str, weights: str, page_size: int, layout: str, tag: 
 def _run(job) -> List[Dict[str, object]]:
     task, length, index, seed, count, settings = job
     example = tasks.examples(task, length, count, seed)[index]
-    policies = [pool_worker.Policy("none") if name == "none" else
-                pool_worker.Policy(name, ratio=ratio) for name, ratio in settings]
+    policies = [policy_of(name, ratio) for name, ratio in settings]
     rows = []
     for (name, ratio), result in zip(settings, _WORKER.run_forked(example, policies)):
         rows.append(dict(task=task, length=length, page_size=_WORKER.page_size,
@@ -145,7 +156,7 @@ def tables(summary: List[Dict[str, object]]) -> str:
                            f"{_pct(none) if none else 'n/a'})\n")
                 out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
                 out.append("|---|" + "---|" * len(ratios))
-                for policy in POLICIES:
+                for policy in _policies(part):
                     if any((policy, r) in cell for r in ratios):
                         out.append(f"| {policy} | " + " | ".join(
                             _pct(cell.get((policy, r))) for r in ratios) + " |")
@@ -153,7 +164,7 @@ def tables(summary: List[Dict[str, object]]) -> str:
                    f"(page size {page_size}, {layout} layout; mean over prompts and tasks)**\n")
         out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
         out.append("|---|" + "---|" * len(ratios))
-        for policy in POLICIES:
+        for policy in _policies(part):
             shares = []
             for r in ratios:
                 rows = [s for s in part if s["policy"] == policy and s["ratio"] == r]
@@ -162,6 +173,12 @@ def tables(summary: List[Dict[str, object]]) -> str:
             if any(shares):
                 out.append(f"| {policy} | " + " | ".join(shares) + " |")
     return "\n".join(out) + "\n"
+
+
+def _policies(part) -> List[str]:
+    """The eight policies in their fixed order, then variants (name+window) found in the data."""
+    seen = {s["policy"] for s in part} - {"none"}
+    return [p for p in POLICIES if p in seen] + sorted(seen - set(POLICIES))
 
 
 def _pct(s) -> str:
@@ -179,13 +196,15 @@ def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
     task_names = sorted({s["task"] for s in main}, key=tasks.TASKS.index)
     lengths = sorted({s["length"] for s in main})
     fig, axes = plt.subplots(len(lengths), len(task_names), squeeze=False,
-                             figsize=(4.2 * len(task_names), 3.4 * len(lengths)), sharey=True)
+                             figsize=(max(7.5, 4.2 * len(task_names)), 3.6 * len(lengths)),
+                             sharey=True)
+    colours = plt.get_cmap("tab20").colors
     for row, length in enumerate(lengths):
         for col, task in enumerate(task_names):
             ax = axes[row][col]
             cell = [s for s in main if s["task"] == task and s["length"] == length]
             baseline = [s for s in cell if s["policy"] == "none"]
-            for policy in POLICIES:
+            for n, policy in enumerate(_policies(cell)):
                 points = sorted((s["ratio"], s["accuracy"], s["ci_low"], s["ci_high"])
                                 for s in cell if s["policy"] == policy)
                 if not points:
@@ -196,16 +215,18 @@ def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
                 x, y, lo, hi = (np.array(v) for v in zip(*points))
                 style = dict(lw=2.2) if policy == "page_entrokv" else dict(lw=1.1, alpha=0.85)
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=2,
-                            label=policy, **style)
+                            label=policy, color=colours[n % len(colours)],
+                            linestyle="--" if "+" in policy else "-", **style)
             ax.set_title(f"{task}, T = {length}", fontsize=10)
             ax.set_xlabel("compression ratio (share of KV evicted)")
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
             if col == 0:
                 ax.set_ylabel("exact-match accuracy")
-    axes[0][0].legend(fontsize=7, loc="lower left")
-    fig.suptitle("Small GQA model, entrokvd as its KV cache: accuracy vs compression "
-                 "(page size 16, Wilson 95% intervals)", fontsize=11)
+    axes[0][0].legend(fontsize=7, loc="lower left", ncol=2)
+    fig.suptitle("Small GQA model with entrokvd as its KV cache\naccuracy vs compression "
+                 "(page size 16, Wilson 95% intervals; dashed: question-window statistic)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)
     plt.close(fig)
@@ -229,6 +250,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--summarize-only", action="store_true")
+    ap.add_argument("--append", action="store_true",
+                    help="add rows to an existing results.csv (a later pass, e.g. +window variants)")
     args = ap.parse_args(argv)
 
     os.makedirs(args.out, exist_ok=True)
@@ -245,10 +268,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.address = args.server or daemon.address
         started = time.time()
         try:
-            with open(os.path.join(args.out, "results.csv"), "w", newline="") as f:
+            with open(os.path.join(args.out, "results.csv"), "a" if args.append else "w",
+                      newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)
-                writer.writeheader()
-                main_settings = [("none", 0.0)] + [(p, r) for r in ratios for p in policies]
+                if not args.append:
+                    writer.writeheader()
+                # A later pass (--append) adds settings to prompts whose no-eviction row exists.
+                baseline = [] if args.append else [("none", 0.0)]
+                main_settings = baseline + [(p, r) for r in ratios for p in policies]
                 print(f"evaluating {len(args.tasks)} tasks x lengths {args.lengths} x "
                       f"{args.prompts} prompts, {len(main_settings)} settings each", flush=True)
                 run(args, main_settings, 16, "group", writer, f)
