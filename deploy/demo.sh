@@ -2,10 +2,13 @@
 # The main job on a built tree: starts entrokvd on its embedded defaults (host shared-memory
 # pool, no GPU), replays simulated Qwen2.5-1.5B prefills through it with four policies, prints
 # the comparison, replays them again into a pool in vLLM's frame layout (a frame holds every KV
-# head of a layer; layer-scope selection there), shows a slice of /metrics, and stops the daemon
-# cleanly.
+# head of a layer; layer-scope selection there), runs the small GQA model of eval/model through
+# the same daemon when its weights are committed (its KV cache is the daemon's pool), shows a
+# slice of /metrics, and stops the daemon cleanly.
 set -euo pipefail
 build="${1:-build}"
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+model_prompts="${ENTROKV_DEMO_MODEL_PROMPTS:-8}"
 tokens="${ENTROKV_DEMO_TOKENS:-8192}"
 sequences="${ENTROKV_DEMO_SEQUENCES:-4}"
 work="$(mktemp -d)"
@@ -44,6 +47,18 @@ echo "== the same prefills in the layer frame layout (vLLM: a frame holds every 
   --model-id qwen2.5-1.5b-layer --frame-layout layer \
   --tokens "$tokens" --budget 0.2 --sequences "$sequences" --concurrency "$sequences" \
   --policy page_entrokv,head_independent
+
+weights="$repo/eval/model/weights.npz"
+if [ -f "$weights" ]; then
+  echo "== a real model: eval/model's small GQA model (4 layers, 8 query heads, 2 KV heads) whose"
+  echo "   KV cache is this daemon's pool: K/V written into its shared-memory frames, decisions"
+  echo "   per layer, answers decoded greedily from the kept pages only"
+  PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
+    "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
+    --prompts "$model_prompts" --length 1024 --policies page_entrokv,mean --ratio 0.75
+else
+  echo "== (no eval/model/weights.npz in this checkout: the real-model run is skipped)"
+fi
 
 echo "== metrics are at http://${metrics}/metrics; a few of them:"
 curl -fsS "http://${metrics}/metrics" |

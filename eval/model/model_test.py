@@ -110,6 +110,26 @@ class NumpyModelTest(unittest.TestCase):
                 self.assertEqual(group.shape, (model.config.group_size, 128))
                 np.testing.assert_allclose(group.sum(axis=1), 1.0, rtol=1e-5)
 
+    def test_several_windows_in_one_pass(self):
+        model = random_model()
+        tokens = tasks.make_example("single_needle", 96, 2).prompt
+        single, several = {}, {}
+        for w in (1, 5, 96):
+            model.step(tokens, np.arange(96), numpy_model.DenseKV(model.config), stat_rows=w,
+                       on_layer=lambda layer, stat, w=w: single.setdefault((layer, w), stat))
+        model.step(tokens, np.arange(96), numpy_model.DenseKV(model.config),
+                   stat_rows=(1, 5, 96),
+                   on_layer=lambda layer, stat: several.setdefault(layer, stat))
+        for (layer, w), stat in single.items():
+            self.assertEqual(sorted(several[layer]), [1, 5, 96])
+            for group, want in zip(several[layer][w], stat):
+                np.testing.assert_array_equal(group, want)
+        # W = all queries: the column sums over the causal rows (ACCUMULATED) divided by T;
+        # the first column is seen by every query, the last only by itself.
+        first_group = several[0][96][0]
+        self.assertTrue(np.all(first_group[:, 0] > first_group[:, -1]))
+        np.testing.assert_allclose(first_group.sum(axis=1), 1.0, rtol=1e-5)
+
     def test_dropped_positions_are_not_attended(self):
         model = random_model()
         tokens = tasks.make_example("multi_key", 64, 4).prompt

@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
+
+
+# Query rows per attention block (the working set of one block of scores stays in cache).
+QUERY_BLOCK = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,13 +112,15 @@ class Model:
 
     # ---- one layer over new tokens, attending through the cache -------------------------------
     def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray, kv,
-                   stat_rows: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+                   stat_rows: Union[int, Sequence[int]]):
         """x: [n, d] new tokens at `positions` (ascending, after everything cached).
 
         Writes their K/V into `kv`, attends causally over what `kv` holds, and returns the
-        attention output [n, d] and, when stat_rows > 0, the statistic: the mean attention
-        probability of the last `stat_rows` new queries over every cached position,
-        [H_Q, T_cache] (positions in cache order).
+        attention output [n, d] and, when stat_rows > 0, the statistic: per group, the mean
+        attention probability of the last `stat_rows` new queries over every cached position,
+        [r, T_g] (positions in cache order). stat_rows may be a sequence of window sizes W: then
+        the statistic is a dict W -> that list, all from one pass (a W >= n averages every new
+        query, the ACCUMULATED statistic divided by n).
         """
         c, p = self.config, f"layers.{layer}."
         h = rms_norm(x, self.w[p + "attn_norm.weight"], c.norm_eps)
@@ -127,21 +133,31 @@ class Model:
         kv.write(layer, positions, k.astype(np.float32), v.astype(np.float32))
         keys, values, cached = kv.read(layer)
         out = np.zeros((c.query_heads, n, c.head_dim), np.float32)
-        stat = None
+        single = isinstance(stat_rows, (int, np.integer))
+        windows = [int(w) for w in ((stat_rows,) if single else stat_rows) if w > 0]
+        stats = {w: [None] * c.kv_heads for w in windows}
         scale = 1.0 / np.sqrt(c.head_dim)
         for g in range(c.kv_heads):
             heads = slice(g * c.group_size, (g + 1) * c.group_size)
-            scores = (q[heads] @ keys[g].T) * scale  # [r, n, T_g]
-            mask = cached[g][None, :] > positions[:, None]  # causal over cached positions
-            scores = np.where(mask[None], -np.inf, scores)
-            probs = softmax(scores.astype(np.float32), axis=-1)
-            out[heads] = probs @ values[g]
-            if stat_rows > 0:
-                if stat is None:
-                    stat = [None] * c.kv_heads
-                stat[g] = probs[:, -stat_rows:, :].mean(axis=1)
+            sums = {w: np.zeros((c.group_size, len(cached[g])), np.float64) for w in windows}
+            # Blocks of query rows: every row's softmax is its own, and a [r, block, T_g] score
+            # block stays in cache (three times faster than one [r, n, T_g] array at n = 2K).
+            for a in range(0, n, QUERY_BLOCK):
+                b = min(n, a + QUERY_BLOCK)
+                scores = (q[heads, a:b] @ keys[g].T) * scale  # [r, b - a, T_g]
+                scores[:, cached[g][None, :] > positions[a:b, None]] = -np.inf  # causal
+                probs = softmax(scores, axis=-1)
+                out[heads, a:b] = probs @ values[g]
+                for w in windows:  # the rows of the last w queries that fall in this block
+                    first = max(a, n - w)
+                    if first < b:
+                        sums[w] += probs[:, first - a:, :].sum(axis=1)
+            for w in windows:
+                stats[w][g] = (sums[w] / min(w, n)).astype(np.float32)
         out = out.transpose(1, 0, 2).reshape(n, c.query_heads * c.head_dim)
-        return out @ self.w[p + "wo.weight"].T, stat
+        if not windows:
+            return out @ self.w[p + "wo.weight"].T, None
+        return out @ self.w[p + "wo.weight"].T, stats[windows[0]] if single else stats
 
     def _mlp(self, layer: int, x: np.ndarray) -> np.ndarray:
         p = f"layers.{layer}."
@@ -151,13 +167,14 @@ class Model:
         act = gate / (1.0 + np.exp(-gate)) * up
         return act @ self.w[p + "w2.weight"].T
 
-    def step(self, tokens: np.ndarray, positions: np.ndarray, kv, stat_rows: int = 0,
-             on_layer=None) -> np.ndarray:
+    def step(self, tokens: np.ndarray, positions: np.ndarray, kv,
+             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None) -> np.ndarray:
         """Runs new tokens through every layer; returns logits [n, vocab].
 
         on_layer(layer, statistic) is called after each layer's attention when stat_rows > 0,
-        with the per-group statistics (a list of [r, T_g] arrays): the moment a worker sends
-        that layer's statistic and may evict before the next layer runs.
+        with the per-group statistics (a list of [r, T_g] arrays; a dict window -> such a list
+        when stat_rows is a sequence of windows): the moment a worker sends that layer's
+        statistic and may evict before the next layer runs.
         """
         x = self.w["embed.weight"][tokens].astype(np.float32)
         for layer in range(self.config.layers):

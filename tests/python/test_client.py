@@ -146,6 +146,37 @@ class ClientTest(unittest.TestCase):
                 np.testing.assert_array_equal(ga.kept_pages, gb.kept_pages)
         self.assertEqual(len(got_f16[0].groups[0].kept_pages), 3)
 
+    def test_append_tokens_frames_names_the_new_entries(self):
+        self.register("frames")
+        self.client.open_sequence("frames", "s", initial_tokens=20)  # pages 0 and 1 (partial)
+        length, rows = self.client.append_tokens_frames("frames", "s", 30)  # 50 tokens: 2, 3 new
+        self.assertEqual(length, 50)
+        self.assertEqual(rows.dtype, np.int32)
+        self.assertEqual(rows.shape, (GEOMETRY["layers"] * GEOMETRY["kv_groups"] * 2, 4))
+        self.assertEqual(sorted(set(rows[:, 2].tolist())), [2, 3])
+        tables = {(t.layer, t.group): t.frames
+                  for t in self.client.list_sequences("frames", block_tables=True)[0].block_tables}
+        for layer, group, page, frame in rows:
+            self.assertEqual(tables[layer, group][page], frame)
+        length, rows = self.client.append_tokens_frames("frames", "s", 1)  # into page 3
+        self.assertEqual((length, rows.shape), (51, (0, 4)))
+
+    def test_statistic_kind_is_sent(self):
+        stats = np.full((2, 3), 1 / 3, np.float32)
+        self.assertEqual(entrokv.statistic_message(stats).kind,
+                         entrokv.statistic_message(stats, kind="last_row").kind)
+        accumulated = entrokv.statistic_message(stats, kind="accumulated")
+        self.assertEqual(accumulated.kind, 3)  # STATISTIC_KIND_ACCUMULATED
+        self.assertEqual(entrokv.statistic_message(stats, kind="window_mean").kind, 2)
+        with self.assertRaisesRegex(ValueError, "kind: 'sums' is not one of"):
+            entrokv.statistic_message(stats, kind="sums")
+        self.register("kinds")
+        self.client.open_sequence("kinds", "s", initial_tokens=64)
+        decisions = list(self.client.decide_stream(
+            "kinds", "s", [(l, s) for l, s in enumerate(layer_stats(4, 64))], pages=2,
+            policy="h2o", kind="accumulated"))
+        self.assertEqual([d.policy for d in decisions], ["h2o"] * 3)
+
     def test_errors_name_the_field_and_change_nothing(self):
         self.register("errors")
         self.client.open_sequence("errors", "s", initial_tokens=64)

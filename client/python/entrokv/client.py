@@ -15,8 +15,8 @@ import grpc
 import numpy as np
 
 from entrokv.errors import EntrokvError, from_rpc_error
-from entrokv.records import (BACKENDS, FRAME_LAYOUTS, SELECTION_SCOPES, LayerDecision, PoolInfo,
-                             PoolStats, SequenceInfo)
+from entrokv.records import (BACKENDS, FRAME_LAYOUTS, SELECTION_SCOPES, STATISTIC_KINDS,
+                             LayerDecision, PoolInfo, PoolStats, SequenceInfo, frame_assignments)
 from entrokv.v1 import cache_manager_pb2 as pb
 from entrokv.v1 import cache_manager_pb2_grpc as pb_grpc
 from entrokv.v1 import types_pb2 as types
@@ -57,8 +57,12 @@ def _choice(field: str, value: str, choices: dict) -> Any:
     return choices[value]
 
 
-def statistic_message(array: np.ndarray, dtype: Optional[str] = None) -> "types.Statistic":
-    """One layer's [query_heads, tokens] array as a Statistic (bytes, no float lists)."""
+def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
+                      kind: Optional[str] = None) -> "types.Statistic":
+    """One layer's [query_heads, tokens] array as a Statistic (bytes, no float lists).
+
+    kind: how the worker measured it, "last_row" (default), "window_mean" or "accumulated"
+    (ARCHITECTURE 3.1); informational to the daemon."""
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError(f"statistic: expected [query_heads, tokens], got shape {array.shape}")
@@ -69,9 +73,10 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None) -> "types.
                 f"statistic: dtype {array.dtype} is not float32 or float16; pass dtype='bf16' "
                 "for bfloat16 stored as uint16")
     wire_dtype, numpy_dtype = _choice("dtype", dtype, _DTYPES)
+    wire_kind = _choice("kind", kind or "last_row", STATISTIC_KINDS)
     data = np.ascontiguousarray(array, dtype=np.dtype(numpy_dtype).newbyteorder("<"))
     return types.Statistic(dtype=wire_dtype, query_heads=array.shape[0], tokens=array.shape[1],
-                           kind=types.STATISTIC_KIND_LAST_ROW, data=data.tobytes())
+                           kind=wire_kind, data=data.tobytes())
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
@@ -98,7 +103,8 @@ def _policy(policy: Optional[str], params: dict,
     return types.PolicyParams(name=policy or "", scope=wire_scope, **params)
 
 
-def _layer_statistic(item: Any, dtype: Optional[str]) -> "pb.LayerStatistic":
+def _layer_statistic(item: Any, dtype: Optional[str],
+                     kind: Optional[str] = None) -> "pb.LayerStatistic":
     try:
         layer, array = item
     except (TypeError, ValueError):
@@ -106,7 +112,7 @@ def _layer_statistic(item: Any, dtype: Optional[str]) -> "pb.LayerStatistic":
                          f"pair, got {type(item).__name__}") from None
     if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
         raise ValueError(f"layer_stats: layer index must be an int, got {layer!r}")
-    return pb.LayerStatistic(layer=int(layer), statistic=statistic_message(array, dtype))
+    return pb.LayerStatistic(layer=int(layer), statistic=statistic_message(array, dtype, kind))
 
 
 class Client:
@@ -186,6 +192,16 @@ class Client:
                                          tokens=tokens)
         return self._call(self._stub.AppendTokens, request).length_tokens
 
+    def append_tokens_frames(self, model_id: str, sequence_id: str,
+                             tokens: int) -> Tuple[int, np.ndarray]:
+        """As append_tokens, and the entries that became live: int32 rows (layer, group, page,
+        frame), shape [n, 4]. A worker writes the new tokens' K/V there (a copy-on-write page of
+        a fork, or a page that was evicted, gets a new frame)."""
+        request = pb.AppendTokensRequest(model_id=model_id, sequence_id=sequence_id,
+                                         tokens=tokens)
+        response = self._call(self._stub.AppendTokens, request)
+        return response.length_tokens, frame_assignments(response.new_frames)
+
     def close_sequence(self, model_id: str, sequence_id: str) -> int:
         """Closes the sequence; returns the frames it referenced (shared ones return to the
         pool only at their last reference)."""
@@ -207,12 +223,14 @@ class Client:
                layers: Optional[Sequence[int]] = None, pages: Optional[int] = None,
                fraction: Optional[float] = None, token_slots: Optional[int] = None,
                policy: Optional[str] = None, dtype: Optional[str] = None,
-               scope: Optional[str] = None, **params) -> List[LayerDecision]:
+               scope: Optional[str] = None, kind: Optional[str] = None,
+               **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
         (default 0..n-1). `scope`: "group" (one page set per layer and group), "layer" (one per
         layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
+        `kind`: the statistics' StatisticKind, as in statistic_message.
         """
         stats = np.asarray(stats)
         if stats.ndim == 2:
@@ -222,7 +240,8 @@ class Client:
             raise ValueError(f"layers: {len(indices)} indices for {stats.shape[0]} statistics")
         request = pb.DecideRequest(
             model_id=model_id, sequence_id=sequence_id,
-            layers=[_layer_statistic((index, stats[i]), dtype) for i, index in enumerate(indices)],
+            layers=[_layer_statistic((index, stats[i]), dtype, kind)
+                    for i, index in enumerate(indices)],
             budget=_budget(pages, fraction, token_slots),
             policy=_policy(policy, params, scope))
         response = self._call(self._stub.Decide, request)
@@ -233,9 +252,11 @@ class Client:
                       pages: Optional[int] = None, fraction: Optional[float] = None,
                       token_slots: Optional[int] = None, policy: Optional[str] = None,
                       dtype: Optional[str] = None, scope: Optional[str] = None,
-                      stream_timeout_s: float = 300.0, **params) -> Iterator[LayerDecision]:
+                      kind: Optional[str] = None, stream_timeout_s: float = 300.0,
+                      **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
-        each layer's decision in order. Not retried.
+        each layer's decision in order. Not retried. `kind`: the statistics' StatisticKind, as
+        in statistic_message.
 
         Arguments are checked before the stream opens: the budget and policy always, and every
         layer when `layer_stats` is a list or tuple (a bad one raises ValueError and nothing is
@@ -252,7 +273,7 @@ class Client:
 
         failure: List[BaseException] = []
         if isinstance(layer_stats, (list, tuple)):
-            encoded = [request(_layer_statistic(item, dtype)) for item in layer_stats]
+            encoded = [request(_layer_statistic(item, dtype, kind)) for item in layer_stats]
             requests: Iterable = iter(encoded)
         else:
             def lazily() -> Iterator["pb.DecideLayerRequest"]:
@@ -260,7 +281,7 @@ class Client:
                 # UNKNOWN "Exception iterating requests!": keep the exception, end the stream.
                 try:
                     for item in layer_stats:
-                        yield request(_layer_statistic(item, dtype))
+                        yield request(_layer_statistic(item, dtype, kind))
                 except Exception as error:  # noqa: BLE001 -- re-raised in the caller's thread
                     failure.append(error)
 

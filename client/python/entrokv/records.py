@@ -17,6 +17,9 @@ from entrokv.v1 import types_pb2 as types
 FRAME_LAYOUTS = {"group": types.FRAME_LAYOUT_GROUP, "layer": types.FRAME_LAYOUT_LAYER}
 BACKENDS = {"host": types.BACKEND_HOST, "cuda": types.BACKEND_CUDA}
 SELECTION_SCOPES = {"group": types.SELECTION_SCOPE_GROUP, "layer": types.SELECTION_SCOPE_LAYER}
+STATISTIC_KINDS = {"last_row": types.STATISTIC_KIND_LAST_ROW,
+                   "window_mean": types.STATISTIC_KIND_WINDOW_MEAN,
+                   "accumulated": types.STATISTIC_KIND_ACCUMULATED}
 
 
 def _name(table: dict, value: int) -> str:
@@ -66,6 +69,12 @@ class PoolInfo:
                    frame_bytes=message.frame_bytes,
                    arena_name=message.arena_name,
                    cuda_ipc_handle=bytes(message.cuda_ipc_handle))
+
+
+def frame_assignments(messages) -> np.ndarray:
+    """FrameAssignment messages as int32 rows (layer, group, page, frame), shape [n, 4]."""
+    rows = [(m.layer, m.group, m.page, m.frame) for m in messages]
+    return np.asarray(rows, dtype=np.int32).reshape(len(rows), 4)
 
 
 @dataclasses.dataclass

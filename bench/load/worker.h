@@ -1,0 +1,189 @@
+// One load-generator worker: its own connection, models, sequences, shared-memory segment and
+// random generator; see load_generator.h for what it sends and checks.
+#ifndef ENTROKV_BENCH_LOAD_WORKER_H_
+#define ENTROKV_BENCH_LOAD_WORKER_H_
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "bench/load/load_generator.h"
+#include "entrokv/v1/cache_manager.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+
+namespace entrokv::bench {
+
+// A model's shape as the generator registers it.
+struct Shape {
+  int layers = 0;
+  int query_heads = 0;
+  int kv_groups = 0;
+  int head_dim = 4;
+  int page_size = 16;
+  int element_bytes = 2;
+  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;
+};
+
+// What every worker shares: the options, the stop signal, the counters that bound the run, the
+// models the run registered for everyone, and the problem log.
+struct RunContext {
+  const LoadOptions* options = nullptr;
+  pid_t daemon_pid = 0;
+  std::string tag;  // "lg<generator pid>": prefix of every id and segment of this run
+  std::string shared_group_model;
+  std::string shared_layer_model;
+  std::string deep_model;
+  std::atomic<bool> stop{false};
+  std::atomic<bool> daemon_dead{false};
+  std::atomic<int64_t> requests{0};
+
+  // Records a problem (wrong answer, crash, leak); thread-safe.
+  void Problem(const std::string& text);
+  [[nodiscard]] std::vector<std::string> problems() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<std::string> problems_;
+};
+
+// A worker's counters, merged into the report at the end.
+struct WorkerTally {
+  int64_t requests = 0;
+  int64_t bad_requests = 0;
+  int64_t checked = 0;
+  int64_t wrong_answers = 0;
+  int64_t unavailable = 0;
+  int64_t leaked_frames = 0;
+  std::map<std::string, std::vector<float>> latency_ms;  // per RPC kind
+  std::map<std::string, int64_t> bad_cases;
+};
+
+class Worker {
+ public:
+  Worker(RunContext* context, int index);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Steps until the run stops, then closes everything it opened and checks its private pool
+  // ends empty.
+  void Run();
+  [[nodiscard]] const WorkerTally& tally() const { return tally_; }
+
+ private:
+  struct Sequence {
+    std::string id;
+    int64_t length = 0;
+    // Head weights the daemon cached for the sequence, per layer (from fresh decisions).
+    std::map<int, std::vector<double>> cached_weights;
+  };
+  struct Model {
+    std::string id;
+    Shape shape;
+    bool exact = false;  // only this worker uses it: decisions and invariants checked exactly
+    bool registered = false;
+    int64_t capacity_frames = 0;
+    std::string arena_name;
+    std::vector<Sequence> sequences;
+  };
+  // Block tables of one sequence: [layer][group][page] -> frame, -1 evicted.
+  using Tables = std::vector<std::vector<std::vector<int32_t>>>;
+  // The private pool's counters, for "a bad request changes nothing".
+  struct Snapshot {
+    int64_t used = -1, free = -1, sequences = -1, evicted = -1, freed = -1;
+    bool operator==(const Snapshot&) const = default;
+  };
+
+  void Step();
+  void Finish();
+
+  // The RPC wrapper: counts, times, bounds the run. `bad_case` names the bad request it sends
+  // (nullptr: an ordinary one).
+  template <typename Request, typename Response, typename Method>
+  grpc::Status Call(const char* kind, Method method, const Request& request, Response* response,
+                    const char* bad_case = nullptr, int timeout_ms = 0);
+  void CountCall(const char* kind, double ms, const char* bad_case);
+  // True when `status` has one of `codes`; otherwise a wrong answer (or an unavailable daemon).
+  bool Expect(const grpc::Status& status, std::initializer_list<grpc::StatusCode> codes,
+              const std::string& what);
+  void Check(bool ok, const std::string& what);
+  void Wrong(const std::string& what);
+  // A call answered UNAVAILABLE: counted; the run stops if the daemon is gone.
+  void Unavailable(const std::string& what);
+
+  // Ordinary lifecycle.
+  void RegisterPrivate();
+  void UnregisterPrivate();
+  void OpenSequence(Model& model, bool fork);
+  void AppendTokens(Model& model);
+  void CloseSequence(Model& model, size_t index, bool verify_gone);
+  void Decide(Model& model, bool stream, bool by_shm);
+  void ConsistencyCheck();
+  void SharedPoolCheck(Model& model);
+  void Browse();
+  void ScrapeMetrics();
+  void OpenDeep();
+
+  // Bad requests, one case per call, picked at random.
+  void BadRequest();
+  // Runs `send` and checks the private pool's counters are unchanged by it.
+  void Unchanged(const char* what, absl::FunctionRef<void()> send);
+  [[nodiscard]] Snapshot TakeSnapshot();
+  // A private sequence with at least one token, opened if none; nullptr when that fails.
+  Sequence* PrivateSequence();
+  // A valid one-layer DecideRequest for `sequence` of the private model (bytes, bf16).
+  [[nodiscard]] v1::DecideRequest ValidDecide(const Sequence& sequence, int layer);
+  void BadDeadline();
+  void BadGarbageUnary();
+  void BadGarbageStream();
+  void BadShm(int variant);
+  void BadRegister(int variant);
+
+  // Decision helpers.
+  [[nodiscard]] v1::PolicyParams RandomPolicy();
+  [[nodiscard]] v1::Budget RandomBudget(const Model& model, int64_t tokens);
+  [[nodiscard]] std::string RandomStatistic(const Shape& shape, int64_t tokens, v1::DType dtype);
+  [[nodiscard]] bool ReadTables(Model& model, const std::string& sequence_id, Tables* tables);
+  // Checks one layer's decision; for an exact model against the core's own decision on `data`
+  // (empty: no statistic) with `tables` as the state before, which it then updates.
+  void CheckDecision(Model& model, Sequence& sequence, const v1::PolicyParams& params,
+                     const v1::Budget& budget, bool use_cached, v1::DType dtype,
+                     const std::string& data, int layer, const v1::LayerDecision& decision,
+                     Tables* tables);
+
+  [[nodiscard]] int64_t Uniform(int64_t lo, int64_t hi);  // inclusive
+  [[nodiscard]] bool Chance(int percent) { return Uniform(0, 99) < percent; }
+  [[nodiscard]] std::string NewSequenceId();
+
+  RunContext* const context_;
+  const int index_;
+  const std::string tag_;  // "<run tag>-w<index>"
+  std::mt19937_64 rng_;
+  int64_t step_ = 0;
+  int64_t next_id_ = 0;
+  int generation_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CacheManager::Stub> stub_;
+  Model private_;
+  Model shared_group_;
+  Model shared_layer_;
+  std::string deep_sequence_;  // empty: none open
+  Shape deep_shape_;
+  int64_t deep_tokens_ = 0;
+  std::string segment_;  // this worker's statistic segment
+  std::string short_segment_, fifo_path_, dir_path_;
+  WorkerTally tally_;
+};
+
+}  // namespace entrokv::bench
+
+#endif  // ENTROKV_BENCH_LOAD_WORKER_H_

@@ -1,0 +1,604 @@
+#!/usr/bin/python3
+"""A worker whose KV cache is entrokvd's page pool: the small GQA model served through the daemon.
+
+The worker registers the model, opens a sequence per prompt and writes every layer's K and V of
+every token into the frames of the daemon's host arena that the sequence's block tables name (the
+arena mapped by its shared-memory name, numpy views of its frames). During prefill it measures
+each layer's attention statistic (ARCHITECTURE 3.1) and sends it with DecideStream; from then on
+each (layer, group) attends only to the pages its block table still names, read from the pool.
+Evicted frames are back on the daemon's free list and other sequences reuse them: the tests
+poison them to prove the worker never reads them. Decoding is greedy, one AppendTokens per token.
+
+The forward pass is numpy_model's; this module only supplies its KV cache (`PoolKV`, the
+`write`/`read` interface) and the conversation with the daemon.
+
+A frame of the GROUP layout is [K: B x head_dim][V: B x head_dim] of one KV head of one layer; a
+LAYER-layout frame is kv_groups such slices back to back (core/pool/geometry.h). Elements are
+float32 by default (element_bytes 4), so that with no eviction the pool-backed model computes
+exactly what the plain model computes; float16 halves the pool.
+
+Run the main job's demonstration with the client package on the path:
+  PYTHONPATH=build/client/python /usr/bin/python3 eval/model/pool_worker.py \\
+      --server 127.0.0.1:50051 --weights eval/model/weights.npz --prompts 8 \\
+      --policies page_entrokv,mean --ratio 0.75
+"""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import dataclasses
+import itertools
+import mmap
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_model  # noqa: E402
+import tasks  # noqa: E402
+
+import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
+
+ELEMENTS = {"f32": np.float32, "f16": np.float16}
+KINDS = ("last_row", "window_mean", "accumulated")
+# Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
+_SHM_DIR = "/dev/shm"
+
+
+# ---- what to decide ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """One eviction setting. name "none" keeps everything (no decision is sent)."""
+    name: str
+    ratio: Optional[float] = None  # compression ratio: the share of the KV evicted, in [0, 1)
+    pages: Optional[int] = None  # or K, the pages every (layer, group) keeps
+    statistic: Optional[str] = None  # last_row, window_mean, accumulated; None: the policy's
+    params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
+
+    def __post_init__(self):
+        if self.name != "none" and (self.ratio is None) == (self.pages is None):
+            raise ValueError(f"policy {self.name}: give exactly one of ratio, pages")
+        if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
+            raise ValueError(f"ratio must be in [0, 1), got {self.ratio}")
+        if self.statistic is not None and self.statistic not in KINDS:
+            raise ValueError(f"statistic must be one of {', '.join(KINDS)}")
+
+    @property
+    def kind(self) -> str:
+        """The statistic the policy is given: h2o its ACCUMULATED column sums, snapkv the mean
+        over the question's query rows (its observation window), the others the last row."""
+        if self.statistic is not None:
+            return self.statistic
+        return {"h2o": "accumulated", "snapkv": "window_mean"}.get(self.name, "last_row")
+
+    def budget(self) -> Dict[str, object]:
+        if self.pages is not None:
+            return {"pages": self.pages}
+        return {"fraction": 1.0 - self.ratio}
+
+    def label(self) -> str:
+        if self.name == "none":
+            return "none"
+        return f"{self.name}@{self.ratio}" if self.pages is None else f"{self.name}@K={self.pages}"
+
+
+def question_window(prompt: np.ndarray) -> int:
+    """W of the window statistic: the query rows of the question, from its Q token to the end."""
+    marks = np.flatnonzero(np.asarray(prompt) == tasks.Q)
+    return int(len(prompt) - marks[-1]) if len(marks) else 1
+
+
+# ---- the arena --------------------------------------------------------------------------------
+class HostArena:
+    """A pool's host arena mapped into this process by its shared-memory name.
+
+    `frames` is a numpy view [capacity_frames, groups_per_frame, 2 (K, V), page_size, head_dim]:
+    writes land in the daemon's memory, reads see what any worker wrote there.
+    """
+
+    def __init__(self, pool: entrokv.PoolInfo, element: str):
+        if pool.backend != "host":
+            raise ValueError(f"backend: this worker maps host arenas, got {pool.backend}")
+        g = pool.geometry
+        dtype = np.dtype(ELEMENTS[element])
+        if dtype.itemsize != g.element_bytes:
+            raise ValueError(f"element {element}: the pool stores {g.element_bytes}-byte elements")
+        self.groups_per_frame = g.kv_groups if pool.frame_layout == "layer" else 1
+        shape = (pool.capacity_frames, self.groups_per_frame, 2, g.page_size, g.head_dim)
+        if int(np.prod(shape[1:])) * dtype.itemsize != pool.frame_bytes:
+            raise ValueError(f"frame_bytes {pool.frame_bytes} does not match {shape[1:]} {dtype}")
+        fd = os.open(os.path.join(_SHM_DIR, pool.arena_name.lstrip("/")), os.O_RDWR)
+        try:
+            self._map = mmap.mmap(fd, pool.capacity_bytes)
+        finally:
+            os.close(fd)
+        self.frames = np.ndarray(shape, dtype, buffer=self._map)
+
+    def slot(self, group: int) -> int:
+        """Index of a group's slice inside a frame."""
+        return group if self.groups_per_frame > 1 else 0
+
+    def close(self) -> None:
+        self.frames = None
+        self._map.close()
+
+
+# ---- one sequence's KV cache in the pool --------------------------------------------------------
+class PoolKV:
+    """numpy_model's KV-cache interface over one open sequence's block tables.
+
+    write() stores K/V into the frames the tables name; read() returns, per group, the tokens of
+    the pages the tables still name (ascending), read from the arena. A position is read only if
+    this sequence wrote it and its page is live: an evicted tail page that an append brought back
+    gets a fresh frame whose older slots are undefined, so they stay unreadable.
+    """
+
+    def __init__(self, worker: "PoolWorker", sequence_id: str, length: int,
+                 valid: Optional[np.ndarray] = None):
+        c = worker.model.config
+        self.worker = worker
+        self.sequence_id = sequence_id
+        self.length = length
+        self.tables = np.full((c.layers, c.kv_heads, 0), -1, np.int32)
+        self.valid = np.zeros((c.layers, c.kv_heads, 0), bool)
+        self._reserve(length)
+        if valid is not None:
+            self.valid[:, :, :valid.shape[2]] = valid[:, :, :self.valid.shape[2]]
+        self.frames_seen: set = set()  # every frame id this sequence's tables ever named
+        self.stats: Dict[str, np.ndarray] = {}  # kind -> [layers, query_heads, prompt tokens]
+        self.prefill_logits: Optional[np.ndarray] = None  # [prompt tokens, vocab]
+
+    def _reserve(self, tokens: int) -> None:
+        b = self.worker.page_size
+        pages = -(-tokens // b)
+        if pages > self.tables.shape[2]:
+            grow = max(pages, 2 * self.tables.shape[2]) - self.tables.shape[2]
+            self.tables = np.pad(self.tables, ((0, 0), (0, 0), (0, grow)), constant_values=-1)
+            self.valid = np.pad(self.valid, ((0, 0), (0, 0), (0, grow * b)))
+
+    def set_tables(self, tables: np.ndarray) -> None:
+        """The pool's block tables [layers, groups, pages]; positions of evicted pages become
+        unreadable for good."""
+        self._reserve(tables.shape[2] * self.worker.page_size)
+        self.tables[:] = -1
+        self.tables[:, :, :tables.shape[2]] = tables
+        b = self.worker.page_size
+        evicted = np.repeat(self.tables < 0, b, axis=2)
+        self.valid &= ~evicted
+        self.frames_seen.update(int(f) for f in np.unique(tables[tables >= 0]))
+
+    def assign(self, rows: np.ndarray) -> None:
+        """New entries (layer, group, page, frame) from AppendTokens."""
+        if len(rows):
+            self._reserve((int(rows[:, 2].max()) + 1) * self.worker.page_size)
+            self.tables[rows[:, 0], rows[:, 1], rows[:, 2]] = rows[:, 3]
+            self.frames_seen.update(int(f) for f in np.unique(rows[:, 3]))
+
+    def live_frames(self) -> int:
+        """Distinct frames the tables name (a LAYER-layout frame once, however many groups)."""
+        return len(np.unique(self.tables[self.tables >= 0]))
+
+    # -- numpy_model's interface --
+    def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
+        arena, b = self.worker.arena, self.worker.page_size
+        positions = np.asarray(positions)
+        if len(positions) and positions[-1] >= self.length:
+            raise RuntimeError(f"sequence {self.sequence_id}: position {positions[-1]} is past "
+                               f"its length {self.length}; append first")
+        pages, slots = positions // b, positions % b
+        for group in range(k.shape[0]):
+            frames = self.tables[layer, group, pages]
+            if np.any(frames < 0):
+                raise RuntimeError(f"sequence {self.sequence_id}: layer {layer} group {group} "
+                                   "writes a page that has no frame (evicted)")
+            s = arena.slot(group)
+            arena.frames[frames, s, 0, slots] = k[group]
+            arena.frames[frames, s, 1, slots] = v[group]
+        self.valid[layer, :, positions] = True
+
+    def read(self, layer: int):
+        arena, b = self.worker.arena, self.worker.page_size
+        d = self.worker.model.config.head_dim
+        pages_total = -(-self.length // b)
+        keys, values, cached = [], [], []
+        for group in range(self.tables.shape[1]):
+            table = self.tables[layer, group, :pages_total]
+            pages = np.flatnonzero(table >= 0)
+            block = arena.frames[table[pages], arena.slot(group)]  # [pages, 2, B, D], a copy
+            positions = (pages[:, None] * b + np.arange(b)[None, :]).reshape(-1)
+            readable = positions < self.length
+            readable[readable] = self.valid[layer, group, positions[readable]]
+            k = block[:, 0].reshape(-1, d)
+            v = block[:, 1].reshape(-1, d)
+            if not readable.all():
+                k, v, positions = k[readable], v[readable], positions[readable]
+            keys.append(k.astype(np.float32, copy=False))
+            values.append(v.astype(np.float32, copy=False))
+            cached.append(positions)
+        return keys, values, cached
+
+
+@dataclasses.dataclass
+class RunResult:
+    """One prompt under one policy."""
+    policy: str  # Policy.label()
+    answer: List[int]  # generated tokens before EOS
+    correct: bool
+    logits: np.ndarray  # [1 + decode steps, vocab]: the prefill's last row, then every step
+    kept_frames: int  # frames the sequence's block tables name right after its decisions
+    prompt_frames: int  # frames the prompt took before any decision
+    freed_frames: int  # frames the decisions returned to the free list
+    quota_pages: List[int]  # K per layer
+    prefill_ms: float  # 0 for a fork (its parent's prefill is shared)
+    decide_ms: float
+    decode_ms: float
+    decode_tokens: int
+    cycle_ms: float = 0.0  # open or fork, decisions, decode and close: the whole sequence
+    decisions: list = dataclasses.field(default_factory=list)  # the LayerDecision records
+
+
+# ---- the worker -------------------------------------------------------------------------------
+class PoolWorker:
+    """The model served through entrokvd. Thread-safe: sequences may run on several threads
+    (each sequence on one thread at a time)."""
+
+    def __init__(self, client: entrokv.Client, model: numpy_model.Model, *,
+                 model_id: Optional[str] = None, page_size: int = 16,
+                 frame_layout: str = "group", element: str = "f32",
+                 capacity_frames: int = 16384):
+        c = model.config
+        self.client, self.model, self.page_size = client, model, page_size
+        self.model_id = model_id or f"entrokv-gqa-{frame_layout}-b{page_size}-{element}"
+        geometry = dict(layers=c.layers, query_heads=c.query_heads, kv_groups=c.kv_heads,
+                        head_dim=c.head_dim, page_size=page_size,
+                        element_bytes=np.dtype(ELEMENTS[element]).itemsize)
+        groups_per_frame = c.kv_heads if frame_layout == "layer" else 1
+        frame_bytes = groups_per_frame * 2 * page_size * c.head_dim * geometry["element_bytes"]
+        try:
+            pool = client.register_model(self.model_id,
+                                         capacity_bytes=capacity_frames * frame_bytes,
+                                         frame_layout=frame_layout, backend="host", **geometry)
+        except entrokv.AlreadyExistsError:  # an earlier run's pool: usable if it is the same shape
+            pool = client.get_model(self.model_id)
+            if (dataclasses.asdict(pool.geometry) != geometry or
+                    pool.frame_layout != frame_layout):
+                raise ValueError(f"model {self.model_id} is registered with another geometry "
+                                 f"or layout: {pool}") from None
+        self.pool = pool
+        self.arena = HostArena(pool, element)
+        self._ids = itertools.count()
+        self._prefix = f"p{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        self._lock = threading.Lock()
+
+    def close(self, unregister: bool = False) -> None:
+        self.arena.close()
+        if unregister:
+            self.client.unregister_model(self.model_id, force=True)
+
+    def _new_id(self, hint: str) -> str:
+        with self._lock:
+            return f"{hint}-{self._prefix}-{next(self._ids)}"
+
+    def _fetch_tables(self, kv: PoolKV) -> None:
+        """The sequence's block tables as the pool holds them now."""
+        c = self.model.config
+        for info in self.client.list_sequences(self.model_id, block_tables=True):
+            if info.sequence_id == kv.sequence_id:
+                pages = max((len(t.frames) for t in info.block_tables), default=0)
+                tables = np.full((c.layers, c.kv_heads, pages), -1, np.int32)
+                for t in info.block_tables:
+                    tables[t.layer, t.group, :len(t.frames)] = t.frames
+                kv.set_tables(tables)
+                return
+        raise entrokv.NotFoundError(f"sequence {kv.sequence_id} is not open")
+
+    # -- the steps --
+    def prefill(self, prompt: np.ndarray, *, kinds: Sequence[str] = KINDS,
+                policy: Optional[Policy] = None, window: Optional[int] = None,
+                on_decided: Optional[Callable[[PoolKV, list], None]] = None,
+                sequence_id: Optional[str] = None) -> Tuple[PoolKV, list]:
+        """Opens a sequence for `prompt` and runs it through the model, K/V into the pool.
+
+        With a policy (not "none"), each layer's statistic goes out on DecideStream as soon as
+        the layer has run (the daemon evicts while the next layers compute), and the returned
+        decisions are applied to the tables. Without one, the statistics of `kinds` are kept on
+        the sequence (kv.stats) for decisions on its forks. Returns (kv, decisions).
+        """
+        prompt = np.asarray(prompt)
+        n = len(prompt)
+        window = window or question_window(prompt)
+        deciding = policy is not None and policy.name != "none"
+        if deciding:
+            kinds = (policy.kind,)
+        sid = sequence_id or self._new_id("seq")
+        self.client.open_sequence(self.model_id, sid, initial_tokens=n)
+        kv = PoolKV(self, sid, n)
+        try:
+            self._fetch_tables(kv)
+            rows = {"last_row": 1, "window_mean": window, "accumulated": n}
+            windows = sorted({rows[k] for k in kinds})
+            layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
+
+            def statistic(stat: Dict[int, List[np.ndarray]], kind: str) -> np.ndarray:
+                s = np.concatenate(stat[rows[kind]], axis=0)  # [query_heads, n]: groups in order
+                return s * np.float32(n) if kind == "accumulated" else s  # column sums
+
+            if not deciding:
+                def keep(layer, stat):
+                    layer_stats[layer] = {k: statistic(stat, k) for k in kinds}
+                kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep)
+                kv.stats = {k: np.stack([layer_stats[l][k] for l in sorted(layer_stats)])
+                            for k in kinds}
+                return kv, []
+            outbox: "queue.Queue" = queue.Queue()
+            decisions, failure = [], []
+
+            def send() -> Iterator[Tuple[int, np.ndarray]]:
+                while (item := outbox.get()) is not None:
+                    yield item
+
+            def receive() -> None:
+                try:
+                    decisions.extend(self._decide_stream(kv, policy, send()))
+                except Exception as error:  # noqa: BLE001 -- re-raised below, in this thread
+                    failure.append(error)
+
+            receiver = threading.Thread(target=receive, name=f"decide-{sid}")
+            receiver.start()
+            try:
+                kv.prefill_logits = self.model.step(
+                    prompt, np.arange(n), kv, windows,
+                    lambda layer, stat: outbox.put((layer, statistic(stat, policy.kind))))
+            finally:
+                outbox.put(None)
+                receiver.join()
+            if failure:
+                raise failure[0]
+            self._fetch_tables(kv)
+            if on_decided is not None:
+                on_decided(kv, decisions)
+            return kv, decisions
+        except BaseException:
+            self._close_quietly(kv)
+            raise
+
+    def fork(self, parent: PoolKV, sequence_id: Optional[str] = None) -> PoolKV:
+        """A child sharing every page of `parent` (the partial tail too: copy-on-write on its
+        first append), its statistics and its prefill logits. Allocates nothing."""
+        sid = sequence_id or self._new_id("fork")
+        pages = -(-parent.length // self.page_size)
+        self.client.open_sequence(self.model_id, sid, initial_tokens=0,
+                                  parent=parent.sequence_id, prefix_pages=pages)
+        kv = PoolKV(self, sid, parent.length, valid=parent.valid)
+        kv.stats, kv.prefill_logits = parent.stats, parent.prefill_logits
+        try:
+            self._fetch_tables(kv)
+        except BaseException:
+            self._close_quietly(kv)
+            raise
+        return kv
+
+    def _decide_stream(self, kv: PoolKV, policy: Policy, layer_stats) -> list:
+        return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
+                                              policy=policy.name, kind=policy.kind,
+                                              **policy.budget(), **dict(policy.params)))
+
+    def decide(self, kv: PoolKV, policy: Policy) -> list:
+        """Sends the sequence's kept statistics (of a prefill without a policy, or its fork)
+        layer by layer on DecideStream, then reads back the block tables."""
+        if policy.name == "none":
+            return []
+        if policy.kind not in kv.stats:
+            raise ValueError(f"sequence {kv.sequence_id} kept no {policy.kind} statistic")
+        stats = kv.stats[policy.kind]
+        decisions = self._decide_stream(kv, policy, [(l, stats[l]) for l in range(len(stats))])
+        self._fetch_tables(kv)
+        return decisions
+
+    def append(self, kv: PoolKV, tokens: int = 1) -> None:
+        length, rows = self.client.append_tokens_frames(self.model_id, kv.sequence_id, tokens)
+        kv._reserve(length)
+        kv.length = length
+        kv.assign(rows)
+
+    def decode(self, kv: PoolKV, max_new: int,
+               eos: int = tasks.EOS) -> Tuple[List[int], np.ndarray]:
+        """Greedy decoding from the prefill's last logits: each token is appended to the
+        sequence (AppendTokens), its K/V written into the pool, its step attends through it.
+        Returns the tokens before EOS and the logits rows [1 + steps, vocab]."""
+        rows = [kv.prefill_logits[-1]]
+        out: List[int] = []
+        token = int(np.argmax(rows[-1]))
+        while token != eos and len(out) < max_new:
+            out.append(token)
+            position = kv.length
+            self.append(kv, 1)
+            rows.append(self.model.step(np.array([token]), np.array([position]), kv)[-1])
+            token = int(np.argmax(rows[-1]))
+        return out, np.stack(rows)
+
+    def close_sequence(self, kv: PoolKV) -> int:
+        return self.client.close_sequence(self.model_id, kv.sequence_id)
+
+    def _close_quietly(self, kv: PoolKV) -> None:
+        try:
+            self.close_sequence(kv)
+        except entrokv.EntrokvError:
+            pass
+
+    # -- whole runs --
+    def _result(self, example: tasks.Example, policy: Policy, kv: PoolKV, decisions: list,
+                prompt_frames: int, prefill_ms: float, decide_ms: float,
+                max_new: Optional[int]) -> RunResult:
+        kept = kv.live_frames()
+        start = time.perf_counter()
+        answer, logits = self.decode(kv, max_new or len(example.answer) + 2)
+        decode_ms = (time.perf_counter() - start) * 1e3
+        return RunResult(policy=policy.label(), answer=answer,
+                         correct=answer == [int(t) for t in example.answer], logits=logits,
+                         kept_frames=kept, prompt_frames=prompt_frames,
+                         freed_frames=sum(len(d.freed_frames) for d in decisions),
+                         quota_pages=[d.quota_pages for d in decisions], prefill_ms=prefill_ms,
+                         decide_ms=decide_ms, decode_ms=decode_ms, decode_tokens=len(answer),
+                         decisions=decisions)
+
+    def run_prompt(self, example: tasks.Example, policy: Policy, *,
+                   max_new: Optional[int] = None,
+                   on_decided: Optional[Callable[[PoolKV, list], None]] = None) -> RunResult:
+        """One prompt, one sequence: prefill with the policy's decisions streamed per layer,
+        greedy decode, close. on_decided(kv, decisions) runs after the decisions (tests poison
+        the freed frames there)."""
+        start = time.perf_counter()
+        prompt_frames = self.model.config.layers * self._frames_per_layer(len(example.prompt))
+        kv, decisions = self.prefill(example.prompt, policy=policy, on_decided=on_decided,
+                                     kinds=(policy.kind,))
+        try:
+            prefill_ms = (time.perf_counter() - start) * 1e3
+            result = self._result(example, policy, kv, decisions, prompt_frames, prefill_ms, 0.0,
+                                  max_new)
+        finally:
+            self.close_sequence(kv)
+        result.cycle_ms = (time.perf_counter() - start) * 1e3
+        return result
+
+    def run_forked(self, example: tasks.Example, policies: Sequence[Policy], *,
+                   max_new: Optional[int] = None) -> List[RunResult]:
+        """One prefill, then per policy a fork of it (prefix sharing), its decisions, a greedy
+        decode and its close; the parent closes last. Results in the order of `policies`."""
+        kinds = sorted({p.kind for p in policies if p.name != "none"}) or ["last_row"]
+        start = time.perf_counter()
+        parent, _ = self.prefill(example.prompt, kinds=kinds)
+        prefill_ms = (time.perf_counter() - start) * 1e3
+        try:
+            prompt_frames = parent.live_frames()
+            results = []
+            for policy in policies:
+                cycle = time.perf_counter()
+                child = self.fork(parent)
+                try:
+                    start = time.perf_counter()
+                    decisions = self.decide(child, policy)
+                    decide_ms = (time.perf_counter() - start) * 1e3
+                    results.append(self._result(example, policy, child, decisions, prompt_frames,
+                                                0.0, decide_ms, max_new))
+                finally:
+                    self.close_sequence(child)
+                results[-1].cycle_ms = (time.perf_counter() - cycle) * 1e3
+            if results:
+                results[0].prefill_ms = prefill_ms
+            return results
+        finally:
+            self.close_sequence(parent)
+
+    def _frames_per_layer(self, tokens: int) -> int:
+        pages = -(-tokens // self.page_size)
+        return pages * (1 if self.pool.frame_layout == "layer" else self.model.config.kv_heads)
+
+
+# ---- a private daemon (tests, and the command line without --server) ---------------------------
+class LocalDaemon:
+    """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM."""
+
+    def __init__(self, binary: str, *args: str):
+        self.process = subprocess.Popen(
+            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = self.process.stdout.readline()
+        match = re.search(r"listening on (\S+)", line)
+        if not match:
+            self.process.kill()
+            raise RuntimeError(f"entrokvd did not start: {line!r} {self.process.stderr.read()}")
+        self.address = match.group(1)
+
+    def stop(self) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        self.process.stdout.close()
+        self.process.stderr.close()
+        return code
+
+
+# ---- the command line: the main job's demonstration --------------------------------------------
+def parse_policies(text: str, ratio: float) -> List[Policy]:
+    return [Policy("none") if name == "none" else Policy(name, ratio=ratio)
+            for name in (part.strip() for part in text.split(",")) if name]
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run the small GQA model with entrokvd as its KV cache: prefill each prompt "
+                    "once, fork it per policy, decide, decode greedily; print accuracy and frames.")
+    parser.add_argument("--server", help="entrokvd address; default: start --entrokvd privately")
+    parser.add_argument("--entrokvd", default="entrokvd", help="daemon binary when no --server")
+    parser.add_argument("--weights", required=True, help="the model's .npz (train.py export)")
+    parser.add_argument("--prompts", type=int, default=8, help="prompts, spread over the tasks")
+    parser.add_argument("--length", type=int, default=1024, help="prompt tokens")
+    parser.add_argument("--tasks", default=",".join(tasks.TASKS))
+    parser.add_argument("--policies", default="page_entrokv,mean")
+    parser.add_argument("--ratio", type=float, default=0.75,
+                        help="compression ratio: the share of the KV cache evicted")
+    parser.add_argument("--page-size", type=int, default=16)
+    parser.add_argument("--frame-layout", choices=("group", "layer"), default="group")
+    parser.add_argument("--element", choices=sorted(ELEMENTS), default="f32")
+    parser.add_argument("--concurrency", type=int, default=2, help="prompts in flight")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+
+    model = numpy_model.Model.load(args.weights)
+    task_list = [t for t in args.tasks.split(",") if t]
+    per_task = -(-args.prompts // len(task_list))
+    examples = [e for t in task_list for e in tasks.examples(t, args.length, per_task, args.seed)]
+    examples = examples[:args.prompts]
+    policies = [Policy("none")] + [p for p in parse_policies(args.policies, args.ratio)
+                                   if p.name != "none"]
+    daemon = None if args.server else LocalDaemon(args.entrokvd)
+    address = args.server or daemon.address
+    print(f"pool worker: {len(examples)} prompts of {args.length} tokens "
+          f"({', '.join(task_list)}), each prefilled once into entrokvd's pool at {address} and "
+          f"forked per policy; compression ratio {args.ratio} "
+          f"(keep {100 * (1 - args.ratio):g}%), {args.frame_layout} layout, page size "
+          f"{args.page_size}, {args.element} K/V; greedy answers must match exactly")
+    started = time.perf_counter()
+    try:
+        with entrokv.Client(address, timeout_s=60) as client:
+            worker = PoolWorker(client, model, page_size=args.page_size,
+                                frame_layout=args.frame_layout, element=args.element)
+            try:
+                with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                    runs = list(pool.map(lambda e: worker.run_forked(e, policies), examples))
+                stats = client.pool_stats(worker.model_id)
+            finally:
+                worker.close()
+    finally:
+        if daemon is not None:
+            daemon.stop()
+    elapsed = time.perf_counter() - started
+    print(f"{'policy':<22} {'accuracy':>9} {'frames kept':>12} {'of prompt':>10} "
+          f"{'decode ms/token':>16}")
+    for i, policy in enumerate(policies):
+        results = [run[i] for run in runs]
+        correct = sum(r.correct for r in results)
+        kept = np.mean([r.kept_frames for r in results])
+        share = kept / np.mean([r.prompt_frames for r in results])
+        tokens = sum(r.decode_tokens for r in results)
+        ms = sum(r.decode_ms for r in results) / max(tokens, 1)
+        print(f"{policy.label():<22} {correct:>4}/{len(results):<4} {kept:>12.0f} "
+              f"{100 * share:>9.1f}% {ms:>16.1f}")
+    prefill = np.mean([run[0].prefill_ms for run in runs])
+    cycle = np.mean([r.cycle_ms for run in runs for r in run[1:]] or [0.0])
+    print(f"prefill {prefill:.0f} ms/prompt, fork + decide + decode + close {cycle:.0f} ms; "
+          f"{elapsed:.1f} s in all; pool after every close: "
+          f"{stats.used_frames} used + {stats.free_frames} free = {stats.capacity_frames} frames")
+    return 0 if stats.used_frames + stats.free_frames == stats.capacity_frames else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

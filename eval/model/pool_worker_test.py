@@ -1,0 +1,249 @@
+"""The pool-backed worker against a real entrokvd on loopback (started here, stopped by SIGTERM).
+
+Random weights of the real shapes: these tests compare the worker with the plain numpy model and
+with itself, which needs no trained model. ENTROKVD names the daemon binary and PYTHONPATH holds
+the built client package (ctest sets both).
+"""
+import concurrent.futures
+import io
+import contextlib
+import os
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import numpy_model  # noqa: E402
+import tasks  # noqa: E402
+from model_test import random_model  # noqa: E402
+
+try:
+    import entrokv  # noqa: E402
+    import pool_worker  # noqa: E402
+    from pool_worker import Policy  # noqa: E402
+except ImportError:  # the client package is not on the path: run through ctest
+    entrokv = None
+
+# Pool-backed attention stores K/V as float32 and reads them back in page order, which is the
+# order the plain model holds them in, so with no eviction the logits agree to float32 rounding
+# (in practice bit for bit); 1e-5 is the stated tolerance.
+TOLERANCE = dict(rtol=1e-5, atol=1e-5)
+LAYERS, GROUPS = 4, 2
+
+
+def plain_logits(model, prompt, answer_tokens):
+    """Prefill logits [T, vocab] and the decode logits rows of feeding `answer_tokens`, with the
+    plain model's dense cache."""
+    kv = numpy_model.DenseKV(model.config)
+    prefill = model.step(prompt, np.arange(len(prompt)), kv)
+    rows = [prefill[-1]]
+    for i, token in enumerate(answer_tokens):
+        rows.append(model.step(np.array([token]), np.array([len(prompt) + i]), kv)[-1])
+    return prefill, np.stack(rows)
+
+
+@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ,
+                 "needs ENTROKVD and the client package on PYTHONPATH (run through ctest)")
+class PoolWorkerTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
+        cls.client = entrokv.Client(cls.daemon.address, timeout_s=60)
+        cls.model = random_model()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.client.close()
+        code = cls.daemon.stop()
+        if code != 0:
+            raise AssertionError(f"entrokvd exited with {code} after SIGTERM")
+
+    def worker(self, name, **kwargs):
+        worker = pool_worker.PoolWorker(self.client, self.model, model_id=name, **kwargs)
+        self.addCleanup(worker.close, unregister=True)
+        return worker
+
+    def assert_pool_consistent(self, worker):
+        stats = self.client.pool_stats(worker.model_id)
+        self.assertEqual(stats.used_frames + stats.free_frames, stats.capacity_frames)
+        return stats
+
+    def test_no_eviction_equals_the_plain_model(self):
+        # Lengths off the page grid (partial tail pages), both layouts, two page sizes.
+        for layout, page_size, length in (("group", 16, 250), ("layer", 16, 250),
+                                          ("group", 32, 301)):
+            with self.subTest(layout=layout, page_size=page_size):
+                worker = self.worker(f"plain-{layout}-{page_size}", frame_layout=layout,
+                                     page_size=page_size, capacity_frames=2048)
+                example = tasks.make_example("multi_value", length, 5)
+                kv, decisions = worker.prefill(example.prompt)
+                self.assertEqual(decisions, [])
+                answer, logits = worker.decode(kv, max_new=6, eos=-1)  # -1: never stops early
+                self.assertEqual(len(answer), 6)
+                prefill, want = plain_logits(self.model, example.prompt, answer)
+                np.testing.assert_allclose(kv.prefill_logits, prefill, **TOLERANCE)
+                np.testing.assert_allclose(logits, want, **TOLERANCE)
+                self.assertEqual(answer, self.model.generate(example.prompt, 6, eos=-1))
+                self.assertEqual(worker.close_sequence(kv), kv.live_frames())
+                self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
+
+    def test_half_precision_frames_round_only(self):
+        # f16 K/V (element_bytes 2): the pool holds rounded keys and values, nothing else changes.
+        worker = self.worker("plain-f16", element="f16", capacity_frames=1024)
+        example = tasks.make_example("multi_key", 250, 1)
+        kv, _ = worker.prefill(example.prompt)
+        self.assertEqual(worker.arena.frames.dtype, np.float16)
+        prefill = self.model.forward(example.prompt)
+        np.testing.assert_allclose(kv.prefill_logits, prefill, rtol=1e-2, atol=1e-2)
+        self.assertFalse(np.array_equal(kv.prefill_logits, prefill))
+        worker.close_sequence(kv)
+
+    def test_poisoned_free_frames_are_never_read(self):
+        example = tasks.make_example("multi_key", 300, 2)
+        for layout in ("group", "layer"):
+            for policy in (Policy("page_entrokv", pages=5), Policy("h2o", ratio=0.75),
+                           Policy("snapkv", ratio=0.5, params=(("protect_tail_page", False),))):
+                with self.subTest(layout=layout, policy=policy.label()):
+                    worker = self.worker(f"poison-{layout}-{policy.name}", frame_layout=layout,
+                                         capacity_frames=1024)
+                    clean = worker.run_prompt(example, policy)
+                    poisoned_frames = []
+
+                    def poison(kv, decisions):
+                        # Every frame no open sequence names: the evicted ones included.
+                        used = {int(f) for s in self.client.list_sequences(
+                                    worker.model_id, block_tables=True)
+                                for t in s.block_tables for f in t.frames if f >= 0}
+                        free = sorted(set(range(worker.pool.capacity_frames)) - used)
+                        freed = {int(f) for d in decisions for f in d.freed_frames}
+                        self.assertTrue(freed, "the decision evicted nothing")
+                        self.assertTrue(freed <= set(free))
+                        worker.arena.frames[free] = np.nan
+                        poisoned_frames.extend(free)
+
+                    dirty = worker.run_prompt(example, policy, on_decided=poison)
+                    self.assertGreater(len(poisoned_frames), 0)
+                    self.assertEqual(dirty.answer, clean.answer)
+                    np.testing.assert_array_equal(dirty.logits, clean.logits)
+                    self.assertTrue(np.all(np.isfinite(dirty.logits)))
+                    self.assert_pool_consistent(worker)
+
+    def test_poison_in_a_kept_frame_is_seen(self):
+        # The control of the test above: the same poison in a frame the sequence keeps reaches
+        # the logits, so the unchanged logits there mean the evicted frames were not read.
+        worker = self.worker("poison-control", capacity_frames=1024)
+        example = tasks.make_example("multi_key", 300, 2)
+
+        def poison_kept(kv, decisions):
+            worker.arena.frames[kv.tables[1, 0, decisions[1].groups[0].kept_pages[0]]] = np.nan
+
+        result = worker.run_prompt(example, Policy("page_entrokv", pages=5),
+                                   on_decided=poison_kept)
+        self.assertGreater(len(result.logits), 1)
+        self.assertTrue(np.all(np.isnan(result.logits[1:])))
+
+    def test_decisions_keep_exactly_the_budget_and_free_the_rest(self):
+        example = tasks.make_example("single_needle", 400, 3)  # 25 pages
+        pages = -(-400 // 16)
+        for layout, policy in (("group", Policy("page_entrokv", pages=6)),
+                               ("group", Policy("mean", ratio=0.5)),
+                               ("layer", Policy("page_entrokv", pages=6))):
+            with self.subTest(layout=layout, policy=policy.label()):
+                worker = self.worker(f"budget-{layout}-{policy.name}-{policy.pages}",
+                                     frame_layout=layout, capacity_frames=1024)
+                seen = {}
+
+                def check(kv, decisions):
+                    seen["used"] = self.assert_pool_consistent(worker).used_frames
+                    seen["kv"] = kv
+
+                result = worker.run_prompt(example, policy, on_decided=check)
+                per_frame = GROUPS if layout == "group" else 1  # layer scope in the layer layout
+                quota = sum(result.quota_pages)
+                if policy.pages is not None:
+                    self.assertEqual(result.quota_pages, [6] * LAYERS)
+                self.assertEqual(result.kept_frames, per_frame * quota)  # G * K per layer
+                self.assertEqual(result.prompt_frames, LAYERS * per_frame * pages)
+                self.assertEqual(result.freed_frames, result.prompt_frames - result.kept_frames)
+                self.assertEqual(seen["used"], result.kept_frames)  # nothing else is open
+                for layer in range(LAYERS):
+                    for group in range(GROUPS):
+                        live = np.flatnonzero(seen["kv"].tables[layer, group, :pages] >= 0)
+                        self.assertEqual(len(live), result.quota_pages[layer])
+                self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
+
+    def test_concurrent_sequences_reuse_frames_and_match_their_solo_runs(self):
+        # 8 prompts on 4 threads in a pool too small to give every sequence its own frames:
+        # frames one sequence evicted or closed are written by others, and each sequence still
+        # computes what it computes alone.
+        worker = self.worker("concurrent", capacity_frames=640)
+        examples = [tasks.make_example(t, 256, s) for t in tasks.TASKS for s in (1, 2)]
+        policy = Policy("page_entrokv", pages=4)
+        solo = [worker.run_prompt(e, policy) for e in examples]
+        decided = [None] * len(examples)
+        consistent = []
+
+        def run(i):
+            def keep(kv, decisions):
+                decided[i] = (kv, {int(f) for d in decisions for f in d.freed_frames})
+            result = worker.run_prompt(examples[i], policy, on_decided=keep)
+            stats = self.client.pool_stats(worker.model_id)  # after this sequence's close
+            consistent.append(stats.used_frames + stats.free_frames == stats.capacity_frames)
+            return result
+
+        with concurrent.futures.ThreadPoolExecutor(4) as threads:
+            together = list(threads.map(run, range(len(examples))))
+        self.assertEqual(consistent, [True] * len(examples))
+        for alone, concurrent_run in zip(solo, together):
+            self.assertEqual(concurrent_run.answer, alone.answer)
+            np.testing.assert_allclose(concurrent_run.logits, alone.logits, rtol=1e-6, atol=1e-6)
+        seen = [kv.frames_seen for kv, _ in decided]
+        self.assertGreater(sum(len(s) for s in seen), worker.pool.capacity_frames)
+        reused = sum(len(freed & seen[j]) for i, (_, freed) in enumerate(decided)
+                     for j in range(len(decided)) if j != i)
+        self.assertGreater(reused, 0, "no frame evicted by one sequence served another")
+        self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
+
+    def test_forks_share_the_prefill_and_decide_like_unforked_runs(self):
+        worker = self.worker("forks", capacity_frames=2048)
+        example = tasks.make_example("variable_tracking", 333, 4)  # a partial tail page
+        policies = [Policy("none"), Policy("page_entrokv", ratio=0.75), Policy("h2o", pages=5),
+                    Policy("snapkv", ratio=0.5), Policy("streaming", pages=4)]
+        forked = worker.run_forked(example, policies)
+        self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
+        self.assertEqual([r.policy for r in forked], [p.label() for p in policies])
+        for policy, fork in zip(policies, forked):
+            with self.subTest(policy=policy.label()):
+                alone = worker.run_prompt(example, policy)
+                self.assertEqual(fork.answer, alone.answer)
+                np.testing.assert_allclose(fork.logits, alone.logits, **TOLERANCE)
+                self.assertEqual(fork.kept_frames, alone.kept_frames)
+                self.assertEqual(fork.freed_frames, 0)  # every evicted page is the parent's too
+        _, want = plain_logits(self.model, example.prompt, forked[0].answer)
+        np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
+        self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
+
+    def test_command_prints_accuracy_and_frames(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            weights = os.path.join(tmp, "w.npz")
+            config = numpy_model.Config()
+            np.savez(weights, config_json=np.array(
+                '{"vocab": 128, "d_model": 128, "layers": 4, "query_heads": 8, "kv_heads": 2, '
+                '"head_dim": 32, "mlp_hidden": 384}'), **self.model.w)
+            self.assertEqual(numpy_model.Model.load(weights).config, config)
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                code = pool_worker.main(["--server", self.daemon.address, "--weights", weights,
+                                         "--prompts", "3", "--length", "200", "--tasks",
+                                         "single_needle,multi_key", "--ratio", "0.5"])
+        self.assertEqual(code, 0)
+        text = out.getvalue()
+        for label in ("none", "page_entrokv@0.5", "mean@0.5"):
+            self.assertRegex(text, rf"\n{label} +\d+/3 +\d+ +[\d.]+%")
+        self.assertRegex(text, r"pool after every close: 0 used \+ \d+ free = \d+ frames")
+
+
+if __name__ == "__main__":
+    unittest.main()
