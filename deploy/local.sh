@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
 # Sets up entrokv on a Debian 12 machine and runs it: `demo` (the main job) or `test` (every
 # test). Installs what is missing with apt-get, configures and builds in ./build.
+# CI's further stages (docs/testing.md), each in its own build folder:
+#   sanitize  every test under ASan+UBSan (build-asan)
+#   fuzz      the libFuzzer targets (clang), each run for ENTROKV_FUZZ_SECONDS (build-fuzz)
+#   tsan      core/ tests under TSan, against Abseil built with TSan from Debian's source
+#             (build-tsan; the Abseil build is cached in .tsan-absl)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 mode="${1:-}"
 case "$mode" in
-  demo|test|build) ;;
-  *) echo "usage: bash deploy/local.sh demo|test|build" >&2; exit 2 ;;
+  demo|test|build|sanitize|fuzz|tsan) ;;
+  *) echo "usage: bash deploy/local.sh demo|test|build|sanitize|fuzz|tsan" >&2; exit 2 ;;
 esac
 
 packages=(
@@ -21,6 +26,10 @@ packages=(
   libleveldb-dev libsnappy-dev libsqlite3-dev
   yamllint python3-yaml
 )
+# Only the fuzz stage needs clang and libFuzzer.
+[ "$mode" = fuzz ] && packages+=(clang-14 libfuzzer-14-dev)
+# The tsan stage builds Abseil from Debian's source package.
+[ "$mode" = tsan ] && packages+=(dpkg-dev)
 missing=()
 for package in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
@@ -39,6 +48,30 @@ if ((${#missing[@]})); then
 fi
 
 jobs="$(nproc)"
+case "$mode" in
+  sanitize)
+    echo "== ASan+UBSan: configuring and building everything in build-asan (${jobs} jobs)"
+    # CUDA off: nvcc takes no sanitizer flags, and the GPU tests skip anyway.
+    cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROKV_CUDA=OFF \
+      -DENTROKV_SANITIZE=address,undefined ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+    ninja -C build-asan -j "$jobs"
+    export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
+    export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
+    exec ctest --test-dir build-asan --output-on-failure -j "$jobs" --timeout 1200
+    ;;
+  fuzz)
+    echo "== libFuzzer: configuring and building the fuzz targets in build-fuzz (${jobs} jobs)"
+    cmake -S . -B build-fuzz -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DCMAKE_CXX_COMPILER=clang++-14 -DENTROKV_CUDA=OFF -DENTROKV_WERROR=OFF \
+      -DENTROKV_FUZZ=ON -DENTROKV_SANITIZE=address,undefined -DENTROKV_BUILD_TESTS=OFF \
+      -DENTROKV_BUILD_BENCH=OFF ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+    ninja -C build-fuzz -j "$jobs" fuzzers
+    exec bash tests/fuzz/run.sh build-fuzz "${ENTROKV_FUZZ_SECONDS:-45}"
+    ;;
+  tsan)
+    exec bash deploy/tsan.sh "$jobs"
+    ;;
+esac
 targets=()
 [ "$mode" = demo ] && targets=(entrokvd entrokv)  # the main job needs only the two binaries
 echo "== configuring and building ${targets[*]:-everything} (${jobs} jobs)"

@@ -88,6 +88,33 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
                                             const v1::UnregisterModelRequest* request,
                                             v1::UnregisterModelResponse* response) override;
 
+  // The handlers' bodies without gRPC: every unary method above calls one of them between
+  // admission and Finish (Decide and DecideStream: FindModel, then decider()). Public so that
+  // the request fuzzer (tests/fuzz) runs exactly the handlers' validation and actions.
+  // NOT_FOUND / INVALID_ARGUMENT naming model_id.
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindModel(absl::string_view id) const;
+  // FindModel, and sequence_id checked (INVALID_ARGUMENT naming it).
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindSequenceModel(
+      absl::string_view model_id, absl::string_view sequence_id) const;
+  [[nodiscard]] absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
+                                             v1::RegisterModelResponse* response);
+  [[nodiscard]] absl::Status DoUnregisterModel(const v1::UnregisterModelRequest& request,
+                                               v1::UnregisterModelResponse* response);
+  [[nodiscard]] absl::Status DoGetModel(const v1::GetModelRequest& request,
+                                        v1::GetModelResponse* response);
+  [[nodiscard]] absl::Status DoListModels(const v1::ListModelsRequest& request,
+                                          v1::ListModelsResponse* response);
+  [[nodiscard]] absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,
+                                            v1::OpenSequenceResponse* response);
+  [[nodiscard]] absl::Status DoAppendTokens(const v1::AppendTokensRequest& request,
+                                            v1::AppendTokensResponse* response);
+  [[nodiscard]] absl::Status DoCloseSequence(const v1::CloseSequenceRequest& request,
+                                             v1::CloseSequenceResponse* response);
+  [[nodiscard]] absl::Status DoGetPoolStats(const v1::GetPoolStatsRequest& request,
+                                            v1::PoolStats* response);
+  [[nodiscard]] absl::Status DoListSequences(const v1::ListSequencesRequest& request,
+                                             v1::ListSequencesResponse* response);
+
  private:
   class UnaryCall;
   class StreamReactor;
@@ -106,29 +133,8 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
 
   // UNAVAILABLE while draining, UNAUTHENTICATED for a missing or wrong bearer token.
   [[nodiscard]] absl::Status Admit(const grpc::CallbackServerContext& context) const;
-  // NOT_FOUND / INVALID_ARGUMENT naming model_id.
-  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindModel(absl::string_view id) const;
-  // FindModel, and sequence_id checked (INVALID_ARGUMENT naming it).
-  [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> FindSequenceModel(
-      absl::string_view model_id, absl::string_view sequence_id) const;
   // RESOURCE_EXHAUSTED naming max_inflight_decisions: a decision shed by the worker pool.
   [[nodiscard]] absl::Status Overloaded() const;
-
-  absl::Status DoRegisterModel(const v1::RegisterModelRequest& request,
-                               v1::RegisterModelResponse* response);
-  absl::Status DoUnregisterModel(const v1::UnregisterModelRequest& request,
-                                 v1::UnregisterModelResponse* response);
-  absl::Status DoGetModel(const v1::GetModelRequest& request, v1::GetModelResponse* response);
-  absl::Status DoListModels(const v1::ListModelsRequest& request, v1::ListModelsResponse* response);
-  absl::Status DoOpenSequence(const v1::OpenSequenceRequest& request,
-                              v1::OpenSequenceResponse* response);
-  absl::Status DoAppendTokens(const v1::AppendTokensRequest& request,
-                              v1::AppendTokensResponse* response);
-  absl::Status DoCloseSequence(const v1::CloseSequenceRequest& request,
-                               v1::CloseSequenceResponse* response);
-  absl::Status DoGetPoolStats(const v1::GetPoolStatsRequest& request, v1::PoolStats* response);
-  absl::Status DoListSequences(const v1::ListSequencesRequest& request,
-                               v1::ListSequencesResponse* response);
 
   const ServerOptions options_;
   const std::string bearer_token_;  // "Bearer <token>", or empty

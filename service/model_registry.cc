@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -125,8 +126,13 @@ std::shared_ptr<Model> ModelRegistry::Adopt(const std::string& model_id, Backend
 }
 
 absl::Status ModelRegistry::Recover(std::vector<store::RecoveredModel> models) {
+  // A saturating sum: a damaged journal may record any capacity up to INT64_MAX.
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
   int64_t needed = 0;
-  for (const store::RecoveredModel& recovered : models) needed += recovered.model.capacity_bytes;
+  for (const store::RecoveredModel& recovered : models) {
+    const int64_t capacity = recovered.model.capacity_bytes;
+    needed = capacity > kMax - needed ? kMax : needed + capacity;
+  }
   if (needed > capacity_bytes_) {
     return absl::InvalidArgumentError(
         absl::StrCat("--state_dir: the ", models.size(), " recorded models need ", needed,
@@ -138,8 +144,8 @@ absl::Status ModelRegistry::Recover(std::vector<store::RecoveredModel> models) {
   }
   if (namer_ != nullptr && namer_->durable()) {
     if (const int removed = namer_->RemoveUnused(arenas_in_use); removed > 0) {
-      LogInfo( absl::StrCat("--state_dir: removed ", removed,
-                                   " arenas of this state that no model names"));
+      LogInfo(absl::StrCat("--state_dir: removed ", removed,
+                           " arenas of this state that no model names"));
     }
   }
   return absl::OkStatus();
@@ -191,16 +197,15 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
       RETURN_IF_ERROR(fail(store::RecordLoss(*store_, record, lost_ids, lost_reason)));
     }
     for (const std::string& sequence_id : lost_ids) (*state)->MarkLost({sequence_id}, lost_reason);
-    LogWarning( absl::StrCat("--state_dir: model '", id, "' recovered with a fresh arena; ",
-                                    lost_ids.size(), " sequences lost: ", lost_reason));
+    LogWarning(absl::StrCat("--state_dir: model '", id, "' recovered with a fresh arena; ",
+                            lost_ids.size(), " sequences lost: ", lost_reason));
   } else {
     const size_t count = recovered.sequences.size();
     RETURN_IF_ERROR(fail((*state)->Restore(std::move(recovered.sequences))));
     for (const auto& [sequence_id, reason] : recovered.lost) {
       (*state)->MarkLost({sequence_id}, reason);
     }
-    LogInfo(
-            absl::StrCat("--state_dir: model '", id, "' recovered: ", count, " sequences, ",
+    LogInfo(absl::StrCat("--state_dir: model '", id, "' recovered: ", count, " sequences, ",
                          (*state)->Stats().used_frames, " of ", (*state)->Stats().capacity_frames,
                          " frames in use, arena ", record.arena_name));
   }

@@ -7,6 +7,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/pool/geometry_bounds.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::service {
@@ -96,16 +97,7 @@ absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& requ
   options.geometry.page_size = g.page_size();
   options.geometry.element_bytes = g.element_bytes();
   RETURN_IF_ERROR(ValidateGeometry(options.geometry));
-  // Upper bounds keep one request from asking the daemon for absurd bookkeeping (per-layer
-  // tables are allocated up front).
-  for (const auto& [field, value, limit] :
-       {std::tuple<absl::string_view, int, int>{"geometry.layers", g.layers(), 4096},
-        {"geometry.query_heads", g.query_heads(), 4096},
-        {"geometry.head_dim", g.head_dim(), 65536},
-        {"geometry.page_size", g.page_size(), 65536},
-        {"geometry.element_bytes", g.element_bytes(), 16}}) {
-    if (value > limit) return Invalid(field, absl::StrCat(value, " exceeds ", limit));
-  }
+  RETURN_IF_ERROR(ValidateGeometryBounds(options.geometry));
   switch (request.frame_layout()) {
     case v1::FRAME_LAYOUT_UNSPECIFIED:
       options.layout = defaults.frame_layout;

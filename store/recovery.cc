@@ -4,6 +4,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "core/pool/geometry_bounds.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::store {
@@ -20,15 +21,21 @@ struct SequenceParts {
 }  // namespace
 
 absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store) {
-  const auto damaged = [&store](absl::string_view what) {
+  return LoadRecords(store.path(),
+                     [&store](const RecordVisitor& visit) { return store.Scan("", visit); });
+}
+
+absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
+    absl::string_view path, const std::function<absl::Status(const RecordVisitor&)>& scan) {
+  const auto damaged = [path](absl::string_view what) {
     return absl::DataLossError(
-        absl::StrCat("--state_dir: the journal in ", store.path(), " is inconsistent (", what,
+        absl::StrCat("--state_dir: the journal in ", path, " is inconsistent (", what,
                      "); refusing to trust it. Move it away to start empty"));
   };
   std::map<std::string, RecoveredModel> models;
   std::map<SequenceId, SequenceParts> sequences;
   std::map<SequenceId, std::string> lost;
-  absl::Status scanned = store.Scan("", [&](absl::string_view key, absl::string_view value) {
+  absl::Status scanned = scan([&](absl::string_view key, absl::string_view value) {
     if (key == kFormatKey || key == kInstanceKey) return absl::OkStatus();
     absl::StatusOr<ParsedKey> parsed = ParseKey(key);
     if (!parsed.ok()) return damaged(parsed.status().message());
@@ -38,7 +45,10 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store) {
         absl::StatusOr<ModelRecord> model = DecodeModel(value);
         if (!model.ok()) return damaged(model.status().message());
         if (model->model_id != parsed->model_id) return damaged("model record under another id");
-        if (absl::Status valid = ValidateGeometry(model->geometry); !valid.ok()) {
+        // Bounded as RegisterModel bounds it: the tables below are sized by the geometry.
+        absl::Status valid = ValidateGeometry(model->geometry);
+        if (valid.ok()) valid = ValidateGeometryBounds(model->geometry);
+        if (!valid.ok()) {
           return damaged(absl::StrCat("model '", model->model_id, "': ", valid.message()));
         }
         models[model->model_id].model = *std::move(model);
@@ -47,7 +57,11 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store) {
       case RecordKind::kSequence: {
         absl::StatusOr<int64_t> length = DecodeInt64(value);
         if (!length.ok()) return damaged(length.status().message());
-        if (*length < 0) return damaged("negative sequence length");
+        // Bounded before any arithmetic on it (pages, chunks) can overflow.
+        if (*length < 0 || *length > kMaxSequenceTokens) {
+          return damaged(
+              absl::StrCat("sequence length ", *length, " outside [0, ", kMaxSequenceTokens, "]"));
+        }
         sequences[id].length = *length;
         break;
       }

@@ -3,11 +3,13 @@
 #ifndef ENTROKV_STORE_RECOVERY_H_
 #define ENTROKV_STORE_RECOVERY_H_
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/pool/cache_state.h"
 #include "store/records.h"
 #include "store/state_store.h"
@@ -26,6 +28,13 @@ struct RecoveredModel {
 // missing or extra chunk, a chunk of the wrong size. (The pool-level checks, frames in range
 // and one layer per frame, are CacheState::Restore's.)
 [[nodiscard]] absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store);
+
+// LoadState over any source of records: `scan` calls its visitor for every (key, value) in key
+// order, as StateStore::Scan does; `path` names the journal in messages. The checks live here,
+// so the recovery fuzzer (tests/fuzz) runs them on fuzzed records without a LevelDB.
+using RecordVisitor = std::function<absl::Status(absl::string_view, absl::string_view)>;
+[[nodiscard]] absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
+    absl::string_view path, const std::function<absl::Status(const RecordVisitor&)>& scan);
 
 }  // namespace entrokv::store
 

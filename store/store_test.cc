@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -421,6 +423,37 @@ TEST(RecordsTest, ModelRoundTripsAndGarbageIsRefused) {
   EXPECT_EQ(key.sequence_id, "s");
   EXPECT_EQ(key.layer, 2);
   EXPECT_EQ(key.chunk, 5);
+}
+
+// LoadRecords over records held in memory (what the recovery fuzzer does).
+absl::StatusOr<std::vector<RecoveredModel>> LoadFrom(
+    const std::vector<std::pair<std::string, std::string>>& records) {
+  return LoadRecords("test", [&records](const RecordVisitor& visit) {
+    for (const auto& [key, value] : records) RETURN_IF_ERROR(visit(key, value));
+    return absl::OkStatus();
+  });
+}
+
+// Found by tests/fuzz/recovery_fuzzer (corpus/recovery/regress-length-overflow): the page count
+// of a sequence recorded with length 2**63 - 1 overflowed and recovery crashed instead of
+// refusing the journal.
+TEST(CorruptionTest, AnImpossibleSequenceLengthIsRefused) {
+  const ModelRecord model = Model(FrameLayout::kGroup, 16);
+  EXPECT_THAT(LoadFrom({{ModelKey("m"), EncodeModel(model)},
+                        {SequenceKey(RecordKind::kSequence, "m", "s"),
+                         EncodeInt64(std::numeric_limits<int64_t>::max())}}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("sequence length")));
+}
+
+// Found by tests/fuzz/recovery_fuzzer (corpus/recovery/regress-huge-geometry): a model recorded
+// with 2**31 - 1 layers made recovery allocate tables for all of them (and abort) before any
+// check; RegisterModel never makes such a model, so a journal holding one is damaged.
+TEST(CorruptionTest, AGeometryBeyondRegistrationBoundsIsRefused) {
+  ModelRecord model = Model(FrameLayout::kGroup, 16);
+  model.geometry.layers = std::numeric_limits<int32_t>::max();
+  EXPECT_THAT(LoadFrom({{ModelKey("m"), EncodeModel(model)},
+                        {SequenceKey(RecordKind::kSequence, "m", "s"), EncodeInt64(0)}}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("geometry.layers")));
 }
 
 }  // namespace

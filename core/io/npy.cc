@@ -120,8 +120,15 @@ absl::StatusOr<NpyArray> ParseNpy(const std::string& contents) {
     array.shape.push_back(dim);
   }
   const size_t data_start = header_start + header_bytes;
-  const auto expected =
-      static_cast<size_t>(array.element_count()) * static_cast<size_t>(ElementBytes(array.type));
+  // The element count, checked before it can overflow: a shape like (4, 2**62) would wrap to 0
+  // elements and pass as an empty array that its readers then index far out of bounds.
+  uint64_t expected = static_cast<uint64_t>(ElementBytes(array.type));
+  for (const int64_t dim : array.shape) {
+    if (__builtin_mul_overflow(expected, static_cast<uint64_t>(dim), &expected)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("npy: shape ", *shape_text, " holds more elements than can be addressed"));
+    }
+  }
   if (contents.size() - data_start != expected) {
     return absl::InvalidArgumentError(absl::StrCat("npy: data is ", contents.size() - data_start,
                                                    " bytes, the shape needs ", expected));

@@ -83,6 +83,12 @@ TEST(NpyTest, RejectsMalformedFilesWithAReason) {
   EXPECT_THAT(ParseNpy(with_header("{'descr': '<f4', 'fortran_order': False, 'shape': (3,), }",
                                    std::string(4, '\0'))),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));
+  // Found by tests/fuzz/npy_fuzzer (corpus/npy/regress-shape-overflow): 4 * 2**62 elements
+  // wrapped to 0, so an empty file passed as a 4 x 2**62 array.
+  EXPECT_THAT(
+      ParseNpy(with_header(
+          "{'descr': '<f4', 'fortran_order': False, 'shape': (4, 4611686018427387904), }", "")),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("addressed")));
   EXPECT_THAT(ReadNpy("/nonexistent/file.npy"),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr("cannot open")));
 }

@@ -1,9 +1,11 @@
 #include "core/pool/geometry.h"
 
 #include <initializer_list>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/pool/geometry_bounds.h"
 
 namespace entrokv {
 namespace {
@@ -46,6 +48,20 @@ absl::Status ValidateGeometry(const ModelGeometry& geometry) {
   if (layer_frame_bytes > static_cast<double>(int64_t{1} << 40)) {
     return absl::InvalidArgumentError(
         "geometry: a frame (page_size * head_dim * element_bytes * kv_groups) exceeds 1 TiB");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateGeometryBounds(const ModelGeometry& geometry) {
+  for (const auto& [field, value, limit] :
+       {std::tuple<absl::string_view, int, int>{"geometry.layers", geometry.layers, 4096},
+        {"geometry.query_heads", geometry.query_heads, 4096},
+        {"geometry.head_dim", geometry.head_dim, 65536},
+        {"geometry.page_size", geometry.page_size, 65536},
+        {"geometry.element_bytes", geometry.element_bytes, 16}}) {
+    if (value > limit) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ": ", value, " exceeds ", limit));
+    }
   }
   return absl::OkStatus();
 }
