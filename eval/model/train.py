@@ -99,11 +99,32 @@ class Transformer(nn.Module):
         return self.output(self.norm(x))
 
 
+def copy_example(length, seed):
+    """A warm-up task: BOS, a random string, the same string again; loss on the repeat.
+
+    Retrieval needs heads that find an earlier occurrence of the current context and copy what
+    followed it. A repeated random string teaches exactly that with a loss on every token of the
+    repeat, where the real tasks give a handful of answer tokens per prompt.
+    """
+    rng = np.random.Generator(np.random.PCG64([99, length, seed]))
+    half = (length - 1) // 2
+    body = rng.integers(tasks.DIGIT0, tasks.VOCAB - 1, size=half)
+    seq = np.concatenate([[tasks.BOS], body, body])
+    tgt = np.full(len(seq), -100, dtype=np.int64)
+    tgt[half + 1:len(seq) - 1] = seq[half + 2:]
+    return seq, tgt
+
+
 def batch(task_mix, length, size, seed):
     """Prompt + answer + EOS, padded to one length; targets -100 except answer and EOS."""
     rows, targets = [], []
     for i in range(size):
         task = task_mix[(seed + i) % len(task_mix)]
+        if task == "copy":
+            seq, tgt = copy_example(length, seed * 64 + i)
+            rows.append(seq)
+            targets.append(tgt)
+            continue
         e = tasks.make_example(task, length, seed * 64 + i)
         seq = np.concatenate([e.prompt, e.answer, [tasks.EOS]])
         tgt = np.full(len(seq), -100, dtype=np.int64)
@@ -145,7 +166,8 @@ def main():
     ap.add_argument("--log", required=True, help="JSON-lines training log to write")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
-                    help="length:steps:batch,... in order")
+                    help="length:steps:batch[:task+task...],... in order; tasks default to all "
+                         "four, 'copy' is the warm-up task")
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--resume", help="a --checkpoint file to continue from (weights only)")
     ap.add_argument("--checkpoint", help="PyTorch state to write at every evaluation")
@@ -159,8 +181,12 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = numpy_model.Config()
     model = Transformer(config).to(device)
-    stages = [tuple(int(v) for v in s.split(":")) for s in args.curriculum.split(",")]
-    total = sum(steps for _, steps, _ in stages)
+    stages = []
+    for stage in args.curriculum.split(","):
+        fields = stage.split(":")
+        mix = tuple(fields[3].split("+")) if len(fields) > 3 else tasks.TASKS
+        stages.append((int(fields[0]), int(fields[1]), int(fields[2]), mix))
+    total = sum(steps for _, steps, _, _ in stages)
     if args.resume:
         model.load_state_dict(torch.load(args.resume))
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
@@ -173,10 +199,10 @@ def main():
     with open(args.log, "w") as log:
         log.write(json.dumps({"event": "start", "params": params, "device": device,
                               "threads": torch.get_num_threads(), "args": vars(args)}) + "\n")
-        for length, steps, batch_size in stages:
+        for length, steps, batch_size, mix in stages:
             for _ in range(steps):
                 model.train()
-                x, y = batch(tasks.TASKS, length, batch_size, args.seed * 10_000_019 + step)
+                x, y = batch(mix, length, batch_size, args.seed * 10_000_019 + step)
                 logits = model(x.to(device))
                 loss = F.cross_entropy(logits.reshape(-1, config.vocab), y.to(device).reshape(-1))
                 opt.zero_grad(set_to_none=True)
@@ -193,7 +219,7 @@ def main():
                 if step % args.eval_every == 0 or step == total:
                     model.eval()
                     acc = {t: accuracy(model, t, length, 16, 900_000 + step, device)
-                           for t in tasks.TASKS}
+                           for t in mix if t != "copy"}
                     record = {"step": step, "length": length, "accuracy": acc,
                               "seconds": round(time.time() - started, 1)}
                     print(json.dumps(record), flush=True)
