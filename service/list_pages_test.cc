@@ -27,7 +27,7 @@ TEST(ListPagesTest, TokensRoundTripAndForgeriesAreRefused) {
     const std::string token = EncodePageToken(id);
     EXPECT_EQ(DecodePageToken(token).value(), id);
   }
-  for (const std::string bad :
+  for (const std::string& bad :
        {std::string("seq-0042"), std::string("!!!"), EncodePageToken("").substr(0, 5),
         EncodePageToken("has space"), EncodePageToken(std::string(200, 'x'))}) {
     EXPECT_THAT(DecodePageToken(bad),
