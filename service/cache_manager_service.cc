@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
 #include "proto/grpc_status.h"
+#include "service/list_pages.h"
 #include "service/validation.h"
 
 namespace entrokv::service {
@@ -95,6 +96,15 @@ absl::Status CheckReplyFits(const Model& model, int64_t first_page, int64_t end_
   return absl::OkStatus();
 }
 
+// A decision stopped by its call's cancellation (the Decider reports CANCELLED) is
+// DEADLINE_EXCEEDED when the call's deadline has passed: that is what stopped it.
+absl::Status PastDeadline(const grpc::CallbackServerContext& context, const absl::Status& status) {
+  if (absl::IsCancelled(status) && context.deadline() <= std::chrono::system_clock::now()) {
+    return absl::DeadlineExceededError(status.message());
+  }
+  return status;
+}
+
 }  // namespace
 
 // One unary call: admission, then exactly one Finish that also records the metrics. Every
@@ -140,7 +150,7 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       bearer_token_(bearer_token.empty() ? "" : absl::StrCat("Bearer ", bearer_token)),
       metrics_(metrics),
       workers_(workers),
-      registry_(options.pool_capacity_bytes, options.max_models, metrics),
+      registry_(options.pool_capacity_bytes, options.max_models, ToCacheLimits(options), metrics),
       shm_(ShmReader::Access{
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
@@ -191,6 +201,9 @@ absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest
         "capacity_bytes: ", frames, " frames of ", FrameBytes(cache.geometry, cache.layout),
         " bytes, more than --max_pool_frames=", options_.max_pool_frames));
   }
+  // A geometry whose every sequence would pass the bookkeeping bounds is refused now, before
+  // an arena exists, not at its first OpenSequence.
+  RETURN_IF_ERROR(Annotate(CacheState::CheckLimits(cache), "geometry"));
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, registry_.Register(request.model_id(), cache));
   FillPoolInfo(*model, response->mutable_pool());
   return absl::OkStatus();
@@ -227,13 +240,8 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     RETURN_IF_ERROR(CheckReplyFits(*model, first_page, first_page + new_pages,
                                    options_.max_message_bytes, "initial_tokens"));
   }
-  // Checked before opening; concurrent opens may pass it together, by at most one each.
-  if (const int64_t open = state.Stats().sequences_active;
-      open >= options_.max_sequences_per_model) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("sequence_id: the model has ", open,
-                     " open sequences, --max_sequences_per_model; close some first"));
-  }
+  // --max_sequences_per_model and the bookkeeping bounds are checked by the CacheState under
+  // its lock, so concurrent opens cannot pass them together.
   if (request.parent_sequence_id().empty()) {
     if (request.prefix_pages() != 0) {
       return absl::InvalidArgumentError("prefix_pages: needs parent_sequence_id");
@@ -339,14 +347,32 @@ absl::Status CacheManagerService::DoGetPoolStats(const v1::GetPoolStatsRequest& 
   response->set_pages_evicted_total(stats.pages_evicted_total);
   response->set_frames_freed_total(stats.frames_freed_total);
   response->set_bytes_moved_total(stats.bytes_moved_total);
+  response->set_bookkeeping_bytes(stats.bookkeeping_bytes);
   return absl::OkStatus();
 }
 
 absl::Status CacheManagerService::DoListSequences(const v1::ListSequencesRequest& request,
                                                   v1::ListSequencesResponse* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model, FindModel(request.model_id()));
-  for (const SequenceInfo& info : model->state().ListSequences(request.include_block_tables())) {
-    FillSequence(info, response->add_sequences());
+  ASSIGN_OR_RETURN(const int32_t page_size, ListPageSize(request.page_size()));
+  ListOptions list;
+  ASSIGN_OR_RETURN(list.after_id, DecodePageToken(request.page_token()));
+  list.max_sequences = page_size;
+  list.with_block_tables = request.include_block_tables();
+  // Bounds what the page builds, not only what gRPC would refuse to send.
+  list.max_table_entries = std::max<int64_t>(
+      1,
+      (options_.max_message_bytes - int64_t{page_size} * kListedSequenceBytes) / kListedEntryBytes);
+  absl::StatusOr<SequencePage> page = model->state().ListSequencePage(list);
+  if (absl::IsResourceExhausted(page.status())) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "include_block_tables: ", page.status().message(),
+        " (--max_message_bytes=", options_.max_message_bytes, "); list without block tables"));
+  }
+  RETURN_IF_ERROR(page.status());
+  for (const SequenceInfo& info : page->sequences) FillSequence(info, response->add_sequences());
+  if (page->more && !page->sequences.empty()) {
+    response->set_next_page_token(EncodePageToken(page->sequences.back().id));
   }
   return absl::OkStatus();
 }
@@ -420,7 +446,7 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
       workers_->TrySubmit([this, call, context, request, response, model = *std::move(model)] {
         const absl::Status status = decider_.Decide(
             *model, *request, [context] { return context->IsCancelled(); }, response);
-        call->Finish(status);
+        call->Finish(PastDeadline(*context, status));
       });
   if (!accepted) return call->Finish(Overloaded());
   return reactor;
@@ -499,7 +525,7 @@ class CacheManagerService::StreamReactor
     const absl::Status status = service_->decider_.DecideLayer(
         model, request_, [this] { return context_->IsCancelled(); }, &response_);
     if (!status.ok()) {
-      FinishWith(status);
+      FinishWith(PastDeadline(*context_, status));
       return;
     }
     bool own_buffer = false;

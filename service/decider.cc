@@ -189,6 +189,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     request.tokens = job.tokens;
     request.quota_pages = work.quota_pages;
     request.scope = job.scope;
+    request.cancelled = cancelled;  // polled between the layer's groups too
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
     // A decision after earlier ones selects among the pages still held (issue 14 #4).
     absl::StatusOr<std::vector<uint8_t>> live =
@@ -199,6 +200,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     const auto start = Clock::now();
     absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
     metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
+    if (absl::IsCancelled(decision.status())) {
+      return absl::CancelledError(absl::StrCat("call cancelled or past its deadline: ", work.field,
+                                               ": ", decision.status().message(),
+                                               "; nothing was applied"));
+    }
     if (!decision.ok()) return Annotate(decision.status(), work.field);
     work.decision = *std::move(decision);
     if (work.shm != nullptr) work.view.reset();  // it points into `copied`

@@ -25,8 +25,9 @@ class Decider {
 
   // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
   // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
-  // decision half applied. `cancelled` is polled before each layer is scored and before
-  // applying: CANCELLED then, with nothing applied.
+  // decision half applied. `cancelled` is polled before each layer is scored, between the
+  // KV groups of a layer (LayerRequest::cancelled) and before applying: CANCELLED then, with
+  // nothing applied.
   // Errors: INVALID_ARGUMENT bad field, NOT_FOUND unknown sequence, FAILED_PRECONDITION
   // statistic tokens != sequence length or no cached weights.
   [[nodiscard]] absl::Status Decide(Model& model, const v1::DecideRequest& request,

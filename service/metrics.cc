@@ -45,6 +45,7 @@ void PoolMetrics::UpdateOccupancy(const PoolStats& stats) {
   frames_used_->Set(static_cast<double>(stats.used_frames));
   frames_free_->Set(static_cast<double>(stats.free_frames));
   capacity_bytes_->Set(static_cast<double>(stats.capacity_bytes));
+  bookkeeping_bytes_->Set(static_cast<double>(stats.bookkeeping_bytes));
   sequences_active_->Set(static_cast<double>(stats.sequences_active));
 }
 
@@ -61,6 +62,14 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
                               .Name("entrokv_pool_capacity_bytes")
                               .Help("Bytes of the pool's arena")
                               .Register(*registry_);
+  pool_bookkeeping_bytes_ =
+      &prometheus::BuildGauge()
+           .Name("entrokv_pool_bookkeeping_bytes")
+           .Help(
+               "Daemon memory the pool's bookkeeping holds besides its arena (free list, "
+               "reference counts, open sequences' block tables and head weights), as "
+               "accounted against --max_model_bookkeeping_bytes")
+           .Register(*registry_);
   sequences_active_ = &prometheus::BuildGauge()
                            .Name("entrokv_sequences_active")
                            .Help("Open sequences of the pool")
@@ -148,6 +157,7 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->frames_used_ = &pool_frames_->Add({{"pool", pool}, {"state", "used"}});
   metrics->frames_free_ = &pool_frames_->Add({{"pool", pool}, {"state", "free"}});
   metrics->capacity_bytes_ = &pool_capacity_bytes_->Add({{"pool", pool}});
+  metrics->bookkeeping_bytes_ = &pool_bookkeeping_bytes_->Add({{"pool", pool}});
   metrics->sequences_active_ = &sequences_active_->Add({{"pool", pool}});
   for (absl::string_view name : PolicyNames()) {
     const std::string policy(name);
@@ -182,6 +192,7 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   pool_frames_->Remove(metrics.frames_used_);
   pool_frames_->Remove(metrics.frames_free_);
   pool_capacity_bytes_->Remove(metrics.capacity_bytes_);
+  pool_bookkeeping_bytes_->Remove(metrics.bookkeeping_bytes_);
   sequences_active_->Remove(metrics.sequences_active_);
   for (const auto& [name, series] : metrics.policies_) {
     decisions_->Remove(series.decisions);

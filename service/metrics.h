@@ -80,6 +80,7 @@ class PoolMetrics {
   prometheus::Gauge* frames_used_ = nullptr;
   prometheus::Gauge* frames_free_ = nullptr;
   prometheus::Gauge* capacity_bytes_ = nullptr;
+  prometheus::Gauge* bookkeeping_bytes_ = nullptr;
   prometheus::Gauge* sequences_active_ = nullptr;
   absl::flat_hash_map<std::string, PolicySeries> policies_;
 };
@@ -111,6 +112,7 @@ class ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* pool_frames_;
   prometheus::Family<prometheus::Gauge>* pool_capacity_bytes_;
+  prometheus::Family<prometheus::Gauge>* pool_bookkeeping_bytes_;
   prometheus::Family<prometheus::Gauge>* sequences_active_;
   prometheus::Family<prometheus::Counter>* decisions_;
   prometheus::Family<prometheus::Counter>* pages_evicted_;

@@ -165,6 +165,7 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   options.backend = record.backend;
   options.capacity_bytes = record.capacity_bytes;
   options.name = id;
+  options.limits = limits_;
   std::string lost_reason;
   absl::StatusOr<std::unique_ptr<CacheState>> state;
   if (record.backend == Backend::kHost) {

@@ -77,9 +77,13 @@ class Model {
 class ModelRegistry {
  public:
   // `capacity_bytes` bounds the sum of every model's arena and `max_models` their number
-  // (models still being released count); `metrics` must outlive this.
-  ModelRegistry(int64_t capacity_bytes, int max_models, ServiceMetrics* metrics)
-      : capacity_bytes_(capacity_bytes), max_models_(max_models), metrics_(metrics) {}
+  // (models still being released count); `limits` bound what recovered models grow to (a
+  // Register brings its own); `metrics` must outlive this.
+  ModelRegistry(int64_t capacity_bytes, int max_models, CacheLimits limits, ServiceMetrics* metrics)
+      : capacity_bytes_(capacity_bytes),
+        max_models_(max_models),
+        limits_(limits),
+        metrics_(metrics) {}
   // Releases every model nobody else holds; the rest release themselves later (they must not
   // outlive the ServiceMetrics).
   ~ModelRegistry();
@@ -135,6 +139,7 @@ class ModelRegistry {
 
   const int64_t capacity_bytes_;
   const int max_models_;
+  const CacheLimits limits_;
   ServiceMetrics* const metrics_;
   ArenaNamer* namer_ = nullptr;
   store::StateStore* store_ = nullptr;

@@ -60,6 +60,13 @@ std::string AbslUnparseFlag(const UidList& uids);
     "Frames one model's pool may hold; RegisterModel beyond gets RESOURCE_EXHAUSTED")              \
   X(int64_t, max_sequences_per_model, 65536,                                                       \
     "Open sequences per model; OpenSequence beyond gets RESOURCE_EXHAUSTED")                       \
+  X(int64_t, max_sequence_bookkeeping_bytes, int64_t{256} << 20,                                   \
+    "Bookkeeping bytes one sequence may hold (block tables, head weights); RegisterModel of a "    \
+    "geometry whose empty sequence is larger, and OpenSequence/AppendTokens beyond, get "          \
+    "RESOURCE_EXHAUSTED")                                                                          \
+  X(int64_t, max_model_bookkeeping_bytes, int64_t{2} << 30,                                        \
+    "Bookkeeping bytes one model may hold (its pool's and every open sequence's); calls "          \
+    "beyond get RESOURCE_EXHAUSTED")                                                               \
   X(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)")                    \
   X(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms")                          \
   X(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)")             \

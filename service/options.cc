@@ -7,6 +7,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -128,6 +129,12 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.max_sequences_per_model < 1) {
     return Invalid("max_sequences_per_model",
                    absl::StrCat("must be >= 1, got ", options.max_sequences_per_model));
+  }
+  for (const auto& [name, value] :
+       {std::pair<absl::string_view, int64_t>{"max_sequence_bookkeeping_bytes",
+                                              options.max_sequence_bookkeeping_bytes},
+        {"max_model_bookkeeping_bytes", options.max_model_bookkeeping_bytes}}) {
+    if (value < 1) return Invalid(name, absl::StrCat("must be >= 1, got ", value));
   }
   if (options.worker_threads < 0 || options.worker_threads > 1024) {
     return Invalid("worker_threads",

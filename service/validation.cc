@@ -84,11 +84,18 @@ v1::ModelGeometry ToProto(const ModelGeometry& geometry) {
   return out;
 }
 
+CacheLimits ToCacheLimits(const ServerOptions& options) {
+  return CacheLimits{.max_sequences_per_model = options.max_sequences_per_model,
+                     .max_sequence_bookkeeping_bytes = options.max_sequence_bookkeeping_bytes,
+                     .max_model_bookkeeping_bytes = options.max_model_bookkeeping_bytes};
+}
+
 absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& request,
                                             const ServerOptions& defaults) {
   RETURN_IF_ERROR(ValidateId("model_id", request.model_id()));
   if (!request.has_geometry()) return Invalid("geometry", "must be set");
   CacheOptions options;
+  options.limits = ToCacheLimits(defaults);
   const v1::ModelGeometry& g = request.geometry();
   options.geometry.layers = g.layers();
   options.geometry.query_heads = g.query_heads();

@@ -29,7 +29,11 @@ inline constexpr int kMaxIdLength = 128;
 [[nodiscard]] absl::Status ValidateTokenCount(absl::string_view field, int64_t tokens,
                                               int64_t min_tokens);
 
-// The pool a RegisterModel asks for, with the daemon's defaults filled in.
+// The bookkeeping bounds of every model (--max_sequences_per_model and the
+// --max_*_bookkeeping_bytes flags).
+[[nodiscard]] CacheLimits ToCacheLimits(const ServerOptions& options);
+
+// The pool a RegisterModel asks for, with the daemon's defaults and limits filled in.
 [[nodiscard]] absl::StatusOr<CacheOptions> ToCacheOptions(const v1::RegisterModelRequest& request,
                                                           const ServerOptions& defaults);
 

@@ -1,4 +1,6 @@
 // entrokv status | models | sequences: what a running entrokvd holds, for people and scripts.
+#include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -109,25 +111,27 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
                                      "tokens", "live frames", "block tables", "table pages");
   for (const v1::PoolInfo& pool : models.pools()) {
     if (!only_model.empty() && pool.model_id() != only_model) continue;
+    // Every sequence has one table per (layer, group) and one entry per logical page in each
+    // (evicted entries are -1), so the counts follow from the geometry and the length: the
+    // tables themselves, which can be large, are not fetched.
+    const v1::ModelGeometry& geometry = pool.geometry();
+    const int64_t tables = int64_t{geometry.layers()} * geometry.kv_groups();
+    const int64_t page_size = std::max(1, geometry.page_size());
     v1::ListSequencesRequest request;
     request.set_model_id(pool.model_id());
-    request.set_include_block_tables(true);
-    ASSIGN_OR_RETURN(const v1::ListSequencesResponse sequences, client.ListSequences(request));
-    for (const v1::SequenceInfo& sequence : sequences.sequences()) {
-      // Every (layer, group) table has one entry per logical page; evicted entries are -1.
-      const int table_pages =
-          sequence.block_tables().empty() ? 0 : sequence.block_tables(0).frames_size();
+    RETURN_IF_ERROR(client.ForEachSequence(request, [&](const v1::SequenceInfo& sequence) {
+      const int64_t table_pages = (sequence.length_tokens() + page_size - 1) / page_size;
       absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n", pool.model_id(),
                                              sequence.sequence_id(), sequence.length_tokens(),
-                                             sequence.live_frames(), sequence.block_tables_size(),
-                                             table_pages));
+                                             sequence.live_frames(), tables, table_pages));
       rows.push_back({{"model", pool.model_id()},
                       {"sequence_id", sequence.sequence_id()},
                       {"length_tokens", sequence.length_tokens()},
                       {"live_frames", sequence.live_frames()},
-                      {"block_tables", sequence.block_tables_size()},
+                      {"block_tables", tables},
                       {"table_pages", table_pages}});
-    }
+      return absl::OkStatus();
+    }));
   }
   if (!json) return text;
   return DumpJson(Json{{"sequences", std::move(rows)}}) + "\n";

@@ -98,6 +98,21 @@ absl::StatusOr<v1::ListSequencesResponse> Client::ListSequences(
       &v1::CacheManager::Stub::ListSequences, request);
 }
 
+absl::Status Client::ForEachSequence(
+    v1::ListSequencesRequest request,
+    const std::function<absl::Status(const v1::SequenceInfo&)>& visit) {
+  request.clear_page_token();
+  while (true) {
+    absl::StatusOr<v1::ListSequencesResponse> page = ListSequences(request);
+    if (!page.ok()) return page.status();
+    for (const v1::SequenceInfo& sequence : page->sequences()) {
+      if (absl::Status status = visit(sequence); !status.ok()) return status;
+    }
+    if (page->next_page_token().empty()) return absl::OkStatus();
+    request.set_page_token(page->next_page_token());
+  }
+}
+
 absl::StatusOr<std::string> Client::Health(const std::string& service) {
   auto health = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest request;

@@ -51,8 +51,16 @@ class Client {
   [[nodiscard]] absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
       const v1::CloseSequenceRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PoolStats> GetPoolStats(const v1::GetPoolStatsRequest& request);
+  // One page of the model's sequences (request.page_token empty: the first).
   [[nodiscard]] absl::StatusOr<v1::ListSequencesResponse> ListSequences(
       const v1::ListSequencesRequest& request);
+  // Every sequence of the model, page by page from the first (request.page_token is ignored),
+  // in id order: `visit` gets each one; its first error stops the walk and is returned. A
+  // sequence open throughout the walk is visited exactly once; one opened or closed meanwhile
+  // may or may not be. Each page is its own call with its own deadline.
+  [[nodiscard]] absl::Status ForEachSequence(
+      v1::ListSequencesRequest request,
+      const std::function<absl::Status(const v1::SequenceInfo&)>& visit);
 
   // Feeds layer statistics as prefill runs and receives the decisions in order. Not retried:
   // a broken stream reports its status from Read/Finish.

@@ -35,11 +35,77 @@ absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOption
   return std::unique_ptr<CacheState>(new CacheState(options, std::move(pool)));
 }
 
+absl::Status CacheState::CheckLimits(const CacheOptions& options) {
+  const ModelGeometry& geometry = options.geometry;
+  const CacheLimits& limits = options.limits;
+  const int64_t empty = Sequence::BookkeepingBytes(geometry, 1, 0);
+  if (limits.max_sequence_bookkeeping_bytes > 0 && empty > limits.max_sequence_bookkeeping_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_sequence_bookkeeping_bytes: an empty sequence of ", geometry.layers, " layers x ",
+        geometry.kv_groups, " KV groups already holds ", empty,
+        " bytes of bookkeeping (block tables and head weights), more than the limit of ",
+        limits.max_sequence_bookkeeping_bytes));
+  }
+  const int64_t frames = options.capacity_bytes / FrameBytes(geometry, options.layout);
+  const int64_t pool = PagePool::BookkeepingBytes(frames, geometry.layers);
+  if (limits.max_model_bookkeeping_bytes > 0 && pool + empty > limits.max_model_bookkeeping_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_model_bookkeeping_bytes: the pool's ", frames, " frames and one empty sequence hold ",
+        pool + empty, " bytes of bookkeeping, more than the limit of ",
+        limits.max_model_bookkeeping_bytes));
+  }
+  return absl::OkStatus();
+}
+
+void CacheState::LimitTableGrowth(Sequence& sequence) const {
+  if (limits_.max_sequence_bookkeeping_bytes <= 0) return;
+  const int64_t fixed = Sequence::BookkeepingBytes(geometry_, sequence.id().size(), 0);
+  const int64_t per_entry = static_cast<int64_t>(geometry_.layers) * geometry_.kv_groups *
+                            static_cast<int64_t>(sizeof(FrameId));
+  sequence.set_table_capacity_limit(
+      std::max<int64_t>(0, (limits_.max_sequence_bookkeeping_bytes - fixed) / per_entry));
+}
+
+absl::Status CacheState::CheckOneMore() const {
+  const auto open = static_cast<int64_t>(sequences_.size());
+  if (limits_.max_sequences_per_model > 0 && open >= limits_.max_sequences_per_model) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_sequences_per_model: the model has ", open,
+                     " open sequences, the limit; close some first"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CacheState::CheckGrowth(absl::string_view sequence_id, int64_t old_bytes,
+                                     int64_t new_bytes) const {
+  if (limits_.max_sequence_bookkeeping_bytes > 0 &&
+      new_bytes > limits_.max_sequence_bookkeeping_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_sequence_bookkeeping_bytes: sequence \"", sequence_id, "\" would hold ",
+                     new_bytes, " bytes of bookkeeping (block tables of ", geometry_.layers,
+                     " layers x ", geometry_.kv_groups, " KV groups), more than the limit of ",
+                     limits_.max_sequence_bookkeeping_bytes, "; nothing changed"));
+  }
+  const int64_t total =
+      pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_ - old_bytes + new_bytes;
+  if (limits_.max_model_bookkeeping_bytes > 0 && total > limits_.max_model_bookkeeping_bytes) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_model_bookkeeping_bytes: the model's bookkeeping would reach ", total,
+                     " bytes, more than the limit of ", limits_.max_model_bookkeeping_bytes,
+                     "; close sequences first (nothing changed)"));
+  }
+  return absl::OkStatus();
+}
+
 CacheState::CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool)
     : geometry_(options.geometry),
       layout_(options.layout),
       name_(options.name),
-      pool_(std::move(pool)) {}
+      limits_(options.limits),
+      pool_(std::move(pool)) {
+  absl::MutexLock lock(&mu_);
+  pool_bookkeeping_bytes_ = PagePool::BookkeepingBytes(pool_->capacity_frames(), geometry_.layers);
+}
 
 CacheState::~CacheState() {
   absl::MutexLock lock(&mu_);
@@ -58,9 +124,18 @@ absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t ini
   if (sequences_.contains(sequence_id)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
   }
+  RETURN_IF_ERROR(CheckOneMore());
   Sequence sequence(std::string(sequence_id), geometry_, layout_);
+  LimitTableGrowth(sequence);
+  if (initial_tokens <= kMaxSequenceTokens) {  // beyond: Append's INVALID_ARGUMENT
+    RETURN_IF_ERROR(
+        CheckGrowth(sequence_id, 0,
+                    Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
+                                               sequence.TableCapacityAfter(initial_tokens))));
+  }
   ASSIGN_OR_RETURN(const AppendResult appended, sequence.Append(initial_tokens, *pool_));
   (void)appended;
+  sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes();
   const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(sequence));
   ForgetLost(sequence_id);
   if (journal_ != nullptr) journal_->SequenceOpened(it->second);
@@ -77,8 +152,15 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   }
   const auto parent = sequences_.find(parent_id);
   if (parent == sequences_.end()) return Missing("parent sequence", parent_id);
+  RETURN_IF_ERROR(CheckOneMore());
+  if (prefix_pages >= 0 && prefix_pages <= parent->second.page_count()) {
+    RETURN_IF_ERROR(CheckGrowth(
+        sequence_id, 0, Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages)));
+  }
   ASSIGN_OR_RETURN(Sequence child,
                    Sequence::Fork(std::string(sequence_id), parent->second, prefix_pages, *pool_));
+  LimitTableGrowth(child);
+  sequence_bookkeeping_bytes_ += child.bookkeeping_bytes();
   const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(child));
   ForgetLost(sequence_id);
   if (journal_ != nullptr) journal_->SequenceOpened(it->second);
@@ -90,7 +172,15 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
-  ASSIGN_OR_RETURN(AppendResult result, it->second.Append(tokens, *pool_));
+  Sequence& sequence = it->second;
+  const int64_t old_bytes = sequence.bookkeeping_bytes();
+  if (tokens >= 0 && tokens <= kMaxSequenceTokens - sequence.length()) {
+    RETURN_IF_ERROR(CheckGrowth(sequence_id, old_bytes,
+                                Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
+                                                           sequence.TableCapacityAfter(tokens))));
+  }
+  ASSIGN_OR_RETURN(AppendResult result, sequence.Append(tokens, *pool_));
+  sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
   bytes_copied_total_ += result.frames_copied * pool_->frame_bytes();
   if (journal_ != nullptr) {
     int64_t first_changed = it->second.page_count();
@@ -210,6 +300,7 @@ absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
     return Missing("sequence", sequence_id);
   }
   if (journal_ != nullptr) journal_->SequenceClosed(it->second);
+  sequence_bookkeeping_bytes_ -= it->second.bookkeeping_bytes();
   const absl::Status released = it->second.Release(*pool_);
   sequences_.erase(it);
   return released;
@@ -290,6 +381,12 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
   }
   RETURN_IF_ERROR(pool_->Restore(refcounts, layers));
   sequences_ = std::move(restored);
+  // Recovery restores what was open even beyond today's limits; new growth is bounded again.
+  sequence_bookkeeping_bytes_ = 0;
+  for (auto& [id, sequence] : sequences_) {
+    LimitTableGrowth(sequence);
+    sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes();
+  }
   return absl::OkStatus();
 }
 
@@ -329,6 +426,49 @@ std::vector<SequenceInfo> CacheState::ListSequences(bool with_block_tables) cons
   return infos;
 }
 
+int64_t CacheState::ListedEntries(const Sequence& sequence) const {
+  return static_cast<int64_t>(geometry_.layers) * geometry_.kv_groups * (1 + sequence.page_count());
+}
+
+absl::StatusOr<SequencePage> CacheState::ListSequencePage(const ListOptions& options) const {
+  if (options.max_sequences < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_sequences: must be >= 1, got ", options.max_sequences));
+  }
+  absl::MutexLock lock(&mu_);
+  // The page's candidates only: O(open sequences) pointers, then the first max_sequences of
+  // them in id order, and only those are described.
+  std::vector<const std::pair<const std::string, Sequence>*> after;
+  for (const auto& entry : sequences_) {
+    if (entry.first > options.after_id) after.push_back(&entry);
+  }
+  const auto by_id = [](const auto* a, const auto* b) { return a->first < b->first; };
+  const size_t wanted = static_cast<size_t>(
+      std::min<int64_t>(options.max_sequences, static_cast<int64_t>(after.size())));
+  std::partial_sort(after.begin(), after.begin() + static_cast<ptrdiff_t>(wanted), after.end(),
+                    by_id);
+  SequencePage page;
+  int64_t entries = 0;
+  for (size_t i = 0; i < wanted; ++i) {
+    const Sequence& sequence = after[i]->second;
+    if (options.with_block_tables && options.max_table_entries > 0) {
+      const int64_t needed = ListedEntries(sequence);
+      if (entries + needed > options.max_table_entries) {
+        if (i == 0) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "the block tables of sequence \"", sequence.id(), "\" alone hold ", needed,
+              " entries, more than the ", options.max_table_entries, " one page may hold"));
+        }
+        break;
+      }
+      entries += needed;
+    }
+    page.sequences.push_back(Describe(sequence, options.with_block_tables));
+  }
+  page.more = page.sequences.size() < after.size();
+  return page;
+}
+
 PoolStats CacheState::Stats() const {
   absl::MutexLock lock(&mu_);
   PoolStats stats;
@@ -345,6 +485,7 @@ PoolStats CacheState::Stats() const {
   stats.bytes_moved_total = 0;
   stats.bytes_copied_total = bytes_copied_total_;
   stats.decisions_total = decisions_total_;
+  stats.bookkeeping_bytes = pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_;
   return stats;
 }
 

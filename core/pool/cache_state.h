@@ -22,6 +22,15 @@
 
 namespace entrokv {
 
+// Bounds on one model's bookkeeping, the daemon memory a model costs besides its arena; 0 leaves
+// a bound off. Checked under the CacheState's lock, so concurrent calls cannot pass one
+// together; a call beyond one gets RESOURCE_EXHAUSTED naming it and changes nothing.
+struct CacheLimits {
+  int64_t max_sequences_per_model = 0;         // open sequences
+  int64_t max_sequence_bookkeeping_bytes = 0;  // one sequence's (Sequence::bookkeeping_bytes)
+  int64_t max_model_bookkeeping_bytes = 0;     // the pool's plus every sequence's
+};
+
 struct CacheOptions {
   ModelGeometry geometry;
   FrameLayout layout = FrameLayout::kGroup;
@@ -29,6 +38,7 @@ struct CacheOptions {
   int64_t capacity_bytes = 0;  // the pool gets capacity_bytes / frame_bytes frames (floor)
   std::string name;            // the pool's name (metric label, arena name hint)
   HostArenaSource host_arena;  // host backend: the arena's exact name, attach or keep it
+  CacheLimits limits;
 };
 
 // One sequence as a journal recorded it, for Restore.
@@ -45,6 +55,22 @@ struct SequenceInfo {
   int64_t live_frames = 0;  // distinct frames referenced, shared ones included
   // [layer][group][page]: frame id or kNoFrame; empty unless asked for.
   std::vector<std::vector<std::vector<FrameId>>> block_tables;
+};
+
+// One page of a listing (CacheState::ListSequencePage).
+struct ListOptions {
+  std::string after_id;       // only ids sorting after this one; empty: from the first
+  int64_t max_sequences = 1;  // >= 1
+  bool with_block_tables = false;
+  // With block tables: entries a page may hold, counting each table once and each of its
+  // pages once (so the reply built from it is bounded too); the sequence that would go past
+  // it starts the next page. 0: unbounded.
+  int64_t max_table_entries = 0;
+};
+
+struct SequencePage {
+  std::vector<SequenceInfo> sequences;  // sorted by id
+  bool more = false;                    // sequences sort after the last one listed
 };
 
 // Maps 1:1 to ARCHITECTURE §6: entrokv_pool_frames{state="used|free"} = used_frames /
@@ -66,6 +92,9 @@ struct PoolStats {
   int64_t bytes_moved_total = 0;   // eviction moves no data: always 0
   int64_t bytes_copied_total = 0;  // copy-on-write of shared tail pages on append
   int64_t decisions_total = 0;     // layer decisions applied
+  // The pool's and every sequence's accounted bookkeeping (entrokv_pool_bookkeeping_bytes):
+  // PagePool::BookkeepingBytes plus Sequence::bookkeeping_bytes of each open sequence.
+  int64_t bookkeeping_bytes = 0;
 };
 
 // Owns one PagePool and every open sequence of one model. Thread-safe: every method takes the
@@ -83,20 +112,27 @@ class CacheState {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CacheState>> Create(
       const CacheOptions& options);
 
+  // RESOURCE_EXHAUSTED naming the limit when options.limits leave no room for one sequence:
+  // an empty sequence of the geometry beyond max_sequence_bookkeeping_bytes, or the pool's
+  // bookkeeping with it beyond max_model_bookkeeping_bytes. O(1), before any arena exists.
+  // REQUIRES: ValidateGeometry(options.geometry).ok().
+  [[nodiscard]] static absl::Status CheckLimits(const CacheOptions& options);
+
   CacheState(const CacheState&) = delete;
   CacheState& operator=(const CacheState&) = delete;
   ~CacheState();
 
   // A new sequence holding frames for `initial_tokens`. INVALID_ARGUMENT for an empty id or
   // negative tokens, ALREADY_EXISTS when open, RESOURCE_EXHAUSTED (and no sequence) when the
-  // frames are not there.
+  // frames are not there or a CacheLimits bound would be passed (naming it).
   [[nodiscard]] absl::Status OpenSequence(absl::string_view sequence_id, int64_t initial_tokens);
   // A new sequence sharing parent's first prefix_pages pages; see Sequence::Fork. NOT_FOUND
   // parent, ALREADY_EXISTS id, INVALID_ARGUMENT empty id or prefix_pages < 0, OUT_OF_RANGE
-  // prefix_pages > the parent's pages.
+  // prefix_pages > the parent's pages; RESOURCE_EXHAUSTED naming a CacheLimits bound.
   [[nodiscard]] absl::Status ForkSequence(absl::string_view sequence_id,
                                           absl::string_view parent_id, int64_t prefix_pages);
-  // See Sequence::Append. NOT_FOUND unknown id.
+  // See Sequence::Append. NOT_FOUND unknown id; RESOURCE_EXHAUSTED naming the bound when the
+  // sequence's or the model's bookkeeping would pass its CacheLimits bound.
   [[nodiscard]] absl::StatusOr<AppendResult> AppendTokens(absl::string_view sequence_id,
                                                           int64_t tokens);
   // See Sequence::ApplyDecision. NOT_FOUND unknown id.
@@ -155,8 +191,15 @@ class CacheState {
   // layers x groups x pages entries).
   [[nodiscard]] absl::StatusOr<SequenceInfo> GetSequence(absl::string_view sequence_id,
                                                          bool with_block_tables = true) const;
-  // Sorted by id.
+  // Every sequence, sorted by id; unbounded (tests, and closing them all): clients list by page.
   [[nodiscard]] std::vector<SequenceInfo> ListSequences(bool with_block_tables) const;
+  // Up to options.max_sequences sequences whose ids sort after options.after_id, in id order;
+  // only the page's sequences are described, so its memory is bounded by the page, whatever
+  // the model holds. Resuming after the last id listed is stable under concurrent opens and
+  // closes: every sequence open throughout the walk is listed exactly once. RESOURCE_EXHAUSTED
+  // when the first sequence's block tables alone exceed options.max_table_entries;
+  // INVALID_ARGUMENT for max_sequences < 1.
+  [[nodiscard]] absl::StatusOr<SequencePage> ListSequencePage(const ListOptions& options) const;
   [[nodiscard]] PoolStats Stats() const;
 
   // The pool's invariant plus: every frame's refcount equals the number of block-table
@@ -178,12 +221,24 @@ class CacheState {
   // NOT_FOUND "<what> "<id>" is not open", or FAILED_PRECONDITION when the id was lost.
   [[nodiscard]] absl::Status Missing(absl::string_view what, absl::string_view id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RESOURCE_EXHAUSTED naming the bound when a sequence (`sequence_id`) going from
+  // `old_bytes` to `new_bytes` of bookkeeping passes a CacheLimits bound.
+  [[nodiscard]] absl::Status CheckGrowth(absl::string_view sequence_id, int64_t old_bytes,
+                                         int64_t new_bytes) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Caps the table growth of `sequence` at what max_sequence_bookkeeping_bytes leaves room for.
+  void LimitTableGrowth(Sequence& sequence) const;
+  // RESOURCE_EXHAUSTED naming max_sequences_per_model when one more sequence is one too many.
+  [[nodiscard]] absl::Status CheckOneMore() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The entries a listing counts for the sequence (see ListOptions::max_table_entries).
+  [[nodiscard]] int64_t ListedEntries(const Sequence& sequence) const;
   // Drops a lost mark (the id is open again or its client closed it), journaled.
   void ForgetLost(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ModelGeometry geometry_;
   const FrameLayout layout_;
   const std::string name_;
+  const CacheLimits limits_;
   mutable absl::Mutex mu_;
   std::unique_ptr<PagePool> pool_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, Sequence> sequences_ ABSL_GUARDED_BY(mu_);
@@ -193,6 +248,8 @@ class CacheState {
   int64_t frames_freed_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t bytes_copied_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t decisions_total_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t pool_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t sequence_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum over sequences_
   std::function<void()> decision_hook_ ABSL_GUARDED_BY(mu_);
 };
 

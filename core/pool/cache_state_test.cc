@@ -1,5 +1,7 @@
 #include "core/pool/cache_state.h"
 
+#include <atomic>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -234,6 +236,184 @@ TEST(CacheStateTest, ConcurrentCallersKeepTheInvariant) {
   }
   EXPECT_EQ(state->Stats().used_frames, 0);
   EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+}  // namespace
+}  // namespace entrokv
+
+namespace entrokv {
+namespace {
+
+// Issue 12 #4: the accounted bookkeeping is the pool's plus each sequence's, follows every
+// open, append, fork and close, and comes back to the pool's alone.
+TEST(CacheStateTest, BookkeepingIsAccountedForEverySequence) {
+  CacheOptions options = Options(FrameLayout::kGroup, 256);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  const int64_t pool = PagePool::BookkeepingBytes(256, options.geometry.layers);
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, pool);
+  ASSERT_THAT(state->OpenSequence("a", 0), IsOk());
+  EXPECT_EQ(state->Stats().bookkeeping_bytes,
+            pool + Sequence::BookkeepingBytes(options.geometry, 1, 0));
+  ASSERT_THAT(state->AppendTokens("a", 17).status(), IsOk());  // 5 pages
+  const int64_t grown = state->Stats().bookkeeping_bytes;
+  EXPECT_EQ(grown, pool + Sequence::BookkeepingBytes(options.geometry, 1, 5));
+  ASSERT_THAT(state->ForkSequence("bb", "a", 2), IsOk());
+  EXPECT_EQ(state->Stats().bookkeeping_bytes,
+            grown + Sequence::BookkeepingBytes(options.geometry, 2, 2));
+  ASSERT_THAT(state->CloseSequence("a"), IsOk());
+  ASSERT_THAT(state->CloseSequence("bb"), IsOk());
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, pool);
+}
+
+// Issue 12 #4: a model of 4096 layers x 4096 groups made every OpenSequence(0) allocate ~390
+// MB of empty block tables. Such a geometry is refused before any arena exists.
+TEST(CacheStateTest, CheckLimitsRefusesGeometriesWhoseEmptySequenceIsTooLarge) {
+  CacheOptions options;
+  options.geometry = {.layers = 4096,
+                      .query_heads = 4096,
+                      .kv_groups = 4096,
+                      .head_dim = 1,
+                      .page_size = 1,
+                      .element_bytes = 1};
+  options.capacity_bytes = 1 << 20;
+  options.limits.max_sequence_bookkeeping_bytes = int64_t{256} << 20;
+  EXPECT_GT(Sequence::BookkeepingBytes(options.geometry, 1, 0), int64_t{390} << 20);
+  EXPECT_THAT(
+      CacheState::CheckLimits(options),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sequence_bookkeeping_bytes")));
+  options.limits = {.max_model_bookkeeping_bytes = int64_t{100} << 20};
+  EXPECT_THAT(CacheState::CheckLimits(options), StatusIs(absl::StatusCode::kResourceExhausted,
+                                                         HasSubstr("max_model_bookkeeping_bytes")));
+  EXPECT_THAT(CacheState::CheckLimits(Options(FrameLayout::kGroup, 8)), IsOk());
+}
+
+// Issue 12 #4: one sequence's block tables and the model's total are bounded; a call past
+// either is refused naming it, and nothing changes.
+TEST(CacheStateTest, BookkeepingLimitsRefuseGrowthAndChangeNothing) {
+  CacheOptions options = Options(FrameLayout::kGroup, 4096);
+  const ModelGeometry& geometry = options.geometry;
+  // Room for 100 table entries, no more: 3 layers x 2 groups x 4 bytes each.
+  options.limits.max_sequence_bookkeeping_bytes = Sequence::BookkeepingBytes(geometry, 1, 100);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  ASSERT_THAT(state->OpenSequence("a", 4 * 60), IsOk());           // 60 pages
+  ASSERT_THAT(state->AppendTokens("a", 4 * 40).status(), IsOk());  // 100: the limit exactly
+  const PoolStats before = state->Stats();
+  EXPECT_THAT(state->AppendTokens("a", 1), StatusIs(absl::StatusCode::kResourceExhausted,
+                                                    HasSubstr("max_sequence_bookkeeping_bytes")));
+  EXPECT_THAT(
+      state->OpenSequence("b", 4 * 101),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sequence_bookkeeping_bytes")));
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, before.bookkeeping_bytes);
+  EXPECT_EQ(state->Stats().used_frames, before.used_frames);
+  EXPECT_EQ(state->Stats().sequences_active, 1);
+
+  // The model's bound: the pool and room for two empty sequences.
+  options.limits = {.max_model_bookkeeping_bytes =
+                        PagePool::BookkeepingBytes(4096, geometry.layers) +
+                        2 * Sequence::BookkeepingBytes(geometry, 1, 0)};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(state, CacheState::Create(options));
+  ASSERT_THAT(state->OpenSequence("a", 0), IsOk());
+  ASSERT_THAT(state->OpenSequence("b", 0), IsOk());
+  const PoolStats full = state->Stats();
+  EXPECT_THAT(state->OpenSequence("c", 0), StatusIs(absl::StatusCode::kResourceExhausted,
+                                                    HasSubstr("max_model_bookkeeping_bytes")));
+  EXPECT_THAT(
+      state->AppendTokens("a", 1).status(),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_model_bookkeeping_bytes")));
+  EXPECT_THAT(state->ForkSequence("c", "a", 0), StatusIs(absl::StatusCode::kResourceExhausted,
+                                                         HasSubstr("max_model_bookkeeping_bytes")));
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, full.bookkeeping_bytes);
+  EXPECT_EQ(state->Stats().sequences_active, 2);
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+// Issue 12 #4: the sequences-per-model bound was checked outside the pool's lock, so opens
+// racing each other could pass it together. Under the lock exactly the bound gets in.
+TEST(CacheStateTest, ConcurrentOpensNeverPassTheSequenceBound) {
+  CacheOptions options = Options(FrameLayout::kGroup, 1024);
+  options.limits.max_sequences_per_model = 5;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  constexpr int kThreads = 8;
+  constexpr int kOpensPerThread = 20;
+  std::atomic<int> opened{0};
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kOpensPerThread; ++i) {
+        const absl::Status status = state->OpenSequence(absl::StrCat("s", t, "-", i), 4);
+        if (status.ok()) ++opened;
+        if (absl::IsResourceExhausted(status)) {
+          EXPECT_THAT(status.message(), HasSubstr("max_sequences_per_model"));
+          ++refused;
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(opened.load(), 5);
+  EXPECT_EQ(refused.load(), kThreads * kOpensPerThread - 5);
+  EXPECT_EQ(state->Stats().sequences_active, 5);
+  const std::string parent = state->ListSequences(false).front().id;  // whichever got in
+  EXPECT_THAT(state->ForkSequence("fork", parent, 0),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sequences_per_model")));
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+std::vector<std::string> Ids(const SequencePage& page) {
+  std::vector<std::string> ids;
+  for (const SequenceInfo& info : page.sequences) ids.push_back(info.id);
+  return ids;
+}
+
+// Issue 12 #4: ListSequences built every sequence's block tables at once. A page describes
+// only its own sequences; resuming after the last id is stable under opens and closes.
+TEST(CacheStateTest, ListSequencePagesResumeAfterTheLastIdListed) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 1024)));
+  for (const char* id : {"d", "a", "e", "c", "b"}) ASSERT_THAT(state->OpenSequence(id, 4), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(SequencePage page,
+                               state->ListSequencePage({.after_id = "", .max_sequences = 2}));
+  EXPECT_THAT(Ids(page), ElementsAre("a", "b"));
+  EXPECT_TRUE(page.more);
+  // Between pages: "a" closes (already listed), "bb" opens after the cursor, "c" closes.
+  ASSERT_THAT(state->CloseSequence("a"), IsOk());
+  ASSERT_THAT(state->CloseSequence("c"), IsOk());
+  ASSERT_THAT(state->OpenSequence("bb", 4), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(page,
+                               state->ListSequencePage({.after_id = "b", .max_sequences = 2}));
+  EXPECT_THAT(Ids(page), ElementsAre("bb", "d"));
+  EXPECT_TRUE(page.more);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(page,
+                               state->ListSequencePage({.after_id = "d", .max_sequences = 2}));
+  EXPECT_THAT(Ids(page), ElementsAre("e"));
+  EXPECT_FALSE(page.more);
+  EXPECT_TRUE(page.sequences[0].block_tables.empty());
+  EXPECT_THAT(state->ListSequencePage({.after_id = "", .max_sequences = 0}),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("max_sequences")));
+}
+
+TEST(CacheStateTest, ListSequencePagesAreBoundedByTableEntries) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 1024)));
+  // 3 layers x 2 groups: 6 x (1 + pages) entries each.
+  ASSERT_THAT(state->OpenSequence("a", 4 * 9), IsOk());   // 60 entries
+  ASSERT_THAT(state->OpenSequence("b", 4 * 9), IsOk());   // 60
+  ASSERT_THAT(state->OpenSequence("c", 4 * 19), IsOk());  // 120
+  ListOptions list{
+      .after_id = "", .max_sequences = 10, .with_block_tables = true, .max_table_entries = 120};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(SequencePage page, state->ListSequencePage(list));
+  EXPECT_THAT(Ids(page), ElementsAre("a", "b"));
+  EXPECT_TRUE(page.more);
+  ASSERT_EQ(page.sequences[0].block_tables.size(), 3u);
+  EXPECT_EQ(page.sequences[0].block_tables[0][0].size(), 9u);
+  list.after_id = "b";
+  ENTROKV_ASSERT_OK_AND_ASSIGN(page, state->ListSequencePage(list));
+  EXPECT_THAT(Ids(page), ElementsAre("c"));
+  EXPECT_FALSE(page.more);
+  list.max_table_entries = 119;
+  EXPECT_THAT(state->ListSequencePage(list),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("\"c\" alone")));
+  list.with_block_tables = false;  // without tables the entries do not count
+  EXPECT_THAT(state->ListSequencePage(list), IsOk());
 }
 
 }  // namespace

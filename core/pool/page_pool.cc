@@ -53,6 +53,12 @@ PagePool::PagePool(const PagePoolOptions& options, int64_t frame_bytes,
   for (int64_t f = capacity_frames_ - 1; f >= 0; --f) free_list_.push_back(static_cast<FrameId>(f));
 }
 
+int64_t PagePool::BookkeepingBytes(int64_t capacity_frames, int layers) {
+  return static_cast<int64_t>(sizeof(PagePool)) +
+         capacity_frames * static_cast<int64_t>(sizeof(FrameId) + 2 * sizeof(int32_t)) +
+         static_cast<int64_t>(layers) * static_cast<int64_t>(sizeof(int64_t));
+}
+
 absl::StatusOr<FrameId> PagePool::Allocate(int32_t layer, int32_t refs) {
   if (layer < 0 || layer >= geometry_.layers || refs < 1) {
     return absl::InvalidArgumentError(

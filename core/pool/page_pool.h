@@ -34,6 +34,11 @@ class PagePool {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<PagePool>> Create(
       const PagePoolOptions& options);
 
+  // Bytes of bookkeeping a pool of `capacity_frames` frames over `layers` layers holds besides
+  // its arena: the free list, reference counts and layer tags (one FrameId or int32 each per
+  // frame) and the per-layer counts. O(1).
+  [[nodiscard]] static int64_t BookkeepingBytes(int64_t capacity_frames, int layers);
+
   PagePool(const PagePool&) = delete;
   PagePool& operator=(const PagePool&) = delete;
 

@@ -29,6 +29,30 @@ Sequence::Sequence(std::string id, const ModelGeometry& geometry, FrameLayout la
       tables_(static_cast<size_t>(geometry.layers) * geometry.kv_groups),
       head_weights_(geometry.layers) {}
 
+int64_t Sequence::BookkeepingBytes(const ModelGeometry& geometry, size_t id_bytes,
+                                   int64_t table_capacity) {
+  // With layers and groups below 2^16 (the service allows 4096) and table_capacity <= 2^31
+  // every product stays below 2^63.
+  const int64_t tables = static_cast<int64_t>(geometry.layers) * geometry.kv_groups;
+  // The hash map's slot (key string and value) and control byte, and the id's heap bytes.
+  constexpr int64_t kEntryBytes = static_cast<int64_t>(sizeof(std::string) + sizeof(Sequence)) + 8;
+  return kEntryBytes + static_cast<int64_t>(id_bytes) +
+         tables * static_cast<int64_t>(sizeof(std::vector<FrameId>)) +
+         tables * table_capacity * static_cast<int64_t>(sizeof(FrameId)) +
+         static_cast<int64_t>(geometry.layers) *
+             static_cast<int64_t>(sizeof(std::vector<double>) +
+                                  sizeof(double) * static_cast<size_t>(geometry.query_heads));
+}
+
+int64_t Sequence::TableCapacityAfter(int64_t tokens) const {
+  const int64_t pages = PagesFor(length_ + tokens);
+  if (pages <= table_capacity_) return table_capacity_;
+  // Half again at a time amortizes decode-time appends (a new page every B tokens); never
+  // beyond the limit when the pages fit under it.
+  const int64_t grown = std::min(table_capacity_ + table_capacity_ / 2, table_capacity_limit_);
+  return std::max(pages, grown);
+}
+
 absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
                                         int64_t prefix_pages, PagePool& pool) {
   if (prefix_pages < 0) {
@@ -41,10 +65,13 @@ absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
                                               parent.id(), "\""));
   }
   Sequence child(std::move(id), parent.geometry_, parent.layout_);
+  child.table_capacity_ = prefix_pages;
+  child.table_capacity_limit_ = parent.table_capacity_limit_;
   child.length_ = std::min(parent.length_, prefix_pages * parent.geometry_.page_size);
   child.head_weights_ = parent.head_weights_;
   for (size_t t = 0; t < parent.tables_.size(); ++t) {
     const std::vector<FrameId>& source = parent.tables_[t];
+    child.tables_[t].reserve(static_cast<size_t>(prefix_pages));
     child.tables_[t].assign(source.begin(), source.begin() + prefix_pages);
     for (const FrameId frame : child.tables_[t]) {
       if (frame != kNoFrame) RETURN_IF_ERROR(pool.AddRef(frame));
@@ -89,6 +116,8 @@ absl::StatusOr<Sequence> Sequence::FromSnapshot(std::string id, const ModelGeome
     }
   }
   sequence.tables_ = std::move(tables);
+  for (std::vector<FrameId>& table : sequence.tables_) table.shrink_to_fit();
+  sequence.table_capacity_ = pages;
   sequence.head_weights_ = std::move(head_weights);
   return sequence;
 }
@@ -221,8 +250,13 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
       tail_changed[static_cast<size_t>(plan.layer) * geometry_.kv_groups + g] = true;
     }
   }
+  const int64_t capacity = TableCapacityAfter(tokens);
   length_ += tokens;
   const int64_t new_pages = page_count();
+  if (capacity != table_capacity_) {
+    for (auto& block_table : tables_) block_table.reserve(static_cast<size_t>(capacity));
+    table_capacity_ = capacity;
+  }
   for (auto& block_table : tables_) block_table.resize(new_pages, kNoFrame);
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
     for (int32_t first = 0; first < geometry_.kv_groups; first += unit) {
@@ -355,6 +389,7 @@ absl::Status Sequence::Release(PagePool& pool) {
     entries.shrink_to_fit();
   }
   length_ = 0;
+  table_capacity_ = 0;
   for (auto& weights : head_weights_) weights.clear();
   released_ = true;
   return first_error;

@@ -93,6 +93,24 @@ class Sequence {
   // [layer][group][page] copy of the block tables.
   [[nodiscard]] std::vector<std::vector<std::vector<FrameId>>> BlockTables() const;
 
+  // Bytes of bookkeeping a sequence holds (accounted, an upper bound of what it allocates): the
+  // object and its id, L x G block-table headers and `table_capacity` entries in each, and L
+  // head-weight vectors counted full (H_Q doubles each) from the start, so caching weights later
+  // never grows what was accounted. O(1).
+  [[nodiscard]] static int64_t BookkeepingBytes(const ModelGeometry& geometry, size_t id_bytes,
+                                                int64_t table_capacity);
+  [[nodiscard]] int64_t bookkeeping_bytes() const {
+    return BookkeepingBytes(geometry_, id_.size(), table_capacity_);
+  }
+  // Entries every block table has room for (the tables grow together, by half at a time, so the
+  // bytes they hold are known without asking the allocator).
+  [[nodiscard]] int64_t table_capacity() const { return table_capacity_; }
+  // table_capacity() after an Append(tokens) that succeeds. REQUIRES: tokens >= 0.
+  [[nodiscard]] int64_t TableCapacityAfter(int64_t tokens) const;
+  // Growth never takes the tables beyond `entries` per table (unless the pages need it: the
+  // caller refuses such appends). Default: unbounded.
+  void set_table_capacity_limit(int64_t entries) { table_capacity_limit_ = entries; }
+
   // Frames Append(tokens) would take from the pool. INVALID_ARGUMENT for tokens < 0 or a
   // length beyond kMaxSequenceTokens.
   [[nodiscard]] absl::StatusOr<int64_t> FramesNeeded(int64_t tokens, const PagePool& pool) const;
@@ -158,6 +176,8 @@ class Sequence {
   int64_t length_ = 0;
   std::vector<std::vector<FrameId>> tables_;       // [layer * kv_groups + group][page]
   std::vector<std::vector<double>> head_weights_;  // [layer][query head], empty if not cached
+  int64_t table_capacity_ = 0;                     // reserved entries of every table
+  int64_t table_capacity_limit_ = kMaxSequenceTokens;
   bool released_ = false;
 };
 

@@ -72,6 +72,14 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
   return absl::OkStatus();
 }
 
+absl::Status CheckCancelled(const LayerRequest& request, int groups_scored) {
+  if (request.cancelled && request.cancelled()) {
+    return absl::CancelledError(absl::StrCat("scoring cancelled after ", groups_scored, " of ",
+                                             request.kv_groups, " KV groups of the layer"));
+  }
+  return absl::OkStatus();
+}
+
 std::span<const uint8_t> GroupLivePages(const LayerRequest& request, int64_t pages, int group) {
   if (request.live_pages.empty()) return {};
   if (static_cast<int64_t>(request.live_pages.size()) == pages) return request.live_pages;
@@ -125,6 +133,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
   const bool layer_scope = request.scope == SelectionScope::kLayer;
   std::vector<std::vector<float>> page_scores;  // per group, kept for layer scope
   for (int g = 0; g < request.kv_groups; ++g) {
+    RETURN_IF_ERROR(CheckCancelled(request, g));
     GroupInput input;
     input.tokens = request.tokens;
     input.quota_pages = request.quota_pages;

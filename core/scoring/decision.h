@@ -3,6 +3,7 @@
 #define ENTROKV_CORE_SCORING_DECISION_H_
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <span>
 #include <vector>
@@ -30,7 +31,14 @@ struct LayerRequest {
   // One page set per (layer, group), or one per layer shared by every group (§3.9).
   SelectionScope scope = SelectionScope::kGroup;
   LayerCombine combine = kDefaultLayerCombine;  // how layer scope combines the groups' scores
+  // Polled before each group is scored (empty: never): once it returns true the decision stops
+  // and returns CANCELLED, so a caller that gave up frees the thread within one group's work.
+  // Called on the scoring thread; must be cheap and thread-safe.
+  std::function<bool()> cancelled;
 };
+
+// CANCELLED naming how far scoring got, when request.cancelled says so; OK otherwise.
+[[nodiscard]] absl::Status CheckCancelled(const LayerRequest& request, int groups_scored);
 
 // The live mask of group g of a layer of `pages` pages (empty when every page is held).
 // REQUIRES: request validated.
@@ -64,7 +72,8 @@ struct LayerDecision {
   std::vector<double> combine_weights;  // layer scope: v_g of a weighted combine, else empty
 };
 
-// Validates everything before computing: INVALID_ARGUMENT naming the field for a bad shape,
+// Validates everything before computing: CANCELLED once request.cancelled says so (polled
+// between groups); INVALID_ARGUMENT naming the field for a bad shape,
 // H_Q not a multiple of G, non-finite or negative values, a bad option, quota_pages < 1;
 // FAILED_PRECONDITION when the statistic's token count is not `tokens`, cached weights do not
 // match the heads or live_pages does not match the pages (n or G * n entries).

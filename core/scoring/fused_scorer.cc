@@ -243,6 +243,7 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
     if (request.measure) layer_page_sums_.resize(groups * pages);
   }
   for (int g = 0; g < request.kv_groups; ++g) {
+    RETURN_IF_ERROR(CheckCancelled(request, g));
     if (!DecideGroup(policy, request, g, &decision.groups[static_cast<size_t>(g)])) {
       RETURN_IF_ERROR(request.statistic->ValidateValues());
       return absl::InternalError("statistic: fused validation disagrees with ValidateValues");

@@ -435,3 +435,45 @@ TEST(FusedScorerTest, DecideModelReturnsTheFirstLayerError) {
 
 }  // namespace
 }  // namespace entrokv
+
+namespace entrokv {
+namespace {
+
+// Issue 12 #5: a layer of many groups was scored to the end after its caller gave up. The
+// predicate is polled before every group; from its first true the decision stops, CANCELLED,
+// on both paths (the fused one and the reference the other policies take).
+TEST(FusedScorerTest, CancellationIsPolledBetweenGroups) {
+  constexpr int kGroups = 64;
+  constexpr int64_t kTokens = 256;
+  std::vector<float> values(static_cast<size_t>(kGroups) * kTokens);
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>((i * 7919) % 1000);
+  const Statistic statistic(DType::kFloat32, kGroups, kTokens, values);
+  for (const absl::string_view name : {"page_entrokv", "snapkv"}) {
+    SCOPED_TRACE(name);
+    const Policy& policy = **FindPolicy(name);
+    PolicyOptions options;
+    options.page_size = 16;
+    LayerRequest request;
+    request.statistic = statistic.View();
+    request.query_heads = kGroups;
+    request.kv_groups = kGroups;
+    request.tokens = kTokens;
+    request.quota_pages = 4;
+    int polls = 0;
+    request.cancelled = [&polls] { return ++polls > 3; };
+    FusedScorer scorer(options);
+    EXPECT_THAT(scorer.DecideLayer(policy, request),
+                StatusIs(absl::StatusCode::kCancelled, HasSubstr("after 3 of 64 KV groups")));
+    EXPECT_EQ(polls, 4);  // three groups scored, the fourth never started
+    polls = 0;
+    request.cancelled = [&polls] {
+      ++polls;
+      return false;
+    };
+    EXPECT_TRUE(scorer.DecideLayer(policy, request).ok());
+    EXPECT_EQ(polls, kGroups);
+  }
+}
+
+}  // namespace
+}  // namespace entrokv

@@ -14,7 +14,8 @@ import sys
 DASHBOARD = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "entrokv.json"
 UID = "entrokv-overview"
 # Series with a `pool` label (docs/service.md); the others have none.
-POOL_SERIES = ("entrokv_pool_frames", "entrokv_pool_capacity_bytes", "entrokv_sequences_active",
+POOL_SERIES = ("entrokv_pool_frames", "entrokv_pool_capacity_bytes",
+               "entrokv_pool_bookkeeping_bytes", "entrokv_sequences_active",
                "entrokv_decisions_total", "entrokv_pages_evicted_total",
                "entrokv_pages_retained_total", "entrokv_union_overhead_ratio",
                "entrokv_group_disagreement", "entrokv_page_union_ratio",

@@ -87,6 +87,44 @@ TEST_F(CliServerTest, HeadIndependentReplayShowsTheUnionOverhead) {
   EXPECT_EQ(JsonInt(status.out, "used_frames"), 0);
 }
 
+// ListSequences answers 100 sequences per page by default: the CLI follows the pages and lists
+// every sequence, its JSON rows as before (table counts from the geometry).
+TEST_F(CliServerTest, SequencesFollowsEveryPage) {
+  constexpr int kSequences = 230;
+  auto stub = v1::CacheManager::NewStub(
+      service::testing::MakeChannel(absl::StrCat("127.0.0.1:", daemon_->port())));
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    ASSERT_TRUE(stub->RegisterModel(&context,
+                                    service::testing::RegisterRequest("paged", 3, 4, 2, 4 << 20),
+                                    &response)
+                    .ok());
+  }
+  for (int i = 0; i < kSequences; ++i) {
+    grpc::ClientContext context;
+    v1::OpenSequenceRequest request;
+    request.set_model_id("paged");
+    request.set_sequence_id(absl::StrCat("s", 1000 + i));
+    request.set_initial_tokens(20);
+    v1::OpenSequenceResponse response;
+    ASSERT_TRUE(stub->OpenSequence(&context, request, &response).ok()) << i;
+  }
+  const CliRun sequences = RunCli(absl::StrCat("sequences ", server_, " --model paged --json"));
+  ASSERT_EQ(sequences.exit_code, 0) << sequences.out;
+  int listed = 0;
+  for (size_t at = sequences.out.find("\"sequence_id\""); at != std::string::npos;
+       at = sequences.out.find("\"sequence_id\"", at + 1)) {
+    ++listed;
+  }
+  EXPECT_EQ(listed, kSequences);
+  EXPECT_THAT(sequences.out, HasSubstr("\"sequence_id\":\"s1000\""));
+  EXPECT_THAT(sequences.out, HasSubstr("\"sequence_id\":\"s1229\""));
+  EXPECT_EQ(JsonInt(sequences.out, "block_tables"), 3 * 2);
+  EXPECT_EQ(JsonInt(sequences.out, "table_pages"), 2);  // ceil(20 / 16)
+  EXPECT_EQ(JsonInt(sequences.out, "live_frames"), 3 * 2 * 2);
+}
+
 TEST_F(CliServerTest, ServerErrorsExitOneWithTheStatusAndUsageErrorsExitTwo) {
   const CliRun unknown = RunCli(absl::StrCat("replay ", server_, " --model nope"));
   EXPECT_EQ(unknown.exit_code, 2) << unknown.out;

@@ -114,6 +114,46 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(self.client.close_sequence("lifecycle", "s1"), 30)
         self.assertEqual(self.assert_pool_consistent("lifecycle").used_frames, 0)
 
+    def test_unregister_model_refuses_open_sequences_unless_forced(self):
+        self.register("leaving", frames=64)
+        self.client.open_sequence("leaving", "a", initial_tokens=20)
+        self.client.open_sequence("leaving", "b")
+        with self.assertRaises(entrokv.FailedPreconditionError) as refused:
+            self.client.unregister_model("leaving")
+        self.assertIn("force", str(refused.exception))
+        self.assertEqual(self.client.pool_stats("leaving").sequences_active, 2)  # unchanged
+        self.assertEqual(self.client.unregister_model("leaving", force=True), 2)
+        self.assertNotIn("leaving", [p.model_id for p in self.client.list_models()])
+        with self.assertRaises(entrokv.NotFoundError):
+            self.client.pool_stats("leaving")
+        with self.assertRaises(entrokv.NotFoundError):
+            self.client.unregister_model("leaving")
+        # The id is free again, with an empty pool; a model without sequences goes unforced.
+        self.register("leaving", frames=64)
+        self.assertEqual(self.client.pool_stats("leaving").sequences_active, 0)
+        self.assertEqual(self.client.unregister_model("leaving"), 0)
+
+    def test_sequences_are_listed_page_by_page(self):
+        self.register("paged", frames=4096)
+        ids = [f"seq-{i:03d}" for i in range(250)]
+        for sequence_id in reversed(ids):
+            self.client.open_sequence("paged", sequence_id, initial_tokens=1)
+        # 250 sequences are more than one default page (100): list_sequences follows the pages.
+        self.assertEqual([s.sequence_id for s in self.client.list_sequences("paged")], ids)
+        pages = self.client.iter_sequences("paged", page_size=7)
+        self.assertEqual([next(pages).sequence_id for _ in range(10)], ids[:10])
+        # Closing what was listed and what is still ahead, between pages, neither repeats nor
+        # skips a sequence that stays open.
+        self.client.close_sequence("paged", ids[3])
+        self.client.close_sequence("paged", ids[200])
+        rest = [s.sequence_id for s in pages]
+        self.assertEqual(rest, [i for i in ids[10:] if i != ids[200]])
+        stats = self.client.pool_stats("paged")
+        self.assertGreater(stats.bookkeeping_bytes, 0)
+        with self.assertRaises(entrokv.InvalidArgumentError) as bad:
+            list(self.client.iter_sequences("paged", page_size=-1))
+        self.assertIn("page_size", str(bad.exception))
+
     def test_stream_matches_unary_decide(self):
         self.register("stream")
         stats = layer_stats(2, 300)

@@ -212,10 +212,25 @@ class Client:
         request = pb.GetPoolStatsRequest(model_id=model_id)
         return PoolStats.from_message(self._call(self._stub.GetPoolStats, request))
 
+    def iter_sequences(self, model_id: str, block_tables: bool = False,
+                       page_size: int = 0) -> Iterator[SequenceInfo]:
+        """Every open sequence of the model in id order, fetched one ListSequences page at a
+        time (page_size sequences per call; 0: the daemon's default) as the iterator advances.
+        A sequence open throughout is yielded exactly once; one opened or closed meanwhile may
+        or may not be."""
+        request = pb.ListSequencesRequest(model_id=model_id, include_block_tables=block_tables,
+                                          page_size=page_size)
+        while True:
+            response = self._call(self._stub.ListSequences, request)
+            for sequence in response.sequences:
+                yield SequenceInfo.from_message(sequence)
+            if not response.next_page_token:
+                return
+            request.page_token = response.next_page_token
+
     def list_sequences(self, model_id: str, block_tables: bool = False) -> List[SequenceInfo]:
-        request = pb.ListSequencesRequest(model_id=model_id, include_block_tables=block_tables)
-        response = self._call(self._stub.ListSequences, request)
-        return [SequenceInfo.from_message(sequence) for sequence in response.sequences]
+        """Every open sequence of the model, ordered by id (all pages)."""
+        return list(self.iter_sequences(model_id, block_tables))
 
     # --- decisions ------------------------------------------------------------------------
 

@@ -115,6 +115,7 @@ class PoolStats:
     pages_evicted_total: int
     frames_freed_total: int
     bytes_moved_total: int
+    bookkeeping_bytes: int  # daemon memory the pool's bookkeeping holds (accounted)
 
     @classmethod
     def from_message(cls, message) -> "PoolStats":
@@ -125,7 +126,8 @@ class PoolStats:
                    used_frames_per_layer=list(message.used_frames_per_layer),
                    pages_evicted_total=message.pages_evicted_total,
                    frames_freed_total=message.frames_freed_total,
-                   bytes_moved_total=message.bytes_moved_total)
+                   bytes_moved_total=message.bytes_moved_total,
+                   bookkeeping_bytes=message.bookkeeping_bytes)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,303 @@
+// Issue 12 #4 and #5 against the in-process daemon over loopback: the bookkeeping a model and
+// a sequence may hold is bounded and exported, ListSequences answers page by page with bounded
+// replies, and a deadline frees the worker between the KV groups of a layer.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "service/list_pages.h"
+#include "tests/service/service_fixture.h"
+#include "tests/service/test_support.h"
+
+namespace entrokv::service {
+namespace {
+
+using ::entrokv::service::testing::BytesStatistic;
+using ::entrokv::service::testing::Encode;
+using ::entrokv::service::testing::kGroups;
+using ::entrokv::service::testing::kHeads;
+using ::entrokv::service::testing::kLayers;
+using ::entrokv::service::testing::LoopbackOptions;
+using ::entrokv::service::testing::RandomStatistic;
+using ::entrokv::service::testing::RegisterRequest;
+using ::entrokv::service::testing::ServiceTest;
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+using Clock = std::chrono::steady_clock;
+
+int64_t MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+// The value of gauge `family`{pool=`pool`}; -1 when there is none.
+double PoolGauge(const Server& server, const std::string& family_name, const std::string& pool) {
+  for (const prometheus::MetricFamily& family :
+       const_cast<Server&>(server).metrics().registry()->Collect()) {
+    if (family.name != family_name) continue;
+    for (const prometheus::ClientMetric& metric : family.metric) {
+      for (const prometheus::ClientMetric::Label& label : metric.label) {
+        if (label.name == "pool" && label.value == pool) return metric.gauge.value;
+      }
+    }
+  }
+  return -1;
+}
+
+class LimitsTest : public ServiceTest {
+ protected:
+  grpc::Status OpenStatus(const std::string& model, const std::string& sequence, int64_t tokens) {
+    grpc::ClientContext context;
+    v1::OpenSequenceRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    request.set_initial_tokens(tokens);
+    v1::OpenSequenceResponse response;
+    return stub_->OpenSequence(&context, request, &response);
+  }
+  grpc::Status List(v1::ListSequencesRequest request, v1::ListSequencesResponse* response) {
+    grpc::ClientContext context;
+    return stub_->ListSequences(&context, request, response);
+  }
+  // Every sequence of `model` by following next_page_token; the replies' sizes in `sizes`.
+  std::vector<std::string> ListAll(const std::string& model, bool tables, int32_t page_size,
+                                   std::vector<size_t>* sizes = nullptr) {
+    std::vector<std::string> ids;
+    v1::ListSequencesRequest request;
+    request.set_model_id(model);
+    request.set_include_block_tables(tables);
+    request.set_page_size(page_size);
+    while (true) {
+      v1::ListSequencesResponse response;
+      const grpc::Status status = List(request, &response);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      if (!status.ok()) return ids;
+      if (sizes != nullptr) sizes->push_back(response.ByteSizeLong());
+      for (const v1::SequenceInfo& sequence : response.sequences()) {
+        ids.push_back(sequence.sequence_id());
+        if (tables) {
+          EXPECT_EQ(sequence.block_tables_size(), kLayers * kGroups);
+        }
+      }
+      if (response.next_page_token().empty()) return ids;
+      request.set_page_token(response.next_page_token());
+    }
+  }
+};
+
+// Issue 12 #4: a model of 4096 layers x 4096 KV groups registered, and each
+// OpenSequence(initial_tokens = 0) then allocated ~390 MB of empty block tables.
+TEST_F(LimitsTest, AGeometryWhoseEmptySequenceIsTooLargeIsRefused) {
+  grpc::ClientContext context;
+  v1::RegisterModelResponse response;
+  const grpc::Status status =
+      stub_->RegisterModel(&context, RegisterRequest("huge", 4096, 4096, 4096, 1 << 20), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("max_sequence_bookkeeping_bytes"));
+  EXPECT_EQ(server_->service().registry().size(), 0);
+}
+
+// Issue 12 #4: bookkeeping is accounted (GetPoolStats, entrokv_pool_bookkeeping_bytes) and a
+// sequence or a model past its bound is refused naming the flag, with nothing changed.
+TEST_F(LimitsTest, BookkeepingIsExportedAndBounded) {
+  ServerOptions options = LoopbackOptions();
+  // A sequence of 8 tables: about 0.6 KiB, and 32 bytes per page (8 entries of 4 bytes), so
+  // about 240 pages fit 8 KiB; the model's 2048 frames take 24 KiB, so 64 KiB leave room for
+  // some 60 short sequences.
+  options.max_sequence_bookkeeping_bytes = 8 << 10;
+  options.max_model_bookkeeping_bytes = 64 << 10;
+  Restart(options);
+  Register("m", 1 << 20);
+  const v1::PoolStats empty = Stats("m");
+  EXPECT_GT(empty.bookkeeping_bytes(), 0);
+  EXPECT_EQ(PoolGauge(*server_, "entrokv_pool_bookkeeping_bytes", "m"),
+            static_cast<double>(empty.bookkeeping_bytes()));
+  Open("m", "a", 16 * 50);
+  const v1::PoolStats one = Stats("m");
+  EXPECT_GT(one.bookkeeping_bytes(), empty.bookkeeping_bytes());
+  EXPECT_EQ(PoolGauge(*server_, "entrokv_pool_bookkeeping_bytes", "m"),
+            static_cast<double>(one.bookkeeping_bytes()));
+
+  const grpc::Status long_prompt = OpenStatus("m", "b", 16 * 1000);
+  EXPECT_EQ(long_prompt.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(long_prompt.error_message(), HasSubstr("max_sequence_bookkeeping_bytes"));
+  grpc::ClientContext context;
+  v1::AppendTokensRequest append;
+  append.set_model_id("m");
+  append.set_sequence_id("a");
+  append.set_tokens(16 * 1000);
+  v1::AppendTokensResponse appended;
+  const grpc::Status grown = stub_->AppendTokens(&context, append, &appended);
+  EXPECT_EQ(grown.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(grown.error_message(), HasSubstr("max_sequence_bookkeeping_bytes"));
+  EXPECT_EQ(Stats("m").DebugString(), one.DebugString());
+
+  grpc::Status refused;
+  int opened = 1;
+  for (; opened < 100; ++opened) {
+    refused = OpenStatus("m", absl::StrCat("s", opened), 16);
+    if (!refused.ok()) break;
+  }
+  EXPECT_LT(opened, 100);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(refused.error_message(), HasSubstr("max_model_bookkeeping_bytes"));
+  EXPECT_EQ(Stats("m").sequences_active(), opened);
+  EXPECT_LE(Stats("m").bookkeeping_bytes(), options.max_model_bookkeeping_bytes);
+  ExpectInvariants("m");
+}
+
+// Issue 12 #4: ListSequences had no paging; one reply held every sequence.
+TEST_F(LimitsTest, ListSequencesPagesFollowTheToken) {
+  Register("m", 16 << 20);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 250; ++i) ids.push_back(absl::StrCat("seq-", 1000 + i));
+  for (auto id = ids.rbegin(); id != ids.rend(); ++id) Open("m", *id, 1);
+  v1::ListSequencesRequest request;
+  request.set_model_id("m");
+  v1::ListSequencesResponse first;
+  ASSERT_TRUE(List(request, &first).ok());
+  EXPECT_EQ(first.sequences_size(), kDefaultListPageSize);
+  EXPECT_FALSE(first.next_page_token().empty());
+  EXPECT_THAT(ListAll("m", false, 0), ElementsAreArray(ids));
+  EXPECT_THAT(ListAll("m", false, 7), ElementsAreArray(ids));
+  std::vector<size_t> sizes;
+  EXPECT_THAT(ListAll("m", false, kMaxListPageSize + 5, &sizes), ElementsAreArray(ids));
+  EXPECT_EQ(sizes.size(), 1u);
+  EXPECT_THAT(ListAll("m", true, 0), ElementsAreArray(ids));
+
+  request.set_page_token("not-a-token");
+  v1::ListSequencesResponse refused;
+  grpc::Status status = List(request, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("page_token"));
+  request.clear_page_token();
+  request.set_page_size(-1);
+  status = List(request, &refused);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("page_size"));
+}
+
+// Issue 12 #4: block tables over many sequences built one reply of GBs. A page holds what
+// --max_message_bytes allows, so every reply stays below it; a sequence too large for any
+// reply is RESOURCE_EXHAUSTED naming include_block_tables, never a half-built multi-GB reply.
+TEST_F(LimitsTest, BlockTablePagesStayBelowTheMessageLimit) {
+  ServerOptions options = LoopbackOptions();
+  options.max_message_bytes = 64 << 10;
+  Restart(options);
+  Register("m", 16 << 20);
+  std::vector<std::string> ids;
+  for (int i = 0; i < 40; ++i) {
+    ids.push_back(absl::StrCat("s", 100 + i));
+    Open("m", ids.back(), 16 * 25);
+  }
+  std::vector<size_t> sizes;
+  EXPECT_THAT(ListAll("m", true, 0, &sizes), ElementsAreArray(ids));
+  EXPECT_GT(sizes.size(), 1u);
+  for (const size_t size : sizes) EXPECT_LE(size, size_t{64} << 10);
+  RecordProperty("block_table_pages", static_cast<int>(sizes.size()));
+  RecordProperty("largest_reply_bytes",
+                 static_cast<int>(*std::max_element(sizes.begin(), sizes.end())));
+
+  Register("h", 16 << 20);
+  Open("h", "long", 16 * 420);  // 8 tables x 421 entries: more than one 64 KiB page holds
+  v1::ListSequencesRequest request;
+  request.set_model_id("h");
+  request.set_include_block_tables(true);
+  v1::ListSequencesResponse response;
+  const grpc::Status status = List(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("include_block_tables"));
+  EXPECT_THAT(status.error_message(), HasSubstr("max_message_bytes"));
+  request.set_include_block_tables(false);
+  EXPECT_TRUE(List(request, &response).ok());
+  EXPECT_EQ(response.sequences_size(), 1);
+}
+
+// Issue 12 #5: cancellation was checked between layers only, so one wide layer held the only
+// worker to its end after the client's deadline. Now the worker is free again within about a
+// KV group's work: the next call completes well before the wide layer would have.
+TEST_F(LimitsTest, ADeadlineFreesTheWorkerBetweenTheGroupsOfALayer) {
+  constexpr int kWideGroups = 1024;
+  constexpr int64_t kTokens = 16384;  // 1024 pages per group
+  ServerOptions options = LoopbackOptions();
+  options.worker_threads = 1;
+  Restart(options);
+  {
+    v1::RegisterModelRequest wide = RegisterRequest("wide", 1, kWideGroups, kWideGroups, 0);
+    wide.mutable_geometry()->set_head_dim(1);
+    wide.mutable_geometry()->set_element_bytes(1);  // 32-byte frames, 1M per sequence
+    wide.set_capacity_bytes(uint64_t{72} << 20);
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    const grpc::Status status = stub_->RegisterModel(&context, wide, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+  }
+  Open("wide", "a", kTokens);
+  Open("wide", "b", kTokens);
+  Register("small");
+  Open("small", "s", 100);
+  const std::string segment = "/entrokv-wide-" + std::to_string(::getpid());
+  const std::string values = Encode(RandomStatistic(kWideGroups, kTokens, 31), v1::DTYPE_BFLOAT16);
+  const int fd = ::shm_open(segment.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
+  ::close(fd);
+  const auto wide_decide = [&](const std::string& sequence, int64_t timeout_ms) {
+    v1::DecideRequest request;
+    request.set_model_id("wide");
+    request.set_sequence_id(sequence);
+    // Most pages kept: the call's time is scoring, not the eviction's reply.
+    request.mutable_budget()->set_pages_per_group(1000);
+    v1::LayerStatistic* layer = request.add_layers();
+    layer->set_layer(0);
+    v1::Statistic* stat = layer->mutable_statistic();
+    stat->set_dtype(v1::DTYPE_BFLOAT16);
+    stat->set_query_heads(kWideGroups);
+    stat->set_tokens(kTokens);
+    stat->mutable_shared_memory()->set_segment(segment);
+    stat->mutable_shared_memory()->set_length_bytes(values.size());
+    grpc::ClientContext context;
+    if (timeout_ms > 0) {
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(timeout_ms));
+    }
+    v1::DecideResponse response;
+    return stub_->Decide(&context, request, &response);
+  };
+  auto start = Clock::now();
+  const grpc::Status whole = wide_decide("a", 0);
+  ASSERT_TRUE(whole.ok()) << whole.error_message();
+  const int64_t whole_ms = MsSince(start);
+  const v1::PoolStats before = Stats("wide");
+
+  start = Clock::now();
+  const grpc::Status late = wide_decide("b", std::max<int64_t>(1, whole_ms / 5));
+  EXPECT_EQ(late.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  const auto gave_up = Clock::now();
+  // The only worker takes this one once the wide job has let go of it.
+  grpc::ClientContext context;
+  v1::DecideRequest small = DecideAll("small", "s", 100, 2, 7);
+  small.mutable_layers()->DeleteSubrange(1, kLayers - 1);
+  v1::DecideResponse response;
+  ASSERT_TRUE(stub_->Decide(&context, small, &response).ok());
+  const int64_t freed_ms = MsSince(gave_up);
+  ::shm_unlink(segment.c_str());
+  RecordProperty("wide_layer_ms", static_cast<int>(whole_ms));
+  RecordProperty("worker_free_after_deadline_ms", static_cast<int>(freed_ms));
+  // Without the check between groups the rest of the layer (4/5 of it) ran first.
+  EXPECT_LT(freed_ms, whole_ms / 2) << "the wide layer takes " << whole_ms << " ms";
+  EXPECT_EQ(Stats("wide").DebugString(), before.DebugString());  // nothing applied for "b"
+  ExpectInvariants("wide");
+}
+
+}  // namespace
+}  // namespace entrokv::service
