@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   {
     service::ServiceMetrics metrics;
     service::ModelRegistry registry(/*capacity_bytes=*/int64_t{1} << 20, /*max_models=*/16,
-                                    &metrics);
+                                    CacheLimits{}, &metrics);
     registry.UseArenaNames(namer.get());
     // A host model whose arena_name is "$arena" finds its arena there (a fresh one of exactly
     // its size, as a restart finds the arena it left): its sequences are then restored, not
