@@ -72,7 +72,7 @@ def _start_worker(address: str, weights: str, page_size: int, layout: str, tag: 
 
 def _run(job) -> List[Dict[str, object]]:
     task, length, index, seed, count, settings = job
-    example = tasks.examples(task, length, count, seed)[index]
+    example = tasks.example_at(task, length, count, index, seed)
     policies = [policy_of(name, ratio) for name, ratio in settings]
     rows = []
     for (name, ratio), result in zip(settings, _WORKER.run_forked(example, policies)):

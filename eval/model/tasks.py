@@ -196,5 +196,13 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
 
 def examples(task: str, length: int, count: int, seed: int = 0) -> List[Example]:
     """`count` examples with needle depths spread evenly over [0, 1] (0%, ..., 100%)."""
-    depths = np.linspace(0.0, 1.0, count) if count > 1 else np.array([0.5])
-    return [make_example(task, length, seed * 1_000_003 + i, float(d)) for i, d in enumerate(depths)]
+    return [example_at(task, length, count, i, seed) for i in range(count)]
+
+
+def example_at(task: str, length: int, count: int, index: int, seed: int = 0) -> Example:
+    """The `index`-th of `examples(task, length, count, seed)`, made alone (a worker process
+    that runs one prompt need not generate all of them)."""
+    if not 0 <= index < count:
+        raise ValueError(f"index must be in [0, {count}), got {index}")
+    depth = float(np.linspace(0.0, 1.0, count)[index]) if count > 1 else 0.5
+    return make_example(task, length, seed * 1_000_003 + index, depth)
