@@ -65,10 +65,7 @@ absl::Status RegisterShared(v1::CacheManager::Stub& stub, const LoadOptions& opt
   request.set_frame_layout(model.layout);
   request.set_backend(v1::BACKEND_HOST);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-  if (!options.bearer_token.empty()) {
-    context.AddMetadata("authorization", "Bearer " + options.bearer_token);
-  }
+  PrepareCall(&context, options, std::chrono::seconds(30));
   v1::RegisterModelResponse response;
   const grpc::Status status = stub.RegisterModel(&context, request, &response);
   if (!status.ok()) {
@@ -82,12 +79,7 @@ absl::Status RegisterShared(v1::CacheManager::Stub& stub, const LoadOptions& opt
 // After the run: the shared pools hold nothing (every worker closed its sequences); each goes.
 int64_t CheckAndRemoveShared(v1::CacheManager::Stub& stub, const LoadOptions& options,
                              const std::string& id, RunContext& context, int64_t* checked) {
-  auto prepare = [&](grpc::ClientContext* c) {
-    c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-    if (!options.bearer_token.empty()) {
-      c->AddMetadata("authorization", "Bearer " + options.bearer_token);
-    }
-  };
+  auto prepare = [&](grpc::ClientContext* c) { PrepareCall(c, options, std::chrono::seconds(30)); };
   int64_t leaked = 0;
   {
     grpc::ClientContext c;

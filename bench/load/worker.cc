@@ -902,11 +902,8 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
     return;
   }
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(context_->options->call_timeout_ms));
-  if (!context_->options->bearer_token.empty()) {
-    context.AddMetadata("authorization", "Bearer " + context_->options->bearer_token);
-  }
+  PrepareCall(&context, *context_->options,
+              std::chrono::milliseconds(context_->options->call_timeout_ms));
   auto rw = stub_->DecideStream(&context);
   bool broken = false;
   for (size_t i = 0; i < layers.size() && !broken; ++i) {

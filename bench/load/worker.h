@@ -6,6 +6,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,6 +22,16 @@
 #include "grpcpp/grpcpp.h"
 
 namespace entrokv::bench {
+
+// Sets a call's deadline, and its bearer token when the run has one (every call the generator
+// makes goes through here).
+inline void PrepareCall(grpc::ClientContext* context, const LoadOptions& options,
+                        std::chrono::milliseconds timeout) {
+  context->set_deadline(std::chrono::system_clock::now() + timeout);
+  if (!options.bearer_token.empty()) {
+    context->AddMetadata("authorization", "Bearer " + options.bearer_token);
+  }
+}
 
 // A model's shape as the generator registers it.
 struct Shape {

@@ -626,11 +626,8 @@ void Worker::BadGarbageUnary() {
   const std::string& payload = kPayloads[Uniform(0, std::size(kPayloads) - 1)];
   grpc::GenericStub stub(channel_);
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(context_->options->call_timeout_ms));
-  if (!context_->options->bearer_token.empty()) {
-    context.AddMetadata("authorization", "Bearer " + context_->options->bearer_token);
-  }
+  PrepareCall(&context, *context_->options,
+              std::chrono::milliseconds(context_->options->call_timeout_ms));
   grpc::Slice slice(payload);
   grpc::ByteBuffer in(&slice, 1);
   grpc::ByteBuffer out;
@@ -667,11 +664,8 @@ void Worker::BadGarbageStream() {
   v1::DecideLayerRequest bad = good;
   bad.set_model_id("\xc3\x28");  // not UTF-8: the daemon cannot parse the message
   grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() +
-                       std::chrono::milliseconds(context_->options->call_timeout_ms));
-  if (!context_->options->bearer_token.empty()) {
-    context.AddMetadata("authorization", "Bearer " + context_->options->bearer_token);
-  }
+  PrepareCall(&context, *context_->options,
+              std::chrono::milliseconds(context_->options->call_timeout_ms));
   auto rw = stub_->DecideStream(&context);
   v1::LayerDecision decision;
   auto start = Clock::now();

@@ -124,12 +124,9 @@ template <typename Request, typename Response, typename Method>
 grpc::Status Worker::Call(const char* kind, Method method, const Request& request,
                           Response* response, const char* bad_case, int timeout_ms) {
   grpc::ClientContext context;
-  context.set_deadline(
-      std::chrono::system_clock::now() +
+  PrepareCall(
+      &context, *context_->options,
       std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : context_->options->call_timeout_ms));
-  if (!context_->options->bearer_token.empty()) {
-    context.AddMetadata("authorization", "Bearer " + context_->options->bearer_token);
-  }
   const auto start = std::chrono::steady_clock::now();
   grpc::Status status = ((*stub_).*method)(&context, request, response);
   CountCall(
