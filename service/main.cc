@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "service/flags.h"
 #include "service/log.h"
+#include "service/protobuf_log.h"
 #include "service/server.h"
 
 int main(int argc, char** argv) {
@@ -34,6 +35,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   entrokv::service::SetMinLogLevel(*entrokv::service::ParseLogLevel(options.log_level));
+  entrokv::service::RouteProtobufLogs();
 
   // Block the shutdown signals in every thread (gRPC's included) and take them in main.
   sigset_t signals;
