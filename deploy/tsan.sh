@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 jobs="${1:-$(nproc)}"
 cache="$PWD/.tsan-absl"
 
-source_dir="$(find "$cache/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil*' 2>/dev/null | head -n 1)"
+source_dir="$(find "$cache/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil*' 2>/dev/null | head -n 1 || true)"
 if [ -z "$source_dir" ] || [ ! -f "$source_dir/CMakeLists.txt" ]; then
   echo "== TSan: fetching Debian's Abseil source package into .tsan-absl"
   rm -rf "$cache"

@@ -184,8 +184,14 @@ TEST(BudgetTest, RefusesValuesThatWouldOverflow) {
   request.layers = static_cast<int>(kMaxBudgetLayers);
   request.kv_groups = static_cast<int>(kMaxBudgetGroups);
   request.page_size = 1;
-  request.fraction = 0.999999999999999;
-  EXPECT_TRUE(PlanBudget(request).ok());
+  request.fraction = 0.999999999999999;  // 2^72 slots: beyond what a plan can count
+  EXPECT_THAT(PlanBudget(request),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("token slots")));
+  request.kv_groups = 1 << 6;  // 2^62 slots at most: the largest a plan counts
+  ENTROKV_ASSERT_OK_AND_ASSIGN(plan, PlanBudget(request));
+  EXPECT_LE(plan.planned_slots, kMaxBudgetTokenSlots);
+  EXPECT_GE(plan.residual_slots, 0);
+  request.kv_groups = static_cast<int>(kMaxBudgetGroups);
   request.fraction = 1e-30;  // more than 18 decimal places
   EXPECT_THAT(PlanBudget(request),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("fraction")));

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -156,6 +157,25 @@ TEST(LayerScopeTest, EntropyWeightsFavourTheConcentratedGroup) {
   ASSERT_EQ(weights.size(), 2u);
   EXPECT_GT(weights[1], 0.9);
   EXPECT_EQ(std::max_element(combined.begin(), combined.end()) - combined.begin(), 40);
+}
+
+// sink_tokens up to 2^31 - 1 is valid (issue 12 #6): every page then holds a sink, as with
+// sink_tokens equal to the tokens there are, and counting its pages must not overflow.
+TEST(LayerScopeTest, TheLargestSinkCountIsolatesEveryPageWithoutOverflow) {
+  std::mt19937_64 rng(kSeed);
+  const std::vector<std::vector<float>> scores = RandomScores(rng, 4, 64);
+  PolicyOptions largest;
+  largest.sink_tokens = std::numeric_limits<int32_t>::max();
+  PolicyOptions every_token;
+  every_token.sink_tokens = 64 * every_token.page_size;
+  std::vector<float> combined_largest, combined_every;
+  std::vector<double> weights_largest, weights_every;
+  CombineGroupScores(Spans(scores), LayerCombine::kEntropyWeighted, largest, &combined_largest,
+                     &weights_largest);
+  CombineGroupScores(Spans(scores), LayerCombine::kEntropyWeighted, every_token, &combined_every,
+                     &weights_every);
+  EXPECT_EQ(weights_largest, weights_every);
+  EXPECT_EQ(combined_largest, combined_every);
 }
 
 // A policy without page scores keeps the union of its groups' pages in layer scope.
