@@ -34,5 +34,5 @@ cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DENTROKV_CUDA=OFF -DENTROKV_BUILD_BENCH=OFF -DENTROKV_SANITIZE=thread \
   -DENTROKV_ABSL_SOURCE_DIR="$source_dir" ${ENTROKV_CMAKE_ARGS:-} >/dev/null
 ninja -C build-tsan -j "$jobs" core/all
-export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/deploy/tsan.supp}"
 exec ctest --test-dir build-tsan/core --output-on-failure -j "$jobs" --timeout 1200
