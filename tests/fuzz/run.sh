@@ -29,7 +29,7 @@ for name in statistic npy shm recovery request; do
     status=1
     break
   fi
-  grep -E "^stat::(number_of_executed_units|new_units_added|peak_rss_mb)" "$work/$name.log" |
+  grep -a -E "^stat::(number_of_executed_units|new_units_added|peak_rss_mb)" "$work/$name.log" |
     tr '\n' ' '
   echo
 done
