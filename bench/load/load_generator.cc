@@ -45,25 +45,14 @@ absl::StatusOr<int> LoopbackPort(const std::string& target) {
 // The models every worker shares, registered before the workers start.
 struct SharedModel {
   std::string id;
-  int layers, query_heads, kv_groups, head_dim;
-  v1::FrameLayout layout;
+  Shape shape;
   uint64_t capacity_bytes;
 };
 
 absl::Status RegisterShared(v1::CacheManager::Stub& stub, const LoadOptions& options,
                             const SharedModel& model) {
-  v1::RegisterModelRequest request;
-  request.set_model_id(model.id);
-  v1::ModelGeometry* g = request.mutable_geometry();
-  g->set_layers(model.layers);
-  g->set_query_heads(model.query_heads);
-  g->set_kv_groups(model.kv_groups);
-  g->set_head_dim(model.head_dim);
-  g->set_page_size(16);
-  g->set_element_bytes(2);
-  request.set_capacity_bytes(model.capacity_bytes);
-  request.set_frame_layout(model.layout);
-  request.set_backend(v1::BACKEND_HOST);
+  const v1::RegisterModelRequest request =
+      RegisterRequestFor(model.id, model.shape, model.capacity_bytes);
   grpc::ClientContext context;
   PrepareCall(&context, options, std::chrono::seconds(30));
   v1::RegisterModelResponse response;
@@ -153,11 +142,9 @@ absl::StatusOr<LoadReport> RunLoad(const LoadOptions& options) {
   context.deep_model = context.tag + "-deep";
   const uint64_t scale = static_cast<uint64_t>((options.workers + 7) / 8);
   const std::vector<SharedModel> shared = {
-      {context.shared_group_model, 4, 8, 4, 4, v1::FRAME_LAYOUT_GROUP,
-       scale * (uint64_t{32} << 20)},
-      {context.shared_layer_model, 2, 12, 2, 4, v1::FRAME_LAYOUT_LAYER,
-       scale * (uint64_t{8} << 20)},
-      {context.deep_model, 6, 32, 8, 1, v1::FRAME_LAYOUT_GROUP,
+      {context.shared_group_model, kSharedGroupShape, scale * (uint64_t{32} << 20)},
+      {context.shared_layer_model, kSharedLayerShape, scale * (uint64_t{8} << 20)},
+      {context.deep_model, kDeepShape,
        static_cast<uint64_t>(options.workers) * (uint64_t{2} << 20)}};
   auto stub = v1::CacheManager::NewStub(
       grpc::CreateChannel(options.target, grpc::InsecureChannelCredentials()));

@@ -71,12 +71,12 @@ Worker::Worker(RunContext* context, int index)
   private_.shape = kPrivateShape;
   private_.exact = true;
   shared_group_.id = context->shared_group_model;
-  shared_group_.shape = Shape{4, 8, 4, 4, 16, 2, v1::FRAME_LAYOUT_GROUP};
+  shared_group_.shape = kSharedGroupShape;
   shared_group_.registered = true;
   shared_layer_.id = context->shared_layer_model;
-  shared_layer_.shape = Shape{2, 12, 2, 4, 16, 2, v1::FRAME_LAYOUT_LAYER};
+  shared_layer_.shape = kSharedLayerShape;
   shared_layer_.registered = true;
-  deep_shape_ = Shape{6, 32, 8, 1, 16, 2, v1::FRAME_LAYOUT_GROUP};
+  deep_shape_ = kDeepShape;
   deep_tokens_ = 8192;
 
   // The worker's segments: statistics (slots, then the deep sequence's layers), one too short
@@ -264,18 +264,8 @@ void Worker::Finish() {
 
 void Worker::RegisterPrivate() {
   private_.id = absl::StrCat(tag_, "-p", generation_++);
-  v1::RegisterModelRequest request;
-  request.set_model_id(private_.id);
-  v1::ModelGeometry* g = request.mutable_geometry();
-  g->set_layers(kPrivateShape.layers);
-  g->set_query_heads(kPrivateShape.query_heads);
-  g->set_kv_groups(kPrivateShape.kv_groups);
-  g->set_head_dim(kPrivateShape.head_dim);
-  g->set_page_size(kPrivateShape.page_size);
-  g->set_element_bytes(kPrivateShape.element_bytes);
-  request.set_capacity_bytes(kPrivateCapacityBytes);
-  request.set_frame_layout(kPrivateShape.layout);
-  request.set_backend(v1::BACKEND_HOST);
+  const v1::RegisterModelRequest request =
+      RegisterRequestFor(private_.id, kPrivateShape, kPrivateCapacityBytes);
   v1::RegisterModelResponse response;
   const grpc::Status status =
       Call("RegisterModel", &v1::CacheManager::Stub::RegisterModel, request, &response);

@@ -44,6 +44,31 @@ struct Shape {
   v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;
 };
 
+// The models the run registers for every worker before they start (load_generator.cc), whose
+// shapes the workers check their answers against.
+inline constexpr Shape kSharedGroupShape{4, 8, 4, 4, 16, 2, v1::FRAME_LAYOUT_GROUP};
+inline constexpr Shape kSharedLayerShape{2, 12, 2, 4, 16, 2, v1::FRAME_LAYOUT_LAYER};
+inline constexpr Shape kDeepShape{6, 32, 8, 1, 16, 2, v1::FRAME_LAYOUT_GROUP};
+
+// A RegisterModel request for a host pool of `shape` (every valid registration the generator
+// sends).
+inline v1::RegisterModelRequest RegisterRequestFor(const std::string& id, const Shape& shape,
+                                                   uint64_t capacity_bytes) {
+  v1::RegisterModelRequest request;
+  request.set_model_id(id);
+  v1::ModelGeometry* geometry = request.mutable_geometry();
+  geometry->set_layers(shape.layers);
+  geometry->set_query_heads(shape.query_heads);
+  geometry->set_kv_groups(shape.kv_groups);
+  geometry->set_head_dim(shape.head_dim);
+  geometry->set_page_size(shape.page_size);
+  geometry->set_element_bytes(shape.element_bytes);
+  request.set_capacity_bytes(capacity_bytes);
+  request.set_frame_layout(shape.layout);
+  request.set_backend(v1::BACKEND_HOST);
+  return request;
+}
+
 // What every worker shares: the options, the stop signal, the counters that bound the run, the
 // models the run registered for everyone, and the problem log.
 struct RunContext {
