@@ -2,10 +2,15 @@
 #ifndef ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
 #define ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "gtest/gtest.h"
+#include "prometheus/metric_family.h"
 #include "tests/service/test_support.h"
 
 namespace entrokv::service::testing {
@@ -13,6 +18,26 @@ namespace entrokv::service::testing {
 inline constexpr int kLayers = 4;
 inline constexpr int kHeads = 4;
 inline constexpr int kGroups = 2;
+
+// The first series of the daemon's metric family `family` whose labels include every
+// (name, value) of `labels`; nullopt when there is none.
+inline std::optional<prometheus::ClientMetric> FindSeries(
+    const Server& server, const std::string& family,
+    const std::vector<std::pair<std::string, std::string>>& labels) {
+  for (const prometheus::MetricFamily& collected :
+       const_cast<Server&>(server).metrics().registry()->Collect()) {
+    if (collected.name != family) continue;
+    for (const prometheus::ClientMetric& metric : collected.metric) {
+      const auto carries = [&metric](const std::pair<std::string, std::string>& wanted) {
+        return std::any_of(metric.label.begin(), metric.label.end(), [&wanted](const auto& label) {
+          return label.name == wanted.first && label.value == wanted.second;
+        });
+      };
+      if (std::all_of(labels.begin(), labels.end(), carries)) return metric;
+    }
+  }
+  return std::nullopt;
+}
 
 class ServiceTest : public ::testing::Test {
  protected:
@@ -40,14 +65,17 @@ class ServiceTest : public ::testing::Test {
         &context, RegisterRequest(model, kLayers, kHeads, kGroups, capacity), &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
-  void Open(const std::string& model, const std::string& sequence, int64_t tokens) {
+  grpc::Status OpenStatus(const std::string& model, const std::string& sequence, int64_t tokens) {
     grpc::ClientContext context;
     v1::OpenSequenceRequest request;
     request.set_model_id(model);
     request.set_sequence_id(sequence);
     request.set_initial_tokens(tokens);
     v1::OpenSequenceResponse response;
-    const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+    return stub_->OpenSequence(&context, request, &response);
+  }
+  void Open(const std::string& model, const std::string& sequence, int64_t tokens) {
+    const grpc::Status status = OpenStatus(model, sequence, tokens);
     ASSERT_TRUE(status.ok()) << status.error_message();
   }
   v1::PoolStats Stats(const std::string& model) {

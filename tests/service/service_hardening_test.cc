@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,7 @@ namespace {
 using ::entrokv::service::testing::BytesStatistic;
 using ::entrokv::service::testing::CallReflection;
 using ::entrokv::service::testing::Encode;
+using ::entrokv::service::testing::FindSeries;
 using ::entrokv::service::testing::kGroups;
 using ::entrokv::service::testing::kHeads;
 using ::entrokv::service::testing::kLayers;
@@ -225,13 +227,8 @@ TEST_F(HardeningTest, OpenSequenceChangesNothingWhenItsReplyCannotBeSent) {
   Restart(options);
   Register("m", 64 << 20);
   const v1::PoolStats before = Stats("m");
-  grpc::ClientContext context;
-  v1::OpenSequenceRequest request;
-  request.set_model_id("m");
-  request.set_sequence_id("big");
-  request.set_initial_tokens(16000);  // 1000 pages x 8 (layer, group) frames
-  v1::OpenSequenceResponse response;
-  const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+  // 16,000 tokens: 1000 pages x 8 (layer, group) frames in the reply.
+  const grpc::Status status = OpenStatus("m", "big", 16000);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("max_message_bytes"));
   EXPECT_EQ(Stats("m").DebugString(), before.DebugString());
@@ -241,19 +238,9 @@ TEST_F(HardeningTest, OpenSequenceChangesNothingWhenItsReplyCannotBeSent) {
 
 // The value of entrokv_rpc_requests_total{method, code}.
 double RpcCount(const Server& server, const std::string& method, const std::string& code) {
-  for (const prometheus::MetricFamily& family :
-       const_cast<Server&>(server).metrics().registry()->Collect()) {
-    if (family.name != "entrokv_rpc_requests_total") continue;
-    for (const prometheus::ClientMetric& metric : family.metric) {
-      int matched = 0;
-      for (const prometheus::ClientMetric::Label& label : metric.label) {
-        matched += (label.name == "method" && label.value == method) ||
-                   (label.name == "code" && label.value == code);
-      }
-      if (matched == 2) return metric.counter.value;
-    }
-  }
-  return -1;
+  const std::optional<prometheus::ClientMetric> series =
+      FindSeries(server, "entrokv_rpc_requests_total", {{"method", method}, {"code", code}});
+  return series.has_value() ? series->counter.value : -1;
 }
 
 // Issue 12 #9: a 1 MB policy name came back in the message and broke the client's trailer limit.
@@ -316,16 +303,9 @@ TEST_F(HardeningTest, UnparsableUnaryRequestsAreInvalidArgumentAndCounted) {
 
 // Samples of entrokv_decision_duration_seconds{phase="score"}: one per layer scored.
 uint64_t LayersScored(const Server& server) {
-  for (const prometheus::MetricFamily& family :
-       const_cast<Server&>(server).metrics().registry()->Collect()) {
-    if (family.name != "entrokv_decision_duration_seconds") continue;
-    for (const prometheus::ClientMetric& metric : family.metric) {
-      for (const prometheus::ClientMetric::Label& label : metric.label) {
-        if (label.name == "phase" && label.value == "score") return metric.histogram.sample_count;
-      }
-    }
-  }
-  return 0;
+  const std::optional<prometheus::ClientMetric> series =
+      FindSeries(server, "entrokv_decision_duration_seconds", {{"phase", "score"}});
+  return series.has_value() ? series->histogram.sample_count : 0;
 }
 
 // Issue 12 #5: a 26-layer request whose client had given up still scored every layer, holding
@@ -420,12 +400,7 @@ TEST_F(HardeningTest, PoolFramesAndSequencesPerModelAreBounded) {
   Open("m", "a", 16);
   Open("m", "b", 16);
   const v1::PoolStats before = Stats("m");
-  grpc::ClientContext context;
-  v1::OpenSequenceRequest request;
-  request.set_model_id("m");
-  request.set_sequence_id("c");
-  v1::OpenSequenceResponse response;
-  const grpc::Status status = stub_->OpenSequence(&context, request, &response);
+  const grpc::Status status = OpenStatus("m", "c", 0);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_THAT(status.error_message(), HasSubstr("max_sequences_per_model"));
   EXPECT_EQ(Stats("m").DebugString(), before.DebugString());

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,7 @@ namespace {
 
 using ::entrokv::service::testing::BytesStatistic;
 using ::entrokv::service::testing::Encode;
+using ::entrokv::service::testing::FindSeries;
 using ::entrokv::service::testing::kGroups;
 using ::entrokv::service::testing::kHeads;
 using ::entrokv::service::testing::kLayers;
@@ -40,30 +42,14 @@ int64_t MsSince(Clock::time_point start) {
 }
 
 // The value of gauge `family`{pool=`pool`}; -1 when there is none.
-double PoolGauge(const Server& server, const std::string& family_name, const std::string& pool) {
-  for (const prometheus::MetricFamily& family :
-       const_cast<Server&>(server).metrics().registry()->Collect()) {
-    if (family.name != family_name) continue;
-    for (const prometheus::ClientMetric& metric : family.metric) {
-      for (const prometheus::ClientMetric::Label& label : metric.label) {
-        if (label.name == "pool" && label.value == pool) return metric.gauge.value;
-      }
-    }
-  }
-  return -1;
+double PoolGauge(const Server& server, const std::string& family, const std::string& pool) {
+  const std::optional<prometheus::ClientMetric> series =
+      FindSeries(server, family, {{"pool", pool}});
+  return series.has_value() ? series->gauge.value : -1;
 }
 
 class LimitsTest : public ServiceTest {
  protected:
-  grpc::Status OpenStatus(const std::string& model, const std::string& sequence, int64_t tokens) {
-    grpc::ClientContext context;
-    v1::OpenSequenceRequest request;
-    request.set_model_id(model);
-    request.set_sequence_id(sequence);
-    request.set_initial_tokens(tokens);
-    v1::OpenSequenceResponse response;
-    return stub_->OpenSequence(&context, request, &response);
-  }
   grpc::Status List(v1::ListSequencesRequest request, v1::ListSequencesResponse* response) {
     grpc::ClientContext context;
     return stub_->ListSequences(&context, request, response);
