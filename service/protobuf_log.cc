@@ -14,20 +14,19 @@ LogThrottle* protobuf_throttle = nullptr;
 
 void LogProtobufMessage(google::protobuf::LogLevel level, const char* file, int line,
                         const std::string& message) {
-  const std::string text = absl::StrCat("protobuf: ", message, " (", file, ":", line, ")");
-  if (level == google::protobuf::LOGLEVEL_FATAL) {
-    LogError(text);
-    return;
+  // Throttled first: a dropped message (most of them, under a hostile client) costs no formatting.
+  std::optional<int64_t> dropped = 0;
+  if (level != google::protobuf::LOGLEVEL_FATAL) {
+    dropped = protobuf_throttle->Admit(absl::Now());
+    if (!dropped.has_value()) return;
   }
-  const std::optional<int64_t> dropped = protobuf_throttle->Admit(absl::Now());
-  if (!dropped.has_value()) return;
   const std::string suffix =
       *dropped > 0 ? absl::StrCat(" [", *dropped, " protobuf messages dropped before this one]")
                    : "";
   Log(level == google::protobuf::LOGLEVEL_INFO      ? LogLevel::kInfo
       : level == google::protobuf::LOGLEVEL_WARNING ? LogLevel::kWarning
                                                     : LogLevel::kError,
-      absl::StrCat(text, suffix));
+      absl::StrCat("protobuf: ", message, " (", file, ":", line, ")", suffix));
 }
 
 }  // namespace
