@@ -13,7 +13,11 @@ cd "$(dirname "$0")/.."
 jobs="${1:-$(nproc)}"
 cache="$PWD/.tsan-absl"
 
-source_dir="$(find "$cache/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil*' 2>/dev/null | head -n 1 || true)"
+abseil_source() {
+  find "$cache/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil*' 2>/dev/null | head -n 1 || true
+}
+
+source_dir="$(abseil_source)"
 if [ -z "$source_dir" ] || [ ! -f "$source_dir/CMakeLists.txt" ]; then
   echo "== TSan: fetching Debian's Abseil source package into .tsan-absl"
   rm -rf "$cache"
@@ -30,7 +34,7 @@ if [ -z "$source_dir" ] || [ ! -f "$source_dir/CMakeLists.txt" ]; then
     rm -rf "$cache"
     exit 0
   fi
-  source_dir="$(find "$cache/src" -mindepth 1 -maxdepth 1 -type d -name 'abseil*' | head -n 1)"
+  source_dir="$(abseil_source)"
 fi
 
 echo "== TSan: configuring and building core/ and the Abseil it links in build-tsan (${jobs} jobs)"
