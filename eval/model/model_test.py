@@ -54,7 +54,12 @@ class TasksTest(unittest.TestCase):
                 e = tasks.make_example(task, length, 3)
                 self.assertEqual(len(e.prompt), length)
                 self.assertEqual(e.prompt[0], tasks.BOS)
-                self.assertEqual(e.prompt[-1], tasks.A)
+                # The question closes the prompt: `Q: key k` (the answer follows the key, as
+                # in its needle) or, for variable tracking, `Q: <value> A:`.
+                if task == "variable_tracking":
+                    self.assertEqual((e.prompt[-7], e.prompt[-1]), (tasks.Q, tasks.A))
+                else:
+                    self.assertEqual(list(e.prompt[-3:-1]), [tasks.Q, tasks.KEY])
                 self.assertTrue(np.all((e.prompt >= 0) & (e.prompt < tasks.VOCAB)))
 
     def test_answer_is_in_the_needles(self):
@@ -70,8 +75,18 @@ class TasksTest(unittest.TestCase):
         self.assertEqual(starts, sorted(starts))
         # Each hop names the variable defined by the previous needle.
         for (s0, _), (s1, e1) in zip(e.needle_spans, e.needle_spans[1:]):
-            name = list(e.prompt[s0 + 1:s0 + 3])
-            self.assertEqual(list(e.prompt[s1 + 4:s1 + 6]), name)
+            self.assertEqual(e.prompt[s1 + 3], e.prompt[s0 + 1])  # var <new> = <previous> .
+        self.assertEqual(list(e.answer), [e.prompt[s + 1] for s, _ in e.needle_spans])
+
+    def test_variable_tracking_values_differ_in_every_digit(self):
+        for seed in range(20):
+            e = tasks.make_example("variable_tracking", 256, seed)
+            value = e.prompt[-7:-1]  # Q <5 digits> A
+            assignments = [e.prompt[i + 3:i + 8] for i in np.flatnonzero(e.prompt == tasks.VAR)
+                           if tasks.DIGIT0 <= e.prompt[i + 3] < tasks.DIGIT0 + 10]
+            self.assertEqual(len(assignments), 2)
+            matches = sorted(int(np.sum(a == value[1:])) for a in assignments)
+            self.assertEqual(matches, [0, 5])
 
     def test_depths_spread(self):
         depths = [e.depth for e in tasks.examples("multi_key", 512, 5)]

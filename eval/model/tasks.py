@@ -9,11 +9,15 @@ tokens on every machine (numpy's PCG64 generator, no global state).
 
 A prompt is
 
-    BOS  filler ... needle ... filler ... needle ...  Q <question tokens> A
+    BOS  filler ... needle ... filler ... needle ...  Q <question>
 
-and the answer the model must produce greedily is `answer` followed by EOS. Filler is sentences
-from a fixed random bigram chain over 80 words, so attention over it is neither uniform nor
-trivially repetitive.
+and the answer the model must produce greedily is `answer` followed by EOS. Keys and variable
+names are one token (a letter), values are digits. A needle states a value right after its key
+(`key k 2 8 3 1 1 .`) and the key tasks ask with the key (`Q: key k`), so the answer continues
+the question exactly as the value continues its key in the needle; variable tracking asks
+`Q: <value> A:` and answers with the chain of names holding it. Filler is sentences from a
+fixed random bigram chain over 80 words, so attention over it is neither uniform nor trivially
+repetitive.
 """
 from __future__ import annotations
 
@@ -84,8 +88,9 @@ def _digits(rng: np.random.Generator, count: int) -> List[int]:
     return [DIGIT0 + int(d) for d in rng.integers(0, 10, size=count)]
 
 
-def _letters(rng: np.random.Generator, count: int) -> List[int]:
-    return [LETTER0 + int(c) for c in rng.integers(0, 26, size=count)]
+def _names(rng: np.random.Generator, count: int) -> List[int]:
+    """`count` distinct one-token names (letters): keys and variables."""
+    return [LETTER0 + int(c) for c in rng.choice(26, size=count, replace=False)]
 
 
 def _distinct(rng: np.random.Generator, make, count: int) -> List[List[int]]:
@@ -106,7 +111,7 @@ def _assemble(rng: np.random.Generator, length: int, needles: List[List[int]],
     Needles are placed at sentence boundaries of the filler in the order of their depths; a
     needle's span is where it ends up in the prompt.
     """
-    fixed = 1 + sum(len(n) for n in needles) + 1 + len(question) + 1
+    fixed = 1 + sum(len(n) for n in needles) + 1 + len(question)
     filler_count = length - fixed
     if filler_count < 8:
         raise ValueError(f"length {length} is too short for this task (needs > {fixed + 8})")
@@ -125,7 +130,7 @@ def _assemble(rng: np.random.Generator, length: int, needles: List[List[int]],
         spans[i] = (len(tokens), len(tokens) + len(needles[i]))
         tokens.extend(needles[i])
     tokens.extend(filler[start:])
-    tokens.extend([Q] + question + [A])
+    tokens.extend([Q] + question)
     assert len(tokens) == length, (len(tokens), length)
     return tokens, spans
 
@@ -146,24 +151,22 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
         raise ValueError(f"depth must be in [0, 1], got {depth}")
 
     if task == "single_needle":
-        key, value = _letters(rng, 2), _digits(rng, 6)
-        needles = [[KEY] + key + [IS] + value + [SEP]]
+        key, value = _names(rng, 1), _digits(rng, 5)
+        needles = [[KEY] + key + value + [SEP]]
         tokens, spans = _assemble(rng, length, needles, [depth], [KEY] + key)
         answer, used = value, [0]
     elif task == "multi_key":
-        keys = _distinct(rng, lambda: _letters(rng, 2), 4)
-        values = [_digits(rng, 6) for _ in keys]
-        needles = [[KEY] + k + [IS] + v + [SEP] for k, v in zip(keys, values)]
+        keys = [[name] for name in _names(rng, 4)]
+        values = [_digits(rng, 5) for _ in keys]
+        needles = [[KEY] + k + v + [SEP] for k, v in zip(keys, values)]
         depths = [depth] + [float(x) for x in rng.random(3)]
         tokens, spans = _assemble(rng, length, needles, depths, [KEY] + keys[0])
         answer, used = values[0], [0]
     elif task == "multi_value":
-        key = _letters(rng, 2)
-        other = _distinct(rng, lambda: _letters(rng, 2), 2)
-        other = other[1] if other[0] == key else other[0]
-        values = _distinct(rng, lambda: _digits(rng, 4), 4)
-        needles = [[KEY] + key + [IS] + v + [SEP] for v in values[:3]]
-        needles.append([KEY] + other + [IS] + values[3] + [SEP])  # a distractor key
+        key, other = ([name] for name in _names(rng, 2))
+        values = _distinct(rng, lambda: _digits(rng, 3), 4)
+        needles = [[KEY] + key + v + [SEP] for v in values[:3]]
+        needles.append([KEY] + other + values[3] + [SEP])  # a distractor key
         depths = sorted([depth] + [float(x) for x in rng.random(2)]) + [float(rng.random())]
         tokens, spans = _assemble(rng, length, needles, depths, [KEY] + key)
         # All values of the key, in the order they appear in the prompt.
@@ -173,8 +176,12 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
             answer += values[i] + ([COMMA] if n < 2 else [])
         used = [0, 1, 2]
     else:  # variable_tracking: a chain of 4 names holding one value, and a distractor chain
-        names = _distinct(rng, lambda: _letters(rng, 2), 8)
-        value, other_value = _distinct(rng, lambda: _digits(rng, 5), 2)
+        names = [[name] for name in _names(rng, 8)]
+        value = _digits(rng, 5)
+        # The distractor's value differs from the asked one in every digit, so one digit of the
+        # question tells the chains apart.
+        other_value = [DIGIT0 + (d - DIGIT0 + int(s)) % 10
+                       for d, s in zip(value, rng.integers(1, 10, size=5))]
         chain, decoy = names[:4], names[4:]
         needles = [[VAR] + chain[0] + [EQ] + value + [SEP]]
         needles += [[VAR] + chain[i] + [EQ] + chain[i - 1] + [SEP] for i in range(1, 4)]
@@ -184,7 +191,7 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
         hops = np.sort(rng.random(3)) * (1.0 - depth) + depth
         decoy_depths = np.sort(rng.random(4))
         depths = [depth] + [float(h) for h in hops] + [float(d) for d in decoy_depths]
-        tokens, spans = _assemble(rng, length, needles, depths, value)
+        tokens, spans = _assemble(rng, length, needles, depths, value + [A])
         answer = [t for name in chain for t in name]
         used = [0, 1, 2, 3]
     return Example(task=task,
