@@ -4,8 +4,12 @@
 
 A curriculum over lengths (short prompts first, where the retrieval circuit forms quickly, then
 the evaluated lengths), loss on the answer tokens and EOS only, AdamW with warm-up and cosine
-decay. Every example comes from tasks.make_example with a seed derived from (--seed, step, i), so
-a run is reproducible. The weights are exported to .npz for numpy_model (no PyTorch at inference)
+decay. Warm-up tasks with a loss on many tokens per example teach the circuits retrieval needs
+(`pieces`: induction heads; `recall`: every fact of a prompt asked about), and short prompts
+with spread rotary positions (spread_positions) show the model long needle-to-question
+distances at the cost of short prompts. Every example comes from tasks.make_example (or a
+warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
+stopped at a checkpoint resumes where it stopped (--resume). The weights are exported to .npz for numpy_model (no PyTorch at inference)
 and checked against this module's logits before the file is written.
 """
 from __future__ import annotations
@@ -87,11 +91,15 @@ class Transformer(nn.Module):
         self.norm = RMSNorm(c.d_model, c.norm_eps)
         self.output = nn.Linear(c.d_model, c.vocab, bias=False)
 
-    def forward(self, tokens):
+    def forward(self, tokens, positions=None):
+        """positions: [b, t] rotary positions (default 0..t-1); training spreads them out."""
         c = self.c
-        t = tokens.shape[1]
-        cos, sin = numpy_model.rope_tables(np.arange(t), c.head_dim, c.rope_base)
-        cos, sin = torch.from_numpy(cos).to(tokens.device), torch.from_numpy(sin).to(tokens.device)
+        b, t = tokens.shape
+        if positions is None:
+            positions = torch.arange(t).expand(b, t)
+        inv_freq = 1.0 / (c.rope_base ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
+        angles = positions.to(torch.float64)[:, None, :, None] * inv_freq  # [b, 1, t, D/2]
+        cos, sin = angles.cos().float().to(tokens.device), angles.sin().float().to(tokens.device)
         mask = torch.full((t, t), float("-inf"), device=tokens.device).triu(1)  # additive, causal
         x = self.embed(tokens)
         for block in self.layers:
@@ -115,15 +123,88 @@ def copy_example(length, seed):
     return seq, tgt
 
 
-def batch(task_mix, length, size, seed):
-    """Prompt + answer + EOS, padded to one length; targets -100 except answer and EOS."""
-    rows, targets = [], []
+def pieces_example(length, seed):
+    """A warm-up task (`pieces`): BOS, a random string, then pieces of it (4-11 tokens each) copied from
+    random places; loss on every copied token after a piece's first.
+
+    Retrieval needs heads that find an earlier occurrence of the current token and copy what
+    followed it (induction heads). Pieces from random places force the match on content; the
+    `copy` task (the string repeated once) can be solved by a head that looks a fixed distance
+    back, which does not help retrieval.
+    """
+    rng = np.random.Generator(np.random.PCG64([99, length, seed]))
+    half = (length - 1) // 2
+    body = rng.integers(tasks.DIGIT0, tasks.VOCAB - 1, size=half)
+    seq, tgt = [tasks.BOS] + [int(t) for t in body], [-100] * (half + 1)
+    while len(seq) < length:
+        start = int(rng.integers(0, half - 4))
+        piece = [int(t) for t in body[start:start + int(rng.integers(4, 12))]][:length - len(seq)]
+        tgt[-1] = -100  # the piece's first token is a free choice, not predictable
+        seq += piece
+        tgt += piece[1:] + [-100]
+    return np.asarray(seq, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
+
+
+def recall_example(seed):
+    """A warm-up task: several `key k is <digits> .` facts, then questions about all of them in
+    a random order, each `Q: key k A: <digits> </s>`; loss on every answer.
+
+    Multi-key retrieval needs a head that matches the asked key against the key two tokens
+    before each value; one answer per prompt teaches it slowly (multi-key sat at chance, 25%,
+    for 1000 steps). Here every example asks about every fact it states.
+    """
+    rng = np.random.Generator(np.random.PCG64([98, seed]))
+    count = int(rng.integers(3, 9))
+    keys = tasks.LETTER0 + rng.choice(26, size=count, replace=False)
+    values = rng.integers(tasks.DIGIT0, tasks.DIGIT0 + 10, size=(count, int(rng.integers(1, 4))))
+    seq = [tasks.BOS]
+    for k, v in zip(keys, values):
+        seq += [tasks.KEY, int(k)] + [int(d) for d in v] + [tasks.SEP]
+        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+    targets = [-100] * len(seq)
+    for i in rng.permutation(count):
+        answer = [int(d) for d in values[i]] + [tasks.EOS]
+        seq += [tasks.Q, tasks.KEY, int(keys[i])] + answer
+        targets += [-100, -100] + answer + [-100]  # position t predicts token t + 1
+    return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+
+
+WARM_UPS = {"copy": copy_example, "pieces": pieces_example,
+            "recall": lambda length, seed: recall_example(seed)}
+
+
+def spread_positions(prompt, total, span, rng):
+    """Rotary positions for a sequence whose prompt is `prompt`, spread over up to `span`.
+
+    RoPE sees only distances, so a short prompt whose positions jump at filler sentence ends
+    (never inside a needle, the question or the answer) shows the model the needle-to-question
+    distances of a prompt up to `span` tokens long at the cost of a short one. The spread is
+    drawn per example, uniform in [len, span]; the jumps split it with Dirichlet(0.5) shares.
+    """
+    positions = np.arange(total, dtype=np.int64)
+    question = int(np.flatnonzero(prompt == tasks.Q)[-1])
+    cuts = np.flatnonzero(prompt[:question] == tasks.SEP) + 1
+    if span <= total or len(cuts) == 0:
+        return positions
+    extra = int(rng.integers(0, span - total + 1))
+    gaps = rng.multinomial(extra, rng.dirichlet(np.full(len(cuts), 0.5)))
+    jump = np.zeros(total, dtype=np.int64)
+    jump[cuts] = gaps
+    return positions + np.cumsum(jump)
+
+
+def batch(task_mix, length, size, seed, span=0):
+    """Prompt + answer + EOS, padded to one length; targets -100 except answer and EOS; and
+    each row's rotary positions (spread over up to `span` when span > length)."""
+    rows, targets, positions = [], [], []
+    rng = np.random.Generator(np.random.PCG64([7, seed]))
     for i in range(size):
         task = task_mix[(seed + i) % len(task_mix)]
-        if task == "copy":
-            seq, tgt = copy_example(length, seed * 64 + i)
+        if task in WARM_UPS:
+            seq, tgt = WARM_UPS[task](length, seed * 64 + i)
             rows.append(seq)
             targets.append(tgt)
+            positions.append(np.arange(len(seq)))
             continue
         e = tasks.make_example(task, length, seed * 64 + i)
         seq = np.concatenate([e.prompt, e.answer, [tasks.EOS]])
@@ -131,12 +212,15 @@ def batch(task_mix, length, size, seed):
         tgt[len(e.prompt) - 1:len(seq) - 1] = seq[len(e.prompt):]
         rows.append(seq)
         targets.append(tgt)
+        positions.append(spread_positions(e.prompt, len(seq), span, rng))
     width = max(len(r) for r in rows)
     x = np.full((size, width), tasks.PAD, dtype=np.int64)
     y = np.full((size, width), -100, dtype=np.int64)
-    for i, (r, t) in enumerate(zip(rows, targets)):
-        x[i, :len(r)], y[i, :len(t)] = r, t
-    return torch.from_numpy(x), torch.from_numpy(y)
+    p = np.zeros((size, width), dtype=np.int64)
+    for i, (r, t, q) in enumerate(zip(rows, targets, positions)):
+        x[i, :len(r)], y[i, :len(t)], p[i, :len(q)] = r, t, q
+        p[i, len(q):] = q[-1] + 1 + np.arange(width - len(q))
+    return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(p)
 
 
 @torch.no_grad()
@@ -146,7 +230,7 @@ def accuracy(model, task, length, count, seed, device):
     correct = 0
     for start in range(0, count, 8):
         n = min(8, count - start)
-        x, y = batch([task], length, n, seed + start)
+        x, y, _ = batch([task], length, n, seed + start)
         logits = model(x.to(device))
         pred = logits.argmax(-1).cpu()
         ok = ((pred == y) | (y == -100)).all(dim=1)
@@ -166,11 +250,17 @@ def main():
     ap.add_argument("--log", required=True, help="JSON-lines training log to write")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
-                    help="length:steps:batch[:task+task...],... in order; tasks default to all "
-                         "four, 'copy' is the warm-up task")
+                    help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
+                         "to all four ('all'), 'copy' is the warm-up task; span > length spreads "
+                         "rotary positions over up to span (spread_positions)")
+    ap.add_argument("--eval-lengths", default="",
+                    help="comma-separated prompt lengths every evaluation also measures (plain "
+                         "positions), besides the stage's length")
     ap.add_argument("--lr", type=float, default=2e-3)
-    ap.add_argument("--resume", help="a --checkpoint file to continue from (weights only)")
-    ap.add_argument("--checkpoint", help="PyTorch state to write at every evaluation")
+    ap.add_argument("--resume", help="a --checkpoint file: continue that run where it stopped "
+                                     "(weights, optimizer, schedule, step; the same arguments)")
+    ap.add_argument("--checkpoint", help="training state to write at every evaluation, so a "
+                                         "stopped run loses at most --eval-every steps")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
     args = ap.parse_args()
@@ -184,26 +274,36 @@ def main():
     stages = []
     for stage in args.curriculum.split(","):
         fields = stage.split(":")
-        mix = tuple(fields[3].split("+")) if len(fields) > 3 else tasks.TASKS
-        stages.append((int(fields[0]), int(fields[1]), int(fields[2]), mix))
-    total = sum(steps for _, steps, _, _ in stages)
-    if args.resume:
-        model.load_state_dict(torch.load(args.resume))
+        mix = tuple(fields[3].split("+")) if len(fields) > 3 and fields[3] != "all" else tasks.TASKS
+        span = int(fields[4]) if len(fields) > 4 else 0
+        stages.append((int(fields[0]), int(fields[1]), int(fields[2]), mix, span))
+    total = sum(stage[1] for stage in stages)
+    eval_lengths = [int(x) for x in args.eval_lengths.split(",") if x]
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01, betas=(0.9, 0.95))
     warmup = 100
     schedule = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * s / total))))
     params = sum(p.numel() for p in model.parameters())
-    started = time.time()
-    step = 0
-    with open(args.log, "w") as log:
-        log.write(json.dumps({"event": "start", "params": params, "device": device,
+    step, spent = 0, 0.0
+    if args.resume:
+        state = torch.load(args.resume)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+        schedule.load_state_dict(state["schedule"])
+        step, spent = state["step"], state["seconds"]
+    started = time.time() - spent
+    # Batches are a function of the step alone, so a resumed run sees the data it would have.
+    with open(args.log, "a" if args.resume else "w") as log:
+        log.write(json.dumps({"event": "resume" if args.resume else "start", "step": step,
+                              "params": params, "device": device,
                               "threads": torch.get_num_threads(), "args": vars(args)}) + "\n")
-        for length, steps, batch_size, mix in stages:
-            for _ in range(steps):
+        done = 0
+        for length, steps, batch_size, mix, span in stages:
+            done += steps
+            while step < done:
                 model.train()
-                x, y = batch(mix, length, batch_size, args.seed * 10_000_019 + step)
-                logits = model(x.to(device))
+                x, y, p = batch(mix, length, batch_size, args.seed * 10_000_019 + step, span)
+                logits = model(x.to(device), p.to(device))
                 loss = F.cross_entropy(logits.reshape(-1, config.vocab), y.to(device).reshape(-1))
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -219,15 +319,22 @@ def main():
                 if step % args.eval_every == 0 or step == total:
                     model.eval()
                     acc = {t: accuracy(model, t, length, 16, 900_000 + step, device)
-                           for t in mix if t != "copy"}
-                    record = {"step": step, "length": length, "accuracy": acc,
-                              "seconds": round(time.time() - started, 1)}
+                           for t in mix if t in tasks.TASKS}
+                    record = {"step": step, "length": length, "accuracy": acc}
+                    for at in eval_lengths:
+                        record[f"accuracy_{at}"] = {
+                            t: accuracy(model, t, at, 16, 900_000 + step, device)
+                            for t in tasks.TASKS}
+                    record["seconds"] = round(time.time() - started, 1)
                     print(json.dumps(record), flush=True)
                     log.write(json.dumps(record) + "\n")
                     log.flush()
                     export(model, config, args.out)
                     if args.checkpoint:
-                        torch.save(model.state_dict(), args.checkpoint)
+                        torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(),
+                                    "schedule": schedule.state_dict(), "step": step,
+                                    "seconds": time.time() - started}, args.checkpoint + ".new")
+                        os.replace(args.checkpoint + ".new", args.checkpoint)
         log.write(json.dumps({"event": "done", "steps": step,
                               "seconds": round(time.time() - started, 1)}) + "\n")
     export(model, config, args.out)
