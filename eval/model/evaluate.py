@@ -154,6 +154,9 @@ def tables(summary: List[Dict[str, object]]) -> str:
                 out.append(f"\n**{task}, T = {length}, page size {page_size}, {layout} layout** "
                            f"({prompts} prompts; no eviction: "
                            f"{_pct(none) if none else 'n/a'})\n")
+                if set(cell) == {("none", 0.0)}:
+                    out.append("No eviction only: no policy was run on this task.")
+                    continue
                 out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
                 out.append("|---|" + "---|" * len(ratios))
                 for policy in _policies(part):
@@ -193,7 +196,8 @@ def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
     import matplotlib.pyplot as plt
 
     main = [s for s in summary if s["layout"] == "group" and s["page_size"] == 16]
-    task_names = sorted({s["task"] for s in main}, key=tasks.TASKS.index)
+    # Tasks measured with no eviction only have no curves to draw.
+    task_names = sorted({s["task"] for s in main if s["policy"] != "none"}, key=tasks.TASKS.index)
     lengths = sorted({s["length"] for s in main})
     fig, axes = plt.subplots(len(lengths), len(task_names), squeeze=False,
                              figsize=(max(7.5, 4.2 * len(task_names)), 3.6 * len(lengths)),
