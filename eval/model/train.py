@@ -9,8 +9,9 @@ decay. Warm-up tasks with a loss on many tokens per example teach the circuits r
 with spread rotary positions (spread_positions) show the model long needle-to-question
 distances at the cost of short prompts. Every example comes from tasks.make_example (or a
 warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
-stopped at a checkpoint resumes where it stopped (--resume). The weights are exported to .npz for numpy_model (no PyTorch at inference)
-and checked against this module's logits before the file is written.
+stopped at a checkpoint resumes where it stopped (--resume). The weights are exported to .npz
+for numpy_model (no PyTorch at inference) and checked against this module's logits before the
+file is written.
 """
 from __future__ import annotations
 
@@ -97,9 +98,10 @@ class Transformer(nn.Module):
         b, t = tokens.shape
         if positions is None:
             positions = torch.arange(t).expand(b, t)
-        inv_freq = 1.0 / (c.rope_base ** (torch.arange(0, c.head_dim, 2, dtype=torch.float64) / c.head_dim))
-        angles = positions.to(torch.float64)[:, None, :, None] * inv_freq  # [b, 1, t, D/2]
-        cos, sin = angles.cos().float().to(tokens.device), angles.sin().float().to(tokens.device)
+        # numpy_model's tables, so training and inference rotate by the same angles.
+        cos, sin = numpy_model.rope_tables(positions.reshape(-1).cpu().numpy(), c.head_dim,
+                                           c.rope_base)
+        cos, sin = (torch.from_numpy(a).view(b, 1, t, -1).to(tokens.device) for a in (cos, sin))
         mask = torch.full((t, t), float("-inf"), device=tokens.device).triu(1)  # additive, causal
         x = self.embed(tokens)
         for block in self.layers:
@@ -107,30 +109,14 @@ class Transformer(nn.Module):
         return self.output(self.norm(x))
 
 
-def copy_example(length, seed):
-    """A warm-up task: BOS, a random string, the same string again; loss on the repeat.
-
-    Retrieval needs heads that find an earlier occurrence of the current context and copy what
-    followed it. A repeated random string teaches exactly that with a loss on every token of the
-    repeat, where the real tasks give a handful of answer tokens per prompt.
-    """
-    rng = np.random.Generator(np.random.PCG64([99, length, seed]))
-    half = (length - 1) // 2
-    body = rng.integers(tasks.DIGIT0, tasks.VOCAB - 1, size=half)
-    seq = np.concatenate([[tasks.BOS], body, body])
-    tgt = np.full(len(seq), -100, dtype=np.int64)
-    tgt[half + 1:len(seq) - 1] = seq[half + 2:]
-    return seq, tgt
-
-
 def pieces_example(length, seed):
-    """A warm-up task (`pieces`): BOS, a random string, then pieces of it (4-11 tokens each) copied from
-    random places; loss on every copied token after a piece's first.
+    """A warm-up task (`pieces`): BOS, a random string, then pieces of it (4-11 tokens each)
+    copied from random places; loss on every copied token after a piece's first.
 
     Retrieval needs heads that find an earlier occurrence of the current token and copy what
     followed it (induction heads). Pieces from random places force the match on content; the
-    `copy` task (the string repeated once) can be solved by a head that looks a fixed distance
-    back, which does not help retrieval.
+    string repeated once (the earlier warm-up) can be copied by a head that looks a fixed
+    distance back, which does not help retrieval.
     """
     rng = np.random.Generator(np.random.PCG64([99, length, seed]))
     half = (length - 1) // 2
@@ -146,12 +132,13 @@ def pieces_example(length, seed):
 
 
 def recall_example(seed):
-    """A warm-up task: several `key k is <digits> .` facts, then questions about all of them in
-    a random order, each `Q: key k A: <digits> </s>`; loss on every answer.
+    """A warm-up task (`recall`): several `key k <digits> .` facts (the tasks' needle form),
+    then questions about all of them in a random order, each `Q: key k <digits> </s>`; loss on
+    every answer.
 
-    Multi-key retrieval needs a head that matches the asked key against the key two tokens
-    before each value; one answer per prompt teaches it slowly (multi-key sat at chance, 25%,
-    for 1000 steps). Here every example asks about every fact it states.
+    Multi-key retrieval needs a head that matches the asked key against the key before each
+    value; one answer per prompt teaches it slowly. Here every example asks about every fact it
+    states.
     """
     rng = np.random.Generator(np.random.PCG64([98, seed]))
     count = int(rng.integers(3, 9))
@@ -169,8 +156,7 @@ def recall_example(seed):
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
-WARM_UPS = {"copy": copy_example, "pieces": pieces_example,
-            "recall": lambda length, seed: recall_example(seed)}
+WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed)}
 
 
 def spread_positions(prompt, total, span, rng):
@@ -251,8 +237,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
-                         "to all four ('all'), 'copy' is the warm-up task; span > length spreads "
-                         "rotary positions over up to span (spread_positions)")
+                         "to all four ('all'), 'pieces' and 'recall' are warm-up tasks; span > length "
+                         "spreads rotary positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
                     help="comma-separated prompt lengths every evaluation also measures (plain "
                          "positions), besides the stage's length")
@@ -322,9 +308,12 @@ def main():
                            for t in mix if t in tasks.TASKS}
                     record = {"step": step, "length": length, "accuracy": acc}
                     for at in eval_lengths:
-                        record[f"accuracy_{at}"] = {
-                            t: accuracy(model, t, at, 16, 900_000 + step, device)
-                            for t in tasks.TASKS}
+                        if at == length and set(acc) == set(tasks.TASKS):
+                            record[f"accuracy_{at}"] = acc  # the stage's own, measured above
+                        else:
+                            record[f"accuracy_{at}"] = {
+                                t: accuracy(model, t, at, 16, 900_000 + step, device)
+                                for t in tasks.TASKS}
                     record["seconds"] = round(time.time() - started, 1)
                     print(json.dumps(record), flush=True)
                     log.write(json.dumps(record) + "\n")
