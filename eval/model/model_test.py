@@ -55,9 +55,9 @@ class TasksTest(unittest.TestCase):
                 self.assertEqual(len(e.prompt), length)
                 self.assertEqual(e.prompt[0], tasks.BOS)
                 # The question closes the prompt: `Q: key k` (the answer follows the key, as
-                # in its needle) or, for variable tracking, `Q: <value> A:`.
+                # in its needle) or, for variable tracking, `Q: <value> ->`.
                 if task == "variable_tracking":
-                    self.assertEqual((e.prompt[-7], e.prompt[-1]), (tasks.Q, tasks.A))
+                    self.assertEqual((e.prompt[-7], e.prompt[-1]), (tasks.Q, tasks.ARROW))
                 else:
                     self.assertEqual(list(e.prompt[-3:-1]), [tasks.Q, tasks.KEY])
                 self.assertTrue(np.all((e.prompt >= 0) & (e.prompt < tasks.VOCAB)))
@@ -73,17 +73,17 @@ class TasksTest(unittest.TestCase):
         e = tasks.make_example("variable_tracking", 1024, 11, depth=0.2)
         starts = [s for s, _ in e.needle_spans]
         self.assertEqual(starts, sorted(starts))
-        # Each hop names the variable defined by the previous needle.
-        for (s0, _), (s1, e1) in zip(e.needle_spans, e.needle_spans[1:]):
-            self.assertEqual(e.prompt[s1 + 3], e.prompt[s0 + 1])  # var <new> = <previous> .
-        self.assertEqual(list(e.answer), [e.prompt[s + 1] for s, _ in e.needle_spans])
+        # Each hop copies the variable the previous needle assigned: `<previous> -> <new> .`
+        for (_, e0), (s1, _) in zip(e.needle_spans, e.needle_spans[1:]):
+            self.assertEqual(e.prompt[s1], e.prompt[e0 - 2])
+        self.assertEqual(list(e.answer), [e.prompt[end - 2] for _, end in e.needle_spans])
 
     def test_variable_tracking_values_differ_in_every_digit(self):
         for seed in range(20):
             e = tasks.make_example("variable_tracking", 256, seed)
-            value = e.prompt[-7:-1]  # Q <5 digits> A
-            assignments = [e.prompt[i + 3:i + 8] for i in np.flatnonzero(e.prompt == tasks.VAR)
-                           if tasks.DIGIT0 <= e.prompt[i + 3] < tasks.DIGIT0 + 10]
+            value = e.prompt[-7:-1]  # Q <5 digits> ->
+            assignments = [e.prompt[i - 5:i] for i in np.flatnonzero(e.prompt[:-1] == tasks.ARROW)
+                           if tasks.DIGIT0 <= e.prompt[i - 1] < tasks.DIGIT0 + 10]
             self.assertEqual(len(assignments), 2)
             matches = sorted(int(np.sum(a == value[1:])) for a in assignments)
             self.assertEqual(matches, [0, 5])
@@ -176,6 +176,55 @@ class NumpyModelTest(unittest.TestCase):
             expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
         np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
 
+
+
+@unittest.skipIf(train is None, "PyTorch is not installed")
+class WarmUpTest(unittest.TestCase):
+    """The warm-up tasks teach what their targets say: each target is the token that follows."""
+
+    def test_targets_are_the_next_tokens_and_answers_are_right(self):
+        for name, make in train.WARM_UPS.items():
+            for seed in range(40):
+                seq, targets = make(128, seed)
+                again, _ = make(128, seed)
+                np.testing.assert_array_equal(seq, again)  # deterministic per seed
+                self.assertEqual(len(seq), len(targets), name)
+                taught = np.flatnonzero(targets[:-1] != -100)
+                self.assertGreater(len(taught), 0, name)
+                np.testing.assert_array_equal(targets[taught], seq[taught + 1], name)
+                self.assertEqual(targets[-1], -100, name)
+
+    def test_chains_answer_every_name_holding_the_value(self):
+        for seed in range(40):
+            seq, targets = train.chains_example(seed)
+            text = seq.tolist()
+            holds, start = {}, 1  # name -> digits it holds, by executing the assignments
+            first_q = text.index(tasks.Q)
+            for i in [i for i, t in enumerate(text[:first_q]) if t == tasks.ARROW]:
+                start = max(j for j in range(i) if text[j] in (tasks.BOS, tasks.SEP) or
+                            text[j] >= tasks.WORD0) + 1
+                source = text[start:i]
+                holds[text[i + 1]] = tuple(source) if source[0] < tasks.LETTER0 else holds[source[0]]
+            for q in [i for i, t in enumerate(text) if t == tasks.Q]:
+                a = text.index(tasks.ARROW, q)
+                value, answer = tuple(text[q + 1:a]), text[a + 1:text.index(tasks.EOS, a)]
+                self.assertEqual(sorted(answer), sorted(n for n, v in holds.items() if v == value))
+
+    def test_values_answer_every_value_of_the_key_in_prompt_order(self):
+        for seed in range(40):
+            text = train.values_example(seed)[0].tolist()
+            first_q = text.index(tasks.Q)
+            for q in [i for i, t in enumerate(text) if t == tasks.Q]:
+                key = text[q + 2]
+                stated = []
+                for i in range(first_q):
+                    if text[i] == tasks.KEY and text[i + 1] == key:
+                        stated.append(text[i + 2:text.index(tasks.SEP, i)])
+                answer = text[q + 3:text.index(tasks.EOS, q)]
+                expected = []
+                for n, v in enumerate(stated):
+                    expected += v + ([tasks.COMMA] if n + 1 < len(stated) else [])
+                self.assertEqual(answer, expected)
 
 if __name__ == "__main__":
     unittest.main()

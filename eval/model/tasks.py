@@ -14,8 +14,10 @@ A prompt is
 and the answer the model must produce greedily is `answer` followed by EOS. Keys and variable
 names are one token (a letter), values are digits. A needle states a value right after its key
 (`key k 2 8 3 1 1 .`) and the key tasks ask with the key (`Q: key k`), so the answer continues
-the question exactly as the value continues its key in the needle; variable tracking asks
-`Q: <value> A:` and answers with the chain of names holding it. Filler is sentences from a
+the question exactly as the value continues its key in the needle. Variable tracking writes
+assignments rightward, source first (`2 8 3 1 1 -> a .` then `a -> b .`, as R's `->`), asks
+`Q: 2 8 3 1 1 ->` and answers with the chain of names holding the value (`a b ...`): each name
+is found from the one before it by looking forward, the direction retrieval heads read. Filler is sentences from a
 fixed random bigram chain over 80 words, so attention over it is neither uniform nor trivially
 repetitive.
 """
@@ -27,7 +29,8 @@ from typing import List, Sequence, Tuple
 import numpy as np
 
 # ---- vocabulary -------------------------------------------------------------------------------
-PAD, BOS, EOS, SEP, Q, A, KEY, IS, VAR, EQ, COMMA = range(11)
+# IS and VAR belong to earlier formats and stay unused, so that token ids do not move.
+PAD, BOS, EOS, SEP, Q, A, KEY, IS, VAR, ARROW, COMMA = range(11)
 DIGIT0 = 11  # digits 0-9: 11..20
 LETTER0 = 21  # letters a-z: 21..46
 WORD0 = 47  # filler words: 47..126
@@ -36,7 +39,7 @@ VOCAB = 128
 
 TASKS = ("single_needle", "multi_key", "multi_value", "variable_tracking")
 
-_NAMES = (["<pad>", "<s>", "</s>", ".", "Q:", "A:", "key", "is", "var", "=", ","] +
+_NAMES = (["<pad>", "<s>", "</s>", ".", "Q:", "A:", "key", "is", "var", "->", ","] +
           [str(d) for d in range(10)] + [chr(ord("a") + i) for i in range(26)] +
           [f"w{i}" for i in range(WORDS)] + ["<unused>"])
 
@@ -49,7 +52,7 @@ def detokenize(tokens: Sequence[int]) -> str:
 @dataclasses.dataclass(frozen=True)
 class Example:
     task: str
-    prompt: np.ndarray  # int32 [T], starts with BOS, ends with A
+    prompt: np.ndarray  # int32 [T], starts with BOS, ends with the question
     answer: np.ndarray  # int32, the tokens to generate before EOS
     needle_spans: Tuple[Tuple[int, int], ...]  # [start, end) token spans the answer depends on
     depth: float  # where the (first) needle sits, 0 = start of the filler, 1 = end
@@ -183,15 +186,15 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
         other_value = [DIGIT0 + (d - DIGIT0 + int(s)) % 10
                        for d, s in zip(value, rng.integers(1, 10, size=5))]
         chain, decoy = names[:4], names[4:]
-        needles = [[VAR] + chain[0] + [EQ] + value + [SEP]]
-        needles += [[VAR] + chain[i] + [EQ] + chain[i - 1] + [SEP] for i in range(1, 4)]
-        needles += [[VAR] + decoy[0] + [EQ] + other_value + [SEP]]
-        needles += [[VAR] + decoy[i] + [EQ] + decoy[i - 1] + [SEP] for i in range(1, 4)]
+        needles = [value + [ARROW] + chain[0] + [SEP]]
+        needles += [chain[i - 1] + [ARROW] + chain[i] + [SEP] for i in range(1, 4)]
+        needles += [other_value + [ARROW] + decoy[0] + [SEP]]
+        needles += [decoy[i - 1] + [ARROW] + decoy[i] + [SEP] for i in range(1, 4)]
         # Each hop comes after the one it names; the chain starts at `depth`.
         hops = np.sort(rng.random(3)) * (1.0 - depth) + depth
         decoy_depths = np.sort(rng.random(4))
         depths = [depth] + [float(h) for h in hops] + [float(d) for d in decoy_depths]
-        tokens, spans = _assemble(rng, length, needles, depths, value + [A])
+        tokens, spans = _assemble(rng, length, needles, depths, value + [ARROW])
         answer = [t for name in chain for t in name]
         used = [0, 1, 2, 3]
     return Example(task=task,

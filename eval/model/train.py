@@ -156,7 +156,82 @@ def recall_example(seed):
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
-WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed)}
+def values_example(seed):
+    """A warm-up task (`values`): multi-value facts, dense. Several keys, most with two to four
+    values of the same width, stated `key k <digits> .` in a shuffled order; then every key
+    asked, `Q: key k <value> , <value> , ... </s>` with the values in prompt order; loss on
+    every answer.
+
+    After a value, the answer needs the key's next value in the prompt: a step one induction
+    head cannot take (every `key k` matches). One multi-value prompt gives two such targets;
+    this gives a dozen.
+    """
+    rng = np.random.Generator(np.random.PCG64([97, seed]))
+    count = int(rng.integers(2, 6))
+    width = int(rng.integers(1, 4))
+    keys = tasks.LETTER0 + rng.choice(26, size=count, replace=False)
+    values = [rng.integers(tasks.DIGIT0, tasks.DIGIT0 + 10, size=(int(rng.integers(1, 5)), width))
+              for _ in range(count)]
+    facts = [(i, j) for i in range(count) for j in range(len(values[i]))]
+    order = rng.permutation(len(facts))
+    seq, said = [tasks.BOS], [[] for _ in range(count)]
+    for f in order:
+        i, j = facts[f]
+        said[i].append(j)
+        seq += [tasks.KEY, int(keys[i])] + [int(d) for d in values[i][j]] + [tasks.SEP]
+        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+    targets = [-100] * len(seq)
+    for i in rng.permutation(count):
+        answer = []
+        for n, j in enumerate(said[i]):
+            answer += [int(d) for d in values[i][j]] + ([tasks.COMMA] if n + 1 < len(said[i]) else [])
+        answer.append(tasks.EOS)
+        seq += [tasks.Q, tasks.KEY, int(keys[i])] + answer
+        targets += [-100, -100] + answer + [-100]  # position t predicts token t + 1
+    return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+
+
+def chains_example(seed):
+    """A warm-up task (`chains`): variable tracking, dense. Two to four chains of assignments
+    (`<digits> -> a .`, then `a -> b .`, `b -> c .`, each after the one it names), interleaved;
+    then every chain asked by its value, `Q: <digits> -> a b c </s>`; loss on every answer.
+
+    Each name after the first needs the assignment that names the previous one, a step of its
+    own kind; a variable-tracking prompt gives three such targets, this gives up to twelve.
+    """
+    rng = np.random.Generator(np.random.PCG64([96, seed]))
+    count = int(rng.integers(2, 5))
+    width = int(rng.integers(1, 6))
+    names = tasks.LETTER0 + rng.choice(26, size=4 * count, replace=False)
+    chains = [[int(n) for n in names[4 * i:4 * i + int(rng.integers(2, 5))]] for i in range(count)]
+    # Values differ in every digit, as variable tracking's decoy does.
+    first = rng.integers(0, 10, size=width)
+    values = [[tasks.DIGIT0 + (int(d) + int(s)) % 10 for d, s in zip(first, shift)]
+              for shift in [np.zeros(width, dtype=int)] +
+              [rng.integers(1, 10, size=width) for _ in range(count - 1)]]
+    for i in range(1, count):  # distinct from every earlier chain in every digit, by rejection
+        while any(any(a == b for a, b in zip(values[i], values[j])) for j in range(i)):
+            values[i] = [tasks.DIGIT0 + int(d) for d in rng.integers(0, 10, size=width)]
+    pending = [0] * count
+    seq = [tasks.BOS]
+    while any(p < len(c) for p, c in zip(pending, chains)):
+        i = int(rng.choice([c for c in range(count) if pending[c] < len(chains[c])]))
+        hop = pending[i]
+        source = values[i] if hop == 0 else [chains[i][hop - 1]]
+        seq += source + [tasks.ARROW, chains[i][hop], tasks.SEP]
+        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+        pending[i] += 1
+    targets = [-100] * len(seq)
+    for i in rng.permutation(count):
+        answer = chains[i] + [tasks.EOS]
+        seq += [tasks.Q] + values[i] + [tasks.ARROW] + answer
+        targets += [-100] * (len(values[i]) + 1) + answer + [-100]  # position t predicts token t + 1
+    return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
+
+
+WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed),
+            "values": lambda length, seed: values_example(seed),
+            "chains": lambda length, seed: chains_example(seed)}
 
 
 def spread_positions(prompt, total, span, rng):
@@ -237,8 +312,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
-                         "to all four ('all'), 'pieces' and 'recall' are warm-up tasks; span > length "
-                         "spreads rotary positions over up to span (spread_positions)")
+                         "to all four ('all', which a mix may also name), 'pieces', 'recall', "
+                         "'values' and 'chains' are warm-up tasks; span > length spreads rotary "
+                         "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
                     help="comma-separated prompt lengths every evaluation also measures (plain "
                          "positions), besides the stage's length")
@@ -260,7 +336,11 @@ def main():
     stages = []
     for stage in args.curriculum.split(","):
         fields = stage.split(":")
-        mix = tuple(fields[3].split("+")) if len(fields) > 3 and fields[3] != "all" else tasks.TASKS
+        names = fields[3].split("+") if len(fields) > 3 else ["all"]
+        mix = tuple(t for name in names for t in (tasks.TASKS if name == "all" else [name]))
+        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS))
+        if unknown:
+            ap.error(f"--curriculum stage {stage}: unknown task {', '.join(unknown)}")
         span = int(fields[4]) if len(fields) > 4 else 0
         stages.append((int(fields[0]), int(fields[1]), int(fields[2]), mix, span))
     total = sum(stage[1] for stage in stages)
