@@ -196,15 +196,14 @@ class WarmUpTest(unittest.TestCase):
 
     def test_chains_answer_every_name_holding_the_value(self):
         for seed in range(40):
-            seq, targets = train.chains_example(seed)
-            text = seq.tolist()
-            holds, start = {}, 1  # name -> digits it holds, by executing the assignments
-            first_q = text.index(tasks.Q)
-            for i in [i for i, t in enumerate(text[:first_q]) if t == tasks.ARROW]:
+            text = train.chains_example(seed)[0].tolist()
+            holds = {}  # name -> the digits it holds, by executing the assignments in order
+            for i in [i for i, t in enumerate(text[:text.index(tasks.Q)]) if t == tasks.ARROW]:
                 start = max(j for j in range(i) if text[j] in (tasks.BOS, tasks.SEP) or
                             text[j] >= tasks.WORD0) + 1
-                source = text[start:i]
-                holds[text[i + 1]] = tuple(source) if source[0] < tasks.LETTER0 else holds[source[0]]
+                source = text[start:i]  # digits, or the one name copied
+                is_name = source[0] >= tasks.LETTER0
+                holds[text[i + 1]] = holds[source[0]] if is_name else tuple(source)
             for q in [i for i, t in enumerate(text) if t == tasks.Q]:
                 a = text.index(tasks.ARROW, q)
                 value, answer = tuple(text[q + 1:a]), text[a + 1:text.index(tasks.EOS, a)]

@@ -17,9 +17,9 @@ names are one token (a letter), values are digits. A needle states a value right
 the question exactly as the value continues its key in the needle. Variable tracking writes
 assignments rightward, source first (`2 8 3 1 1 -> a .` then `a -> b .`, as R's `->`), asks
 `Q: 2 8 3 1 1 ->` and answers with the chain of names holding the value (`a b ...`): each name
-is found from the one before it by looking forward, the direction retrieval heads read. Filler is sentences from a
-fixed random bigram chain over 80 words, so attention over it is neither uniform nor trivially
-repetitive.
+is found from the one before it by looking forward, the direction retrieval heads read. Filler
+is sentences from a fixed random bigram chain over 80 words, so attention over it is neither
+uniform nor trivially repetitive.
 """
 from __future__ import annotations
 

@@ -131,6 +131,12 @@ def pieces_example(length, seed):
     return np.asarray(seq, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
 
 
+def _few_words(rng):
+    """Zero to three filler words, between the facts of a warm-up prompt."""
+    count = int(rng.integers(0, 4))
+    return [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=count)]
+
+
 def recall_example(seed):
     """A warm-up task (`recall`): several `key k <digits> .` facts (the tasks' needle form),
     then questions about all of them in a random order, each `Q: key k <digits> </s>`; loss on
@@ -147,7 +153,7 @@ def recall_example(seed):
     seq = [tasks.BOS]
     for k, v in zip(keys, values):
         seq += [tasks.KEY, int(k)] + [int(d) for d in v] + [tasks.SEP]
-        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+        seq += _few_words(rng)
     targets = [-100] * len(seq)
     for i in rng.permutation(count):
         answer = [int(d) for d in values[i]] + [tasks.EOS]
@@ -179,12 +185,13 @@ def values_example(seed):
         i, j = facts[f]
         said[i].append(j)
         seq += [tasks.KEY, int(keys[i])] + [int(d) for d in values[i][j]] + [tasks.SEP]
-        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+        seq += _few_words(rng)
     targets = [-100] * len(seq)
     for i in rng.permutation(count):
         answer = []
         for n, j in enumerate(said[i]):
-            answer += [int(d) for d in values[i][j]] + ([tasks.COMMA] if n + 1 < len(said[i]) else [])
+            answer += [int(d) for d in values[i][j]]
+            answer += [tasks.COMMA] if n + 1 < len(said[i]) else []
         answer.append(tasks.EOS)
         seq += [tasks.Q, tasks.KEY, int(keys[i])] + answer
         targets += [-100, -100] + answer + [-100]  # position t predicts token t + 1
@@ -219,13 +226,14 @@ def chains_example(seed):
         hop = pending[i]
         source = values[i] if hop == 0 else [chains[i][hop - 1]]
         seq += source + [tasks.ARROW, chains[i][hop], tasks.SEP]
-        seq += [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=int(rng.integers(0, 4)))]
+        seq += _few_words(rng)
         pending[i] += 1
     targets = [-100] * len(seq)
     for i in rng.permutation(count):
         answer = chains[i] + [tasks.EOS]
         seq += [tasks.Q] + values[i] + [tasks.ARROW] + answer
-        targets += [-100] * (len(values[i]) + 1) + answer + [-100]  # position t predicts token t + 1
+        # position t predicts token t + 1
+        targets += [-100] * (len(values[i]) + 1) + answer + [-100]
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
