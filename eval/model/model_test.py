@@ -177,7 +177,6 @@ class NumpyModelTest(unittest.TestCase):
         np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
 
 
-
 @unittest.skipIf(train is None, "PyTorch is not installed")
 class WarmUpTest(unittest.TestCase):
     """The warm-up tasks teach what their targets say: each target is the token that follows."""
@@ -224,6 +223,7 @@ class WarmUpTest(unittest.TestCase):
                 for n, v in enumerate(stated):
                     expected += v + ([tasks.COMMA] if n + 1 < len(stated) else [])
                 self.assertEqual(answer, expected)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -137,6 +137,16 @@ def _few_words(rng):
     return [tasks.WORD0 + int(w) for w in rng.integers(0, tasks.WORDS, size=count)]
 
 
+def _ask(seq, targets, question, answer):
+    """Appends `Q: <question> <answer>` to a warm-up prompt, the loss on the answer alone.
+
+    Position t is trained to predict token t + 1: the question's last token predicts the
+    answer's first, and the answer's last (EOS) predicts nothing.
+    """
+    seq += [tasks.Q] + question + answer
+    targets += [-100] * len(question) + answer + [-100]
+
+
 def recall_example(seed):
     """A warm-up task (`recall`): several `key k <digits> .` facts (the tasks' needle form),
     then questions about all of them in a random order, each `Q: key k <digits> </s>`; loss on
@@ -157,8 +167,7 @@ def recall_example(seed):
     targets = [-100] * len(seq)
     for i in rng.permutation(count):
         answer = [int(d) for d in values[i]] + [tasks.EOS]
-        seq += [tasks.Q, tasks.KEY, int(keys[i])] + answer
-        targets += [-100, -100] + answer + [-100]  # position t predicts token t + 1
+        _ask(seq, targets, [tasks.KEY, int(keys[i])], answer)
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
@@ -192,9 +201,7 @@ def values_example(seed):
         for n, j in enumerate(said[i]):
             answer += [int(d) for d in values[i][j]]
             answer += [tasks.COMMA] if n + 1 < len(said[i]) else []
-        answer.append(tasks.EOS)
-        seq += [tasks.Q, tasks.KEY, int(keys[i])] + answer
-        targets += [-100, -100] + answer + [-100]  # position t predicts token t + 1
+        _ask(seq, targets, [tasks.KEY, int(keys[i])], answer + [tasks.EOS])
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
@@ -230,10 +237,7 @@ def chains_example(seed):
         pending[i] += 1
     targets = [-100] * len(seq)
     for i in rng.permutation(count):
-        answer = chains[i] + [tasks.EOS]
-        seq += [tasks.Q] + values[i] + [tasks.ARROW] + answer
-        # position t predicts token t + 1
-        targets += [-100] * (len(values[i]) + 1) + answer + [-100]
+        _ask(seq, targets, values[i] + [tasks.ARROW], chains[i] + [tasks.EOS])
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
