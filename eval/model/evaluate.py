@@ -150,7 +150,7 @@ def tables(summary: List[Dict[str, object]]) -> str:
                 if not cell:
                     continue
                 none = cell.get(("none", 0.0))
-                prompts = next(iter(cell.values()))["prompts"]
+                prompts = (none or next(iter(cell.values())))["prompts"]
                 out.append(f"\n**{task}, T = {length}, page size {page_size}, {layout} layout** "
                            f"({prompts} prompts; no eviction: "
                            f"{_pct(none) if none else 'n/a'})\n")
@@ -161,7 +161,12 @@ def tables(summary: List[Dict[str, object]]) -> str:
                 out.append("|---|" + "---|" * len(ratios))
                 for policy in _policies(part):
                     if any((policy, r) in cell for r in ratios):
-                        out.append(f"| {policy} | " + " | ".join(
+                        # A later pass (--append) may have run fewer prompts: say so in the row.
+                        counts = {cell[(policy, r)]["prompts"] for r in ratios
+                                  if (policy, r) in cell}
+                        label = policy if counts == {prompts} else (
+                            f"{policy} ({'/'.join(str(c) for c in sorted(counts))} prompts)")
+                        out.append(f"| {label} | " + " | ".join(
                             _pct(cell.get((policy, r))) for r in ratios) + " |")
         out.append(f"\n**Frames kept after the decisions, as a share of the prompt's frames "
                    f"(page size {page_size}, {layout} layout; mean over prompts and tasks)**\n")
