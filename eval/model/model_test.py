@@ -88,6 +88,23 @@ class TasksTest(unittest.TestCase):
             matches = sorted(int(np.sum(a == value[1:])) for a in assignments)
             self.assertEqual(matches, [0, 5])
 
+    def test_multi_value_is_right_in_any_order_and_only_complete(self):
+        e = tasks.make_example("multi_value", 512, 4)
+        answer = [int(t) for t in e.answer]
+        values = [answer[0:3], answer[4:7], answer[8:11]]
+        self.assertEqual([answer[3], answer[7]], [tasks.COMMA, tasks.COMMA])
+        accepted = tasks.accepted_answers(e)
+        self.assertEqual(len({tuple(a) for a in accepted}), 6)
+        self.assertEqual(accepted[0], answer)  # the prompt order is one of them
+        comma = [tasks.COMMA]
+        self.assertTrue(tasks.is_correct(e, values[2] + comma + values[0] + comma + values[1]))
+        self.assertFalse(tasks.is_correct(e, values[0] + comma + values[0] + comma + values[1]))
+        self.assertFalse(tasks.is_correct(e, values[0] + comma + values[1]))
+        self.assertFalse(tasks.is_correct(e, answer + comma))
+        for task in ("single_needle", "multi_key", "variable_tracking"):
+            other = tasks.make_example(task, 512, 4)
+            self.assertEqual(tasks.accepted_answers(other), [[int(t) for t in other.answer]])
+
     def test_depths_spread(self):
         depths = [e.depth for e in tasks.examples("multi_key", 512, 5)]
         self.assertEqual(depths, [0.0, 0.25, 0.5, 0.75, 1.0])

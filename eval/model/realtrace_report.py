@@ -142,7 +142,8 @@ def process(job: dict) -> dict:
                                   RETRIEVAL_SHARE * stats[l].sum(axis=-1)).any())
                             for l in range(c.layers)] for b, e in example.needle_spans]
     # The first answer token from the prefill's last logits: is the model right at all here?
-    record["first_token_ok"] = int(arrays["next_token"]) == int(example.answer[0])
+    record["first_token_ok"] = int(arrays["next_token"]) in {
+        answer[0] for answer in tasks.accepted_answers(example)}
 
     # The core's decisions at B = 16: needles per layer and the page-fill skew.
     needles = {}

@@ -11,7 +11,8 @@ A prompt is
 
     BOS  filler ... needle ... filler ... needle ...  Q <question>
 
-and the answer the model must produce greedily is `answer` followed by EOS. Keys and variable
+and the answer the model must produce greedily is `answer` followed by EOS (multi-value: the
+key's values in any order, as RULER grades it; `accepted_answers`). Keys and variable
 names are one token (a letter), values are digits. A needle states a value right after its key
 (`key k 2 8 3 1 1 .`) and the key tasks ask with the key (`Q: key k`), so the answer continues
 the question exactly as the value continues its key in the needle. Variable tracking writes
@@ -24,6 +25,7 @@ uniform nor trivially repetitive.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import List, Sequence, Tuple
 
 import numpy as np
@@ -202,6 +204,31 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
                    answer=np.asarray(answer, dtype=np.int32),
                    needle_spans=tuple(spans[i] for i in used),
                    depth=depth)
+
+
+def accepted_answers(example: Example) -> List[List[int]]:
+    """Every answer graded right. Multi-value accepts the key's values in any order, as RULER
+    grades it (every value must appear); `answer` is the prompt-order one. The other tasks have
+    one answer."""
+    answer = [int(t) for t in example.answer]
+    if example.task != "multi_value":
+        return [answer]
+    values, current = [], []
+    for t in answer + [COMMA]:
+        if t == COMMA:
+            values.append(current)
+            current = []
+        else:
+            current.append(t)
+    accepted = []
+    for order in itertools.permutations(values):
+        accepted.append([t for n, v in enumerate(order) for t in ([COMMA] if n else []) + v])
+    return accepted
+
+
+def is_correct(example: Example, generated: Sequence[int]) -> bool:
+    """Whether greedy output (the tokens before EOS) is an accepted answer."""
+    return [int(t) for t in generated] in accepted_answers(example)
 
 
 def examples(task: str, length: int, count: int, seed: int = 0) -> List[Example]:

@@ -4,7 +4,8 @@
     /usr/bin/python3 eval/model/weights_check.py            # checks the weights against it
 
 The record (weights_accuracy.json) holds, per (task, length), the prompts' seed and count and how
-many the plain numpy model answered exactly; weights_test.py checks the weights still do.
+many the plain numpy model answered right (tasks.is_correct); weights_test.py checks the
+weights still do.
 """
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def measure(model: numpy_model.Model, cells=CELLS) -> List[Dict[str, object]]:
         correct = 0
         for example in tasks.examples(task, length, count, SEED):
             answer = model.generate(example.prompt, len(example.answer) + 2, tasks.EOS)
-            correct += answer == [int(t) for t in example.answer]
+            correct += tasks.is_correct(example, answer)
         out.append(dict(task=task, length=length, prompts=count, seed=SEED, correct=correct))
     return out
 
