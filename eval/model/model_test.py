@@ -225,6 +225,27 @@ class WarmUpTest(unittest.TestCase):
                 value, answer = tuple(text[q + 1:a]), text[a + 1:text.index(tasks.EOS, a)]
                 self.assertEqual(sorted(answer), sorted(n for n, v in holds.items() if v == value))
 
+    def test_far_warm_ups_spread_their_facts_and_leave_other_rows_alone(self):
+        mix = ["far_values", "values", "multi_key", "far_chains"]
+        x, y, p = train.batch(mix, 128, 8, 3, span=2048)
+        near = ["values", "values", "multi_key", "chains"]
+        x_near, y_near, p_near = train.batch(near, 128, 8, 3, span=2048)
+        np.testing.assert_array_equal(x, x_near)  # the same examples and targets
+        np.testing.assert_array_equal(y, y_near)
+        for i in range(8):
+            task = mix[(3 + i) % 4]
+            length = int((y[i] != -100).nonzero().max()) + 2
+            positions, tokens = p[i, :length].numpy(), x[i, :length].numpy()
+            jumps = np.flatnonzero(np.diff(positions) != 1) + 1
+            if task.startswith("far_"):
+                self.assertGreater(positions[-1], 4 * length)  # spread far past the row
+                self.assertTrue(np.all(np.diff(positions) >= 1))
+                # Jumps only right after a fact's full stop, never inside a fact or an answer.
+                self.assertTrue(np.all(tokens[jumps - 1] == tasks.SEP))
+                self.assertLess(jumps.max(), list(tokens).index(tasks.Q) + 1)
+            else:
+                np.testing.assert_array_equal(p[i], p_near[i])
+
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):
         for seed in range(40):
             text = train.values_example(seed)[0].tolist()

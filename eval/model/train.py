@@ -244,6 +244,9 @@ def chains_example(seed):
 WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed),
             "values": lambda length, seed: values_example(seed),
             "chains": lambda length, seed: chains_example(seed)}
+# `far_<name>`: the warm-up with its facts' rotary positions spread over the stage's span, so the
+# steps between facts (a key's next value, a chain's next name) are taken at long distances.
+FAR_WARM_UPS = {"far_" + name: name for name in ("recall", "values", "chains")}
 
 
 def spread_positions(prompt, total, span, rng):
@@ -276,11 +279,15 @@ def batch(task_mix, length, size, seed, span=0):
     rng = np.random.Generator(np.random.PCG64([7, seed]))
     for i in range(size):
         task = task_mix[(seed + i) % len(task_mix)]
-        if task in WARM_UPS:
-            seq, tgt = WARM_UPS[task](length, seed * 64 + i)
+        if task in WARM_UPS or task in FAR_WARM_UPS:
+            seq, tgt = WARM_UPS[FAR_WARM_UPS.get(task, task)](length, seed * 64 + i)
             rows.append(seq)
             targets.append(tgt)
-            positions.append(np.arange(len(seq)))
+            if task in FAR_WARM_UPS:  # its own generator: the other rows draw as before
+                far = np.random.Generator(np.random.PCG64([5, seed, i]))
+                positions.append(spread_positions(seq, len(seq), span, far))
+            else:
+                positions.append(np.arange(len(seq)))
             continue
         e = tasks.make_example(task, length, seed * 64 + i)
         seq = np.concatenate([e.prompt, e.answer, [tasks.EOS]])
@@ -326,7 +333,8 @@ def main():
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
                          "to all four ('all', which a mix may also name), 'pieces', 'recall', "
-                         "'values' and 'chains' are warm-up tasks; span > length spreads rotary "
+                         "'values' and 'chains' are warm-up tasks (far_recall, far_values, "
+                         "far_chains: spread over the span); span > length spreads rotary "
                          "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
                     help="comma-separated prompt lengths every evaluation also measures (plain "
@@ -351,7 +359,7 @@ def main():
         fields = stage.split(":")
         names = fields[3].split("+") if len(fields) > 3 else ["all"]
         mix = tuple(t for name in names for t in (tasks.TASKS if name == "all" else [name]))
-        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS))
+        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS) - set(FAR_WARM_UPS))
         if unknown:
             ap.error(f"--curriculum stage {stage}: unknown task {', '.join(unknown)}")
         span = int(fields[4]) if len(fields) > 4 else 0
