@@ -306,11 +306,10 @@ def batch(task_mix, length, size, seed, span=0):
     return torch.from_numpy(x), torch.from_numpy(y), torch.from_numpy(p)
 
 
-def accuracy(model, task, length, count, seed):
+def accuracy(plain, task, length, count, seed):
     """Share of greedy answers graded right (tasks.is_correct) on the prompts batch() draws for
-    (seed + 8k), decoded by numpy_model with its KV cache (as weights_check and the worker do)."""
-    weights = {name: p.detach().cpu().numpy() for name, p in model.state_dict().items()}
-    plain = numpy_model.Model(model.c, weights)
+    (seed + 8k), decoded by `plain` (a numpy_model.Model, with its KV cache, as weights_check
+    and the worker decode)."""
     correct = 0
     for start in range(0, count, 8):
         for i in range(min(8, count - start)):
@@ -319,10 +318,15 @@ def accuracy(model, task, length, count, seed):
     return correct / count
 
 
+def numpy_weights(model):
+    """The weights as float32 numpy arrays: what export writes and numpy_model runs."""
+    return {name: p.detach().cpu().numpy().astype(np.float32)
+            for name, p in model.state_dict().items()}
+
+
 def export(model, config, path):
-    weights = {name: p.detach().cpu().numpy().astype(np.float32)
-               for name, p in model.state_dict().items()}
-    np.savez_compressed(path, config_json=json.dumps(dataclasses.asdict(config)), **weights)
+    np.savez_compressed(path, config_json=json.dumps(dataclasses.asdict(config)),
+                        **numpy_weights(model))
 
 
 def main():
@@ -405,7 +409,8 @@ def main():
                     log.write(json.dumps(record) + "\n")
                 if step % args.eval_every == 0 or step == total:
                     model.eval()
-                    acc = {t: accuracy(model, t, length, 16, 900_000 + step)
+                    plain = numpy_model.Model(config, numpy_weights(model))
+                    acc = {t: accuracy(plain, t, length, 16, 900_000 + step)
                            for t in mix if t in tasks.TASKS}
                     record = {"step": step, "length": length, "accuracy": acc}
                     for at in eval_lengths:
@@ -413,7 +418,7 @@ def main():
                             record[f"accuracy_{at}"] = acc  # the stage's own, measured above
                         else:
                             record[f"accuracy_{at}"] = {
-                                t: accuracy(model, t, at, 16, 900_000 + step)
+                                t: accuracy(plain, t, at, 16, 900_000 + step)
                                 for t in tasks.TASKS}
                     record["seconds"] = round(time.time() - started, 1)
                     print(json.dumps(record), flush=True)
