@@ -225,6 +225,17 @@ class WarmUpTest(unittest.TestCase):
                 value, answer = tuple(text[q + 1:a]), text[a + 1:text.index(tasks.EOS, a)]
                 self.assertEqual(sorted(answer), sorted(n for n, v in holds.items() if v == value))
 
+    def test_wide_recall_states_values_as_long_as_multi_keys_or_longer(self):
+        for seed in range(40):
+            text = train.recall_example(seed, wide=True)[0].tolist()
+            facts = [i for i, t in enumerate(text[:text.index(tasks.Q)]) if t == tasks.KEY]
+            for i in facts:
+                value = text[i + 2:text.index(tasks.SEP, i)]
+                self.assertTrue(5 <= len(value) <= 7, value)
+                # Asked once, answered with exactly the stated digits.
+                q = next(j for j, t in enumerate(text) if t == tasks.Q and text[j + 2] == text[i + 1])
+                self.assertEqual(text[q + 3:text.index(tasks.EOS, q)], value)
+
     def test_far_warm_ups_spread_their_facts_and_leave_other_rows_alone(self):
         mix = ["far_values", "values", "multi_key", "far_chains"]
         x, y, p = train.batch(mix, 128, 8, 3, span=2048)
