@@ -6,8 +6,8 @@
 
 Each prompt is prefilled once into the daemon's pool and forked per (policy, compression ratio)
 with prefix sharing; each fork gets its decisions and a greedy decode (pool_worker.run_forked).
-Rows are written as they finish (results.csv), so a stopped run keeps what it measured; the
-summary (accuracy with Wilson 95% intervals, frames kept) and the plots are made from that file
+Rows are written as they finish (results.csv), so a stopped run keeps what it measured and
+`--resume` (the same arguments) runs only what it had not; the summary (accuracy with Wilson 95% intervals, frames kept) and the plots are made from that file
 (`--summarize-only` remakes them without running anything).
 """
 from __future__ import annotations
@@ -86,10 +86,40 @@ def _run(job) -> List[Dict[str, object]]:
     return rows
 
 
+def _row_key(task, length, page_size, layout, prompt, policy, ratio) -> tuple:
+    return (str(task), int(length), int(page_size), str(layout), int(prompt), str(policy),
+            float(ratio))
+
+
+def measured(path: str) -> set:
+    """The (task, length, page size, layout, prompt, policy, ratio) rows results.csv holds,
+    after dropping a last line cut off when a run was stopped mid-write."""
+    if not os.path.exists(path):
+        return set()
+    with open(path, "rb+") as f:
+        data = f.read()
+        if data and not data.endswith(b"\n"):
+            f.truncate(data.rfind(b"\n") + 1)
+    with open(path, newline="") as f:
+        return {_row_key(r["task"], r["length"], r["page_size"], r["layout"], r["prompt"],
+                         r["policy"], r["ratio"]) for r in csv.DictReader(f)}
+
+
 def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str,
         writer, out_file) -> None:
-    jobs = [(task, length, i, args.seed, args.prompts, tuple(settings))
-            for length in args.lengths for task in args.tasks for i in range(args.prompts)]
+    """Every (task, length, prompt) with the settings not yet in args.measured (all of them
+    unless --resume)."""
+    jobs = []
+    for length in args.lengths:
+        for task in args.tasks:
+            for i in range(args.prompts):
+                todo = tuple(s for s in settings if _row_key(
+                    task, length, page_size, layout, i, *s) not in args.measured)
+                if todo:
+                    jobs.append((task, length, i, args.seed, args.prompts, todo))
+    if not jobs:
+        print(f"  {layout} b{page_size}: every prompt already measured", flush=True)
+        return
     started = time.time()
     with concurrent.futures.ProcessPoolExecutor(
             args.processes, initializer=_start_worker,
@@ -261,6 +291,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--summarize-only", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="add rows to an existing results.csv (a later pass, e.g. +window variants)")
+    ap.add_argument("--resume", action="store_true",
+                    help="continue a stopped run (the same arguments, --append too if it had "
+                         "it): run only the (prompt, setting) pairs results.csv lacks")
     args = ap.parse_args(argv)
 
     os.makedirs(args.out, exist_ok=True)
@@ -276,11 +309,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.entrokvd)
         args.address = args.server or daemon.address
         started = time.time()
+        path = os.path.join(args.out, "results.csv")
+        args.measured = measured(path) if args.resume else set()
         try:
-            with open(os.path.join(args.out, "results.csv"), "a" if args.append else "w",
-                      newline="") as f:
+            with open(path, "a" if args.append or args.resume else "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)
-                if not args.append:
+                if f.tell() == 0:
                     writer.writeheader()
                 # A later pass (--append) adds settings to prompts whose no-eviction row exists.
                 baseline = [] if args.append else [("none", 0.0)]
