@@ -7,8 +7,9 @@
 Each prompt is prefilled once into the daemon's pool and forked per (policy, compression ratio)
 with prefix sharing; each fork gets its decisions and a greedy decode (pool_worker.run_forked).
 Rows are written as they finish (results.csv), so a stopped run keeps what it measured and
-`--resume` (the same arguments) runs only what it had not; the summary (accuracy with Wilson 95% intervals, frames kept) and the plots are made from that file
-(`--summarize-only` remakes them without running anything).
+`--resume` (the same arguments) runs only what it had not; the summary (accuracy with Wilson 95%
+intervals, frames kept) and the plots are made from that file (`--summarize-only` remakes them
+without running anything).
 """
 from __future__ import annotations
 
