@@ -233,7 +233,8 @@ class WarmUpTest(unittest.TestCase):
                 value = text[i + 2:text.index(tasks.SEP, i)]
                 self.assertTrue(5 <= len(value) <= 7, value)
                 # Asked once, answered with exactly the stated digits.
-                q = next(j for j, t in enumerate(text) if t == tasks.Q and text[j + 2] == text[i + 1])
+                key = text[i + 1]
+                q = next(j for j, t in enumerate(text) if t == tasks.Q and text[j + 2] == key)
                 self.assertEqual(text[q + 3:text.index(tasks.EOS, q)], value)
 
     def test_far_warm_ups_spread_their_facts_and_leave_other_rows_alone(self):
