@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import concurrent.futures
 import csv
+import io
 import math
 import os
 import sys
@@ -99,11 +100,11 @@ def measured(path: str) -> set:
         return set()
     with open(path, "rb+") as f:
         data = f.read()
-        if data and not data.endswith(b"\n"):
-            f.truncate(data.rfind(b"\n") + 1)
-    with open(path, newline="") as f:
-        return {_row_key(r["task"], r["length"], r["page_size"], r["layout"], r["prompt"],
-                         r["policy"], r["ratio"]) for r in csv.DictReader(f)}
+        data = data[:data.rfind(b"\n") + 1]
+        f.truncate(len(data))
+    return {_row_key(r["task"], r["length"], r["page_size"], r["layout"], r["prompt"],
+                     r["policy"], r["ratio"])
+            for r in csv.DictReader(io.StringIO(data.decode(), newline=""))}
 
 
 def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str,
