@@ -40,7 +40,8 @@ class MemoryArena {
 // Where a host arena's shared memory comes from. The default (everything empty) makes a new
 // object named after the pool and unlinks it when the arena goes.
 struct HostArenaSource {
-  // The exact shared-memory name ("/entrokv...."); empty: "/entrokv.<hint>.<pid>.<n>".
+  // The exact shared-memory name ("/entrokv...."); empty: "/entrokv.<hint>.<pid>.<n>", the
+  // next free n when one is already taken.
   std::string name;
   // Map the existing object `name` (crash recovery re-attaches the frames' bytes) instead of
   // creating it.

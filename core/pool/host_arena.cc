@@ -21,6 +21,8 @@ namespace {
 
 std::string ErrnoText(int error) { return std::strerror(error); }
 
+constexpr int kGeneratedNameAttempts = 64;
+
 // Shared-memory names allow one leading slash and no other; keep a readable, safe subset.
 std::string ShmName(absl::string_view hint) {
   static std::atomic<int64_t> counter{0};
@@ -105,8 +107,17 @@ absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(absl::string_view n
     return absl::InvalidArgumentError(absl::StrCat("arena bytes must be positive, got ", bytes));
   }
   if (source.attach) return AttachHostArena(source.name, bytes, source.keep_name);
-  const std::string shm_name = source.name.empty() ? ShmName(name) : source.name;
-  const int fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+  // A generated name can be taken: left by a process that died with this pid, or held by one
+  // with the same pid in another pid namespace sharing /dev/shm. Take the next one, as mkstemp
+  // does; an exact name the caller chose is never replaced.
+  const int attempts = source.name.empty() ? kGeneratedNameAttempts : 1;
+  std::string shm_name;
+  int fd = -1;
+  for (int attempt = 0; attempt < attempts && fd < 0; ++attempt) {
+    shm_name = source.name.empty() ? ShmName(name) : source.name;
+    fd = shm_open(shm_name.c_str(), O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd < 0 && errno != EEXIST) break;
+  }
   if (fd < 0) {
     const int error = errno;
     const std::string message =

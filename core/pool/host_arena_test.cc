@@ -1,11 +1,18 @@
-// The host backend across processes: a forked child maps the arena by name and by fd, reads
-// what the parent wrote, and writes back bytes the parent then sees.
+// The host backend: a forked child maps the arena by name and by fd, reads what the parent
+// wrote, and writes back bytes the parent then sees; generated names never collide.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
 #include "core/pool/arena.h"
 #include "core/pool/cache_state.h"
 #include "core/testing/status_matchers.h"
@@ -108,6 +115,44 @@ TEST(HostArenaTest, NameIsGoneAfterTheArena) {
   }
   EXPECT_THAT(HostArenaMapping::OpenByName(name),
               StatusIs(absl::StatusCode::kNotFound, HasSubstr(name)));
+}
+
+// What a crashed process with this pid (or a process with the same pid in another pid
+// namespace) leaves under the names the arena would generate next.
+TEST(HostArenaTest, TakenGeneratedNamesAreSkippedAndLeftAlone) {
+  std::string first;
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("taken", 4096));
+    first = arena->info().name;
+  }
+  const size_t dot = first.rfind('.');
+  const std::string prefix = first.substr(0, dot + 1);
+  const int64_t n = std::stoll(first.substr(dot + 1));
+  std::vector<std::string> squatted;
+  const absl::Cleanup unlink_squatters = [&] {
+    for (const std::string& name : squatted) shm_unlink(name.c_str());
+  };
+  for (int64_t i = n + 1; i <= n + 2; ++i) {
+    squatted.push_back(absl::StrCat(prefix, i));
+    const int fd = shm_open(squatted.back().c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << squatted.back();
+    close(fd);
+  }
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("taken", 4096));
+    EXPECT_EQ(arena->info().name, absl::StrCat(prefix, n + 3));
+    // An exact name is the caller's choice: taken, it is an error, not a different name.
+    EXPECT_THAT(CreateHostArena("taken", 4096, {.name = squatted[0]}),
+                StatusIs(absl::StatusCode::kAlreadyExists, HasSubstr(squatted[0])));
+  }
+  for (const std::string& name : squatted) {
+    struct stat st {};
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    ASSERT_GE(fd, 0) << name << " was removed";
+    EXPECT_EQ(fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, 0) << name << " was written";
+    close(fd);
+  }
 }
 
 TEST(HostArenaTest, RejectsBadInput) {
