@@ -193,6 +193,26 @@ class NumpyModelTest(unittest.TestCase):
             expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
         np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
 
+    def test_a_grown_model_computes_what_the_shallower_one_did(self):
+        import torch
+        torch.manual_seed(0)
+        shallow = train.Transformer(numpy_model.Config()).eval()
+        deep = train.Transformer(numpy_model.Config(layers=6)).eval()
+        train.grow(deep, shallow.state_dict())
+        prompt = tasks.make_example("multi_value", 200, 4).prompt
+        tokens = torch.from_numpy(prompt[None].astype(np.int64))
+        with torch.no_grad():
+            np.testing.assert_allclose(deep(tokens).numpy(), shallow(tokens).numpy(),
+                                       rtol=1e-5, atol=1e-5)
+        # Layers 0, 1, 2, 3 became 0, 2, 3, 5; the new ones (1, 4) train from identities.
+        for new, old in ((0, 0), (2, 1), (3, 2), (5, 3)):
+            self.assertTrue(torch.equal(deep.layers[new].wq.weight, shallow.layers[old].wq.weight))
+        for new in (1, 4):
+            self.assertEqual(float(deep.layers[new].wo.weight.abs().sum()), 0.0)
+            self.assertGreater(float(deep.layers[new].wq.weight.abs().sum()), 0.0)
+        with self.assertRaisesRegex(ValueError, "--layers must be more"):
+            train.grow(train.Transformer(numpy_model.Config()), shallow.state_dict())
+
 
 @unittest.skipIf(train is None, "PyTorch is not installed")
 class WarmUpTest(unittest.TestCase):

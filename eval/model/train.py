@@ -9,9 +9,10 @@ decay. Warm-up tasks with a loss on many tokens per example teach the circuits r
 with spread rotary positions (spread_positions) show the model long needle-to-question
 distances at the cost of short prompts. Every example comes from tasks.make_example (or a
 warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
-stopped at a checkpoint resumes where it stopped (--resume). The weights are exported to .npz
-for numpy_model (no PyTorch at inference) and checked against this module's logits before the
-file is written.
+stopped at a checkpoint resumes where it stopped (--resume); a run may also start from a
+shallower run's checkpoint, deeper (--grow-from, --layers; grow). The weights are exported to
+.npz for numpy_model (no PyTorch at inference) and checked against this module's logits before
+the file is written.
 """
 from __future__ import annotations
 
@@ -322,6 +323,32 @@ def accuracy(plain, task, length, count, seed):
     return correct / count
 
 
+def grow(model, old_state):
+    """Loads a shallower model's weights (`old_state`) into `model`. The old layers keep their
+    order, spread evenly over the new depth; each new layer starts as the identity (its
+    attention and MLP output projections zero, so it adds nothing to the residual), so the grown
+    model computes exactly what the old one did and training continues from there."""
+    old_layers = 1 + max(int(name.split(".")[1])
+                         for name in old_state if name.startswith("layers."))
+    new_layers = model.c.layers
+    if not 1 < old_layers < new_layers:
+        raise ValueError(f"--grow-from has {old_layers} layers; --layers must be more, "
+                         f"got {new_layers}")
+    place = {i: round(i * (new_layers - 1) / (old_layers - 1)) for i in range(old_layers)}
+    state = {}
+    for name, value in old_state.items():
+        if name.startswith("layers."):
+            _, i, rest = name.split(".", 2)
+            name = f"layers.{place[int(i)]}.{rest}"
+        state[name] = value
+    with torch.no_grad():
+        for j in set(range(new_layers)) - set(place.values()):
+            model.layers[j].wo.weight.zero_()
+            model.layers[j].w2.weight.zero_()
+            state.update({f"layers.{j}.{k}": v for k, v in model.layers[j].state_dict().items()})
+    model.load_state_dict(state)
+
+
 def numpy_weights(model):
     """The weights as float32 numpy arrays: what export writes and numpy_model runs."""
     return {name: p.detach().cpu().numpy().astype(np.float32)
@@ -354,14 +381,21 @@ def main():
                                          "stopped run loses at most --eval-every steps")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--layers", type=int, default=numpy_model.Config.layers)
+    ap.add_argument("--grow-from", help="a --checkpoint file of a shallower run: start from its "
+                                        "weights, new layers as identities (grow)")
     args = ap.parse_args()
+    if args.grow_from and args.resume:
+        ap.error("--grow-from starts a run; --resume continues one (its checkpoint is grown)")
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = numpy_model.Config()
+    config = numpy_model.Config(layers=args.layers)
     model = Transformer(config).to(device)
+    if args.grow_from:
+        grow(model, torch.load(args.grow_from)["model"])
     stages = []
     for stage in args.curriculum.split(","):
         fields = stage.split(":")
