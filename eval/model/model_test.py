@@ -213,6 +213,22 @@ class NumpyModelTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--layers must be more"):
             train.grow(train.Transformer(numpy_model.Config()), shallow.state_dict())
 
+    def test_exported_weights_are_read_back_as_the_checkpoint_holds_them(self):
+        import torch
+        torch.manual_seed(1)
+        net = train.Transformer(numpy_model.Config())
+        with tempfile.TemporaryDirectory() as tmp:
+            exported = os.path.join(tmp, "w.npz")
+            checkpoint = os.path.join(tmp, "ckpt.pt")
+            train.export(net, numpy_model.Config(), exported)
+            torch.save({"model": net.state_dict()}, checkpoint)
+            from_npz = train.saved_weights(exported)
+            from_checkpoint = train.saved_weights(checkpoint)
+        self.assertEqual(sorted(from_npz), sorted(net.state_dict()))
+        for name, value in net.state_dict().items():
+            self.assertTrue(torch.equal(from_npz[name], value), name)
+            self.assertTrue(torch.equal(from_checkpoint[name], value), name)
+
 
 @unittest.skipIf(train is None, "PyTorch is not installed")
 class WarmUpTest(unittest.TestCase):

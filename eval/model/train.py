@@ -10,7 +10,8 @@ with spread rotary positions (spread_positions) show the model long needle-to-qu
 distances at the cost of short prompts. Every example comes from tasks.make_example (or a
 warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
 stopped at a checkpoint resumes where it stopped (--resume); a run may also start from a
-shallower run's checkpoint, deeper (--grow-from, --layers; grow). The weights are exported to
+shallower model's checkpoint or exported weights, deeper (--grow-from, --layers; grow). The
+weights are exported to
 .npz for numpy_model (no PyTorch at inference) and checked against this module's logits before
 the file is written.
 """
@@ -349,6 +350,15 @@ def grow(model, old_state):
     model.load_state_dict(state)
 
 
+def saved_weights(path):
+    """A model's weights by name, from a --checkpoint file or from weights exported to .npz
+    (numpy_weights' names are the state dict's)."""
+    if path.endswith(".npz"):
+        with np.load(path) as data:
+            return {k: torch.from_numpy(data[k]) for k in data.files if k != "config_json"}
+    return torch.load(path)["model"]
+
+
 def numpy_weights(model):
     """The weights as float32 numpy arrays: what export writes and numpy_model runs."""
     return {name: p.detach().cpu().numpy().astype(np.float32)
@@ -382,8 +392,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--layers", type=int, default=numpy_model.Config.layers)
-    ap.add_argument("--grow-from", help="a --checkpoint file of a shallower run: start from its "
-                                        "weights, new layers as identities (grow)")
+    ap.add_argument("--grow-from", help="a shallower model's --checkpoint file or exported .npz "
+                                        "weights (the committed ones): start from its weights, "
+                                        "new layers as identities (grow)")
     args = ap.parse_args()
     if args.grow_from and args.resume:
         ap.error("--grow-from starts a run; --resume continues one (its checkpoint is grown)")
@@ -395,7 +406,7 @@ def main():
     config = numpy_model.Config(layers=args.layers)
     model = Transformer(config).to(device)
     if args.grow_from:
-        grow(model, torch.load(args.grow_from)["model"])
+        grow(model, saved_weights(args.grow_from))
     stages = []
     for stage in args.curriculum.split(","):
         fields = stage.split(":")
