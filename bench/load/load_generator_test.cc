@@ -1,12 +1,15 @@
 // The load generator against a real entrokvd subprocess (RELIABILITY R17): a few seconds of
 // load with bad requests mixed in give zero wrong answers, crashes and leaked frames; and a
-// daemon killed under load is reported as a crash, not as a clean run.
+// daemon killed under load is reported as a crash, not as a clean run, and the next daemon
+// removes the host arenas the killed one left in /dev/shm.
 #include "bench/load/load_generator.h"
 
 #include <signal.h>
 
+#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "gtest/gtest.h"
 #include "tests/service/test_support.h"
@@ -36,6 +39,23 @@ LoadOptions OptionsFor(const DaemonProcess& daemon) {
   return options;
 }
 
+// The shared-memory objects named after the daemon process `pid` (its arenas and lock object:
+// "/entrokv.e<pid>-<start>...", service/arena_names.h).
+std::vector<std::string> ObjectsOfDaemon(pid_t pid) {
+  const std::string prefix = "entrokv.e" + std::to_string(pid) + "-";
+  std::vector<std::string> names;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    const std::string name = entry.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  return names;
+}
+
+void StopGracefully(DaemonProcess& daemon) {
+  daemon.Signal(SIGTERM);
+  EXPECT_EQ(daemon.WaitExit(30000), 0) << daemon.Stderr();
+}
+
 TEST(LoadGeneratorTest, AShortLoadWithBadRequestsGetsOnlyRightAnswers) {
   std::unique_ptr<DaemonProcess> daemon = StartDaemon();
   ASSERT_NE(daemon, nullptr);
@@ -54,6 +74,8 @@ TEST(LoadGeneratorTest, AShortLoadWithBadRequestsGetsOnlyRightAnswers) {
   EXPECT_GT(report->checked, report->requests / 2) << table;
   EXPECT_GE(report->bad_cases.size(), 12u) << table;
   EXPECT_GT(report->rss_end_kb, 0) << table;
+  StopGracefully(*daemon);
+  EXPECT_TRUE(ObjectsOfDaemon(daemon->pid()).empty());
 }
 
 TEST(LoadGeneratorTest, ADaemonKilledUnderLoadIsACrash) {
@@ -73,6 +95,15 @@ TEST(LoadGeneratorTest, ADaemonKilledUnderLoadIsACrash) {
   ASSERT_TRUE(killed) << FormatTable(*report);
   EXPECT_EQ(report->crashes, 1) << FormatTable(*report);
   EXPECT_LT(report->seconds, 30) << "the run did not stop when the daemon died";
+
+  // A killed daemon cannot remove its arenas; the next one to start does (its lock is free).
+  const pid_t dead = daemon->pid();
+  ASSERT_EQ(daemon->WaitExit(10000), -1);  // died by the signal
+  ASSERT_FALSE(ObjectsOfDaemon(dead).empty()) << "the killed daemon had made no arena";
+  std::unique_ptr<DaemonProcess> next = StartDaemon();
+  ASSERT_NE(next, nullptr);
+  EXPECT_TRUE(ObjectsOfDaemon(dead).empty());
+  StopGracefully(*next);
 }
 
 }  // namespace
