@@ -213,6 +213,23 @@ class NumpyModelTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--layers must be more"):
             train.grow(train.Transformer(numpy_model.Config()), shallow.state_dict())
 
+    def test_a_run_starts_from_weights_as_they_are_or_grown(self):
+        import torch
+        torch.manual_seed(2)
+        source = train.Transformer(numpy_model.Config()).eval()
+        same = train.Transformer(numpy_model.Config()).eval()
+        deeper = train.Transformer(numpy_model.Config(layers=5)).eval()
+        train.start_from(same, source.state_dict())
+        train.start_from(deeper, source.state_dict())
+        prompt = tasks.make_example("multi_key", 150, 5).prompt
+        tokens = torch.from_numpy(prompt[None].astype(np.int64))
+        with torch.no_grad():
+            expected = source(tokens).numpy()
+            np.testing.assert_array_equal(same(tokens).numpy(), expected)
+            np.testing.assert_allclose(deeper(tokens).numpy(), expected, rtol=1e-5, atol=1e-5)
+        with self.assertRaisesRegex(ValueError, "--layers must be more"):
+            train.start_from(train.Transformer(numpy_model.Config(layers=3)), source.state_dict())
+
     def test_exported_weights_are_read_back_as_the_checkpoint_holds_them(self):
         import torch
         torch.manual_seed(1)

@@ -9,9 +9,9 @@ decay. Warm-up tasks with a loss on many tokens per example teach the circuits r
 with spread rotary positions (spread_positions) show the model long needle-to-question
 distances at the cost of short prompts. Every example comes from tasks.make_example (or a
 warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
-stopped at a checkpoint resumes where it stopped (--resume); a run may also start from a
-shallower model's checkpoint or exported weights, deeper (--grow-from, --layers; grow). The
-weights are exported to .npz for numpy_model (no PyTorch at inference) and checked against this
+stopped at a checkpoint resumes where it stopped (--resume); a new run may start from a
+model's checkpoint or exported weights (--start-from), a shallower one grown to --layers (grow).
+The weights are exported to .npz for numpy_model (no PyTorch at inference) and checked against this
 module's logits before the file is written.
 """
 from __future__ import annotations
@@ -323,16 +323,19 @@ def accuracy(plain, task, length, count, seed):
     return correct / count
 
 
+def layer_count(state):
+    return 1 + max(int(name.split(".")[1]) for name in state if name.startswith("layers."))
+
+
 def grow(model, old_state):
     """Loads a shallower model's weights (`old_state`) into `model`. The old layers keep their
     order, spread evenly over the new depth; each new layer starts as the identity (its
     attention and MLP output projections zero, so it adds nothing to the residual), so the grown
     model computes exactly what the old one did and training continues from there."""
-    old_layers = 1 + max(int(name.split(".")[1])
-                         for name in old_state if name.startswith("layers."))
+    old_layers = layer_count(old_state)
     new_layers = model.c.layers
     if not 1 < old_layers < new_layers:
-        raise ValueError(f"--grow-from has {old_layers} layers; --layers must be more, "
+        raise ValueError(f"--start-from has {old_layers} layers; --layers must be more, "
                          f"got {new_layers}")
     place = {i: round(i * (new_layers - 1) / (old_layers - 1)) for i in range(old_layers)}
     state = {}
@@ -347,6 +350,15 @@ def grow(model, old_state):
             model.layers[j].w2.weight.zero_()
             state.update({f"layers.{j}.{k}": v for k, v in model.layers[j].state_dict().items()})
     model.load_state_dict(state)
+
+
+def start_from(model, state):
+    """Loads a model's weights (`state`) into `model`: as they are at the same depth, grown
+    (grow) from a shallower model. A deeper model is refused."""
+    if layer_count(state) == model.c.layers:
+        model.load_state_dict(state)
+    else:
+        grow(model, state)
 
 
 def saved_weights(path):
@@ -391,12 +403,13 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--layers", type=int, default=numpy_model.Config.layers)
-    ap.add_argument("--grow-from", help="a shallower model's --checkpoint file or exported .npz "
-                                        "weights (the committed ones): start from its weights, "
-                                        "new layers as identities (grow)")
+    ap.add_argument("--start-from", help="a model's --checkpoint file or exported .npz weights "
+                                         "(the committed ones): a new run (fresh optimizer and "
+                                         "schedule) from its weights; a shallower model is grown "
+                                         "to --layers, new layers as identities (grow)")
     args = ap.parse_args()
-    if args.grow_from and args.resume:
-        ap.error("--grow-from starts a run; --resume continues one (its checkpoint is grown)")
+    if args.start_from and args.resume:
+        ap.error("--start-from starts a new run; --resume continues one")
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -404,8 +417,8 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     config = numpy_model.Config(layers=args.layers)
     model = Transformer(config).to(device)
-    if args.grow_from:
-        grow(model, saved_weights(args.grow_from))
+    if args.start_from:
+        start_from(model, saved_weights(args.start_from))
     stages = []
     for stage in args.curriculum.split(","):
         fields = stage.split(":")
