@@ -11,8 +11,8 @@ distances at the cost of short prompts. Every example comes from tasks.make_exam
 warm-up) with a seed derived from (--seed, step, i), so a run is reproducible, and a run
 stopped at a checkpoint resumes where it stopped (--resume); a new run may start from a
 model's checkpoint or exported weights (--start-from), a shallower one grown to --layers (grow).
-The weights are exported to .npz for numpy_model (no PyTorch at inference) and checked against this
-module's logits before the file is written.
+The weights are exported to .npz for numpy_model (no PyTorch at inference) and checked against
+this module's logits before the file is written.
 """
 from __future__ import annotations
 
