@@ -118,6 +118,10 @@ int64_t Worker::Uniform(int64_t lo, int64_t hi) {
 std::string Worker::NewSequenceId() { return absl::StrCat(tag_, "-s", next_id_++); }
 
 void Worker::Run() {
+  // A first connection attempt that fails (a loaded machine) leaves the channel failing every
+  // call fast until gRPC's reconnect backoff ends: a short run would count a whole worker as
+  // unavailable. So connect before the load; a failure after this counts.
+  channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10));
   OpenDeep();
   while (!context_->stop.load() && !context_->daemon_dead.load()) {
     ++step_;
