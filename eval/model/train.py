@@ -365,8 +365,7 @@ def saved_weights(path):
     """A model's weights by name, from a --checkpoint file or from weights exported to .npz
     (numpy_weights' names are the state dict's)."""
     if path.endswith(".npz"):
-        with np.load(path) as data:
-            return {k: torch.from_numpy(data[k]) for k in data.files if k != "config_json"}
+        return {k: torch.from_numpy(v) for k, v in numpy_model.Model.load(path).w.items()}
     return torch.load(path)["model"]
 
 
