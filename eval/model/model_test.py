@@ -193,6 +193,22 @@ class NumpyModelTest(unittest.TestCase):
             expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
         np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
 
+    @unittest.skipIf(train is None, "PyTorch is not installed")
+    def test_logits_from_a_row_equal_the_full_forward_there(self):
+        # Training asks for the rows its loss reads; 700 tokens span three query chunks, and
+        # row 300 starts the last layer's queries inside the second.
+        import torch
+        torch.manual_seed(0)
+        net = train.Transformer(numpy_model.Config()).eval()
+        prompt = tasks.make_example("multi_value", 700, 5).prompt
+        tokens = torch.from_numpy(prompt[None].astype(np.int64))
+        with torch.no_grad():
+            full = net(tokens)[0].numpy()
+            tail = net(tokens, first_row=300)[0].numpy()
+        self.assertGreater(700, 2 * train.QUERY_CHUNK)
+        self.assertEqual(tail.shape, (400, net.c.vocab))
+        np.testing.assert_allclose(tail, full[300:], rtol=1e-5, atol=1e-5)
+
     def test_a_grown_model_computes_what_the_shallower_one_did(self):
         import torch
         torch.manual_seed(0)
