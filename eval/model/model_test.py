@@ -165,18 +165,31 @@ class NumpyModelTest(unittest.TestCase):
     def test_dropped_positions_are_not_attended(self):
         model = random_model()
         tokens = tasks.make_example("multi_key", 64, 4).prompt
-        kv = numpy_model.DenseKV(model.config)
-        model.step(tokens, np.arange(64), kv)
-        for layer in range(model.config.layers):
-            for group in range(model.config.kv_heads):
-                kv.drop(layer, group, range(10, 30))
+        clean, poisoned = numpy_model.DenseKV(model.config), numpy_model.DenseKV(model.config)
+        for kv in (clean, poisoned):
+            model.step(tokens, np.arange(64), kv)
+            for layer in range(model.config.layers):
+                for group in range(model.config.kv_heads):
+                    kv.drop(layer, group, range(10, 30))
         # Poisoning the dropped entries changes nothing: they are never read.
-        before = model.step(np.array([5]), np.array([64]), kv)
         for layer in range(model.config.layers):
-            for p in range(10, 30):
-                kv.k[layer][p] = kv.k[layer][p] * 0 + 1e6
-        kv2_logits = model.step(np.array([5]), np.array([64]), kv)
-        np.testing.assert_array_equal(before, kv2_logits)
+            poisoned.k[layer][:, 10:30] = 1e6  # positions 10..29 (cached in position order)
+        expected = model.step(np.array([5]), np.array([64]), clean)
+        np.testing.assert_array_equal(model.step(np.array([5]), np.array([64]), poisoned), expected)
+        # Without the drop the poison is read: the check above can fail.
+        undropped = numpy_model.DenseKV(model.config)
+        model.step(tokens, np.arange(64), undropped)
+        for layer in range(model.config.layers):
+            undropped.k[layer][:, 10:30] = 1e6
+        self.assertFalse(np.allclose(model.step(np.array([5]), np.array([64]), undropped),
+                                     expected))
+
+    def test_dense_cache_takes_positions_in_order(self):
+        model = random_model()
+        kv = numpy_model.DenseKV(model.config)
+        model.step(np.array([3, 4, 5]), np.arange(3), kv)
+        with self.assertRaisesRegex(ValueError, "ascend after the cached"):
+            model.step(np.array([6]), np.array([2]), kv)
 
     @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_numpy_matches_pytorch(self):

@@ -67,35 +67,41 @@ def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
 
 
 class DenseKV:
-    """Every position of every (layer, group), in memory: the model with no eviction."""
+    """Every position of every (layer, group), in memory: the model with no eviction.
+
+    Per layer, arrays in position order (tokens arrive ascending, after everything cached), so a
+    decode step's read is a few array slices, not a walk over every cached position.
+    """
 
     def __init__(self, config: Config):
         self.config = config
-        self.k: List[Dict[int, np.ndarray]] = [dict() for _ in range(config.layers)]
-        self.v: List[Dict[int, np.ndarray]] = [dict() for _ in range(config.layers)]
-        # Positions dropped per (layer, group): a set of logical positions.
-        self.dropped: List[List[set]] = [[set() for _ in range(config.kv_heads)]
-                                         for _ in range(config.layers)]
+        c = config
+        self.positions = [np.zeros(0, np.int64) for _ in range(c.layers)]
+        self.k = [np.zeros((c.kv_heads, 0, c.head_dim), np.float32) for _ in range(c.layers)]
+        self.v = [np.zeros((c.kv_heads, 0, c.head_dim), np.float32) for _ in range(c.layers)]
+        self.kept = [np.zeros((c.kv_heads, 0), bool) for _ in range(c.layers)]  # not dropped
 
     def write(self, layer: int, positions: np.ndarray, k: np.ndarray, v: np.ndarray) -> None:
-        for i, p in enumerate(positions):
-            self.k[layer][int(p)] = k[:, i, :]
-            self.v[layer][int(p)] = v[:, i, :]
+        """k, v: [kv_heads, n, head_dim] of `positions`, ascending and after every cached one."""
+        positions = np.asarray(positions, np.int64)
+        cached = self.positions[layer]
+        if len(positions) and ((len(cached) and positions[0] <= cached[-1])
+                               or np.any(np.diff(positions) <= 0)):
+            raise ValueError(f"layer {layer}: positions must ascend after the cached ones")
+        self.positions[layer] = np.concatenate([cached, positions])
+        self.k[layer] = np.concatenate([self.k[layer], k], axis=1)
+        self.v[layer] = np.concatenate([self.v[layer], v], axis=1)
+        self.kept[layer] = np.concatenate(
+            [self.kept[layer], np.ones((self.config.kv_heads, len(positions)), bool)], axis=1)
 
     def drop(self, layer: int, group: int, positions: Sequence[int]) -> None:
-        self.dropped[layer][group].update(int(p) for p in positions)
+        self.kept[layer][group] &= ~np.isin(self.positions[layer], np.asarray(positions))
 
     def read(self, layer: int):
-        ks, vs, ps = [], [], []
-        for g in range(self.config.kv_heads):
-            pos = np.array(sorted(p for p in self.k[layer] if p not in self.dropped[layer][g]),
-                           dtype=np.int64)
-            ks.append(np.stack([self.k[layer][p][g] for p in pos]) if len(pos) else
-                      np.zeros((0, self.config.head_dim), np.float32))
-            vs.append(np.stack([self.v[layer][p][g] for p in pos]) if len(pos) else
-                      np.zeros((0, self.config.head_dim), np.float32))
-            ps.append(pos)
-        return ks, vs, ps
+        kept = self.kept[layer]
+        return ([self.k[layer][g][kept[g]] for g in range(self.config.kv_heads)],
+                [self.v[layer][g][kept[g]] for g in range(self.config.kv_heads)],
+                [self.positions[layer][kept[g]] for g in range(self.config.kv_heads)])
 
 
 class Model:
