@@ -341,8 +341,8 @@ class WarmUpTest(unittest.TestCase):
                 np.testing.assert_array_equal(p[i], p_near[i])
 
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):
-        for seed in range(40):
-            text = train.values_example(seed)[0].tolist()
+        for seed, twins in [(seed, twins) for seed in range(40) for twins in (False, True)]:
+            text = train.values_example(seed, twins)[0].tolist()
             first_q = text.index(tasks.Q)
             for q in [i for i, t in enumerate(text) if t == tasks.Q]:
                 key = text[q + 2]
@@ -355,6 +355,26 @@ class WarmUpTest(unittest.TestCase):
                 for n, v in enumerate(stated):
                     expected += v + ([tasks.COMMA] if n + 1 < len(stated) else [])
                 self.assertEqual(answer, expected)
+
+    def test_twin_values_share_leading_digits_with_an_earlier_value_of_their_key(self):
+        shared_lengths = set()
+        for seed in range(40):
+            text = train.values_example(seed, twins=True)[0].tolist()
+            stated = {}  # key -> its values, in prompt order
+            for i in range(text.index(tasks.Q)):
+                if text[i] == tasks.KEY:
+                    stated.setdefault(text[i + 1], []).append(text[i + 2:text.index(tasks.SEP, i)])
+            for values in stated.values():
+                self.assertEqual(len({tuple(v) for v in values}), len(values))  # distinct
+                self.assertTrue(all(len(v) in (2, 3) for v in values), values)
+            # Values are stated shuffled, so check each key's values as a set: a key with two
+            # or more has a pair sharing at least its first digit.
+            for values in (v for v in stated.values() if len(v) > 1):
+                prefixes = [max(n for n in range(len(a)) if a[:n] == b[:n])
+                            for a in values for b in values if a is not b]
+                self.assertGreaterEqual(max(prefixes), 1, values)
+                shared_lengths.update(p for p in prefixes if p)
+        self.assertEqual(shared_lengths, {1, 2})  # one digit, and all but the last of three
 
 
 if __name__ == "__main__":

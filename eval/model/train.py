@@ -200,7 +200,7 @@ def recall_example(seed, wide=False):
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
-def values_example(seed):
+def values_example(seed, twins=False):
     """A warm-up task (`values`): multi-value facts, dense. Several keys, most with two to four
     values of the same width, stated `key k <digits> .` in a shuffled order; then every key
     asked, `Q: key k <value> , <value> , ... </s>` with the values in prompt order; loss on
@@ -209,13 +209,25 @@ def values_example(seed):
     After a value, the answer needs the key's next value in the prompt: a step one induction
     head cannot take (every `key k` matches). One multi-value prompt gives two such targets;
     this gives a dozen.
+
+    `twins` (`twin_values`): values of two or three digits, each after a key's first starting
+    with the digits of an earlier one of the key (one digit or all but the last). Copying such
+    a value digit by digit needs where the copy started, not only the last digit copied: the
+    multi-value prompts the model misses are mostly of this kind.
     """
-    rng = np.random.Generator(np.random.PCG64([97, seed]))
+    rng = np.random.Generator(np.random.PCG64([95 if twins else 97, seed]))
     count = int(rng.integers(2, 6))
-    width = int(rng.integers(1, 4))
+    width = int(rng.integers(2, 4)) if twins else int(rng.integers(1, 4))
     keys = tasks.LETTER0 + rng.choice(26, size=count, replace=False)
     values = [rng.integers(tasks.DIGIT0, tasks.DIGIT0 + 10, size=(int(rng.integers(1, 5)), width))
               for _ in range(count)]
+    for key_values in values if twins else []:
+        for j in range(1, len(key_values)):
+            shared = int(rng.integers(1, width))
+            key_values[j, :shared] = key_values[rng.integers(j), :shared]
+            while any(np.array_equal(key_values[j], key_values[k]) for k in range(j)):
+                key_values[j, shared:] = rng.integers(tasks.DIGIT0, tasks.DIGIT0 + 10,
+                                                      size=width - shared)
     facts = [(i, j) for i in range(count) for j in range(len(values[i]))]
     order = rng.permutation(len(facts))
     seq, said = [tasks.BOS], [[] for _ in range(count)]
@@ -273,10 +285,12 @@ def chains_example(seed):
 WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed),
             "wide_recall": lambda length, seed: recall_example(seed, wide=True),
             "values": lambda length, seed: values_example(seed),
+            "twin_values": lambda length, seed: values_example(seed, twins=True),
             "chains": lambda length, seed: chains_example(seed)}
 # `far_<name>`: the warm-up with its facts' rotary positions spread over the stage's span, so the
 # steps between facts (a key's next value, a chain's next name) are taken at long distances.
-FAR_WARM_UPS = {"far_" + name: name for name in ("recall", "wide_recall", "values", "chains")}
+FAR_WARM_UPS = {"far_" + name: name
+                for name in ("recall", "wide_recall", "values", "twin_values", "chains")}
 
 
 def spread_positions(prompt, total, span, rng):
@@ -413,7 +427,7 @@ def main():
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
                          "to all four ('all', which a mix may also name), 'pieces', 'recall', "
-                         "'wide_recall', 'values' and 'chains' are warm-up tasks "
+                         "'wide_recall', 'values', 'twin_values' and 'chains' are warm-up tasks "
                          "(far_<warm-up>: spread over the span); span > length spreads rotary "
                          "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
