@@ -148,16 +148,19 @@ class Model:
             sums = {w: np.zeros((c.group_size, len(cached[g])), np.float64) for w in windows}
             # Blocks of query rows: every row's softmax is its own, and a [r, block, T_g] score
             # block stays in cache (three times faster than one [r, n, T_g] array at n = 2K).
+            # Both caches read in position order, so a block sees a prefix of the cache: the
+            # keys after its last query (probability 0) are never scored.
             for a in range(0, n, QUERY_BLOCK):
                 b = min(n, a + QUERY_BLOCK)
-                scores = (q[heads, a:b] @ keys[g].T) * scale  # [r, b - a, T_g]
-                scores[:, cached[g][None, :] > positions[a:b, None]] = -np.inf  # causal
+                seen = int(np.searchsorted(cached[g], positions[b - 1], side="right"))
+                scores = (q[heads, a:b] @ keys[g][:seen].T) * scale  # [r, b - a, seen]
+                scores[:, cached[g][None, :seen] > positions[a:b, None]] = -np.inf  # causal
                 probs = softmax(scores, axis=-1)
-                out[heads, a:b] = probs @ values[g]
+                out[heads, a:b] = probs @ values[g][:seen]
                 for w in windows:  # the rows of the last w queries that fall in this block
                     first = max(a, n - w)
                     if first < b:
-                        sums[w] += probs[:, first - a:, :].sum(axis=1)
+                        sums[w][:, :seen] += probs[:, first - a:, :].sum(axis=1)
             for w in windows:
                 stats[w][g] = (sums[w] / min(w, n)).astype(np.float32)
         out = out.transpose(1, 0, 2).reshape(n, c.query_heads * c.head_dim)
