@@ -292,6 +292,18 @@ class WarmUpTest(unittest.TestCase):
                 np.testing.assert_array_equal(targets[taught], seq[taught + 1], name)
                 self.assertEqual(targets[-1], -100, name)
 
+    def test_digit_pieces_teach_only_tokens_after_a_pieces_third(self):
+        for seed in range(40):
+            seq, targets = train.pieces_example(128, seed, digits=True)
+            body = seq[1:64]
+            self.assertTrue(np.all((body >= tasks.DIGIT0) & (body < tasks.DIGIT0 + 10)))
+            self.assertTrue(np.all(targets[:64] == -100))  # the string itself is not taught
+            # Between taught runs, the untaught ones are a piece boundary: a piece's last token
+            # (the next piece's first is a free choice) and the next piece's first two.
+            taught = np.append(targets[63:] != -100, False)
+            untaught_runs = np.diff(np.flatnonzero(np.diff(taught.astype(int)) != 0))[1::2]
+            self.assertTrue(set(untaught_runs.tolist()) <= {3}, untaught_runs)
+
     def test_chains_answer_every_name_holding_the_value(self):
         for seed in range(40):
             text = train.chains_example(seed)[0].tolist()

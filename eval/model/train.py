@@ -135,7 +135,7 @@ class Transformer(nn.Module):
         return self.output(self.norm(x))
 
 
-def pieces_example(length, seed):
+def pieces_example(length, seed, digits=False):
     """A warm-up task (`pieces`): BOS, a random string, then pieces of it (4-11 tokens each)
     copied from random places; loss on every copied token after a piece's first.
 
@@ -143,17 +143,26 @@ def pieces_example(length, seed):
     followed it (induction heads). Pieces from random places force the match on content; the
     string repeated once (the earlier warm-up) can be copied by a head that looks a fixed
     distance back, which does not help retrieval.
+
+    `digits` (`digit_pieces`): a string of digits only, pieces of 6-14, loss from a piece's
+    fourth token on. Every digit occurs many times, so the last token copied does not say where
+    the copy is: the model must find the source from the piece's first tokens and then follow
+    it, the copying that a value sharing digits with another needs.
     """
-    rng = np.random.Generator(np.random.PCG64([99, length, seed]))
+    rng = np.random.Generator(np.random.PCG64([98 if digits else 99, length, seed]))
     half = (length - 1) // 2
-    body = rng.integers(tasks.DIGIT0, tasks.VOCAB - 1, size=half)
+    top = tasks.DIGIT0 + 10 if digits else tasks.VOCAB - 1
+    known, shortest, longest = (3, 6, 15) if digits else (1, 4, 12)
+    body = rng.integers(tasks.DIGIT0, top, size=half)
     seq, tgt = [tasks.BOS] + [int(t) for t in body], [-100] * (half + 1)
     while len(seq) < length:
         start = int(rng.integers(0, half - 4))
-        piece = [int(t) for t in body[start:start + int(rng.integers(4, 12))]][:length - len(seq)]
+        piece = [int(t) for t in body[start:start + int(rng.integers(shortest, longest))]]
+        piece = piece[:length - len(seq)]
         tgt[-1] = -100  # the piece's first token is a free choice, not predictable
         seq += piece
-        tgt += piece[1:] + [-100]
+        tgt += [-100] * min(known - 1, len(piece)) + piece[known:] + [-100]
+        tgt = tgt[:len(seq)]
     return np.asarray(seq, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
 
 
@@ -282,7 +291,9 @@ def chains_example(seed):
     return np.asarray(seq, dtype=np.int64), np.asarray(targets, dtype=np.int64)
 
 
-WARM_UPS = {"pieces": pieces_example, "recall": lambda length, seed: recall_example(seed),
+WARM_UPS = {"pieces": pieces_example,
+            "digit_pieces": lambda length, seed: pieces_example(length, seed, digits=True),
+            "recall": lambda length, seed: recall_example(seed),
             "wide_recall": lambda length, seed: recall_example(seed, wide=True),
             "values": lambda length, seed: values_example(seed),
             "twin_values": lambda length, seed: values_example(seed, twins=True),
@@ -426,8 +437,8 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
-                         "to all four ('all', which a mix may also name), 'pieces', 'recall', "
-                         "'wide_recall', 'values', 'twin_values' and 'chains' are warm-up tasks "
+                         "to all four ('all', which a mix may also name), 'pieces', 'digit_pieces', "
+                         "'recall', 'wide_recall', 'values', 'twin_values' and 'chains' are warm-up tasks "
                          "(far_<warm-up>: spread over the span); span > length spreads rotary "
                          "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
