@@ -152,7 +152,7 @@ def pieces_example(length, seed, digits=False):
     rng = np.random.Generator(np.random.PCG64([98 if digits else 99, length, seed]))
     half = (length - 1) // 2
     top = tasks.DIGIT0 + 10 if digits else tasks.VOCAB - 1
-    known, shortest, longest = (3, 6, 15) if digits else (1, 4, 12)
+    given, shortest, longest = (3, 6, 15) if digits else (1, 4, 12)  # given: untaught
     body = rng.integers(tasks.DIGIT0, top, size=half)
     seq, tgt = [tasks.BOS] + [int(t) for t in body], [-100] * (half + 1)
     while len(seq) < length:
@@ -161,7 +161,7 @@ def pieces_example(length, seed, digits=False):
         piece = piece[:length - len(seq)]
         tgt[-1] = -100  # the piece's first token is a free choice, not predictable
         seq += piece
-        tgt += [-100] * min(known - 1, len(piece)) + piece[known:] + [-100]
+        tgt += [-100] * min(given - 1, len(piece)) + piece[given:] + [-100]
         tgt = tgt[:len(seq)]
     return np.asarray(seq, dtype=np.int64), np.asarray(tgt, dtype=np.int64)
 
@@ -437,8 +437,9 @@ def main():
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--curriculum", default="256:800:16,512:400:8,1024:200:4,2048:100:4",
                     help="length:steps:batch[:task+task...[:span]],... in order; tasks default "
-                         "to all four ('all', which a mix may also name), 'pieces', 'digit_pieces', "
-                         "'recall', 'wide_recall', 'values', 'twin_values' and 'chains' are warm-up tasks "
+                         "to all four ('all', which a mix may also name), 'pieces', "
+                         "'digit_pieces', 'recall', 'wide_recall', 'values', 'twin_values' and "
+                         "'chains' are warm-up tasks "
                          "(far_<warm-up>: spread over the span); span > length spreads rotary "
                          "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
