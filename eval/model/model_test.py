@@ -352,6 +352,40 @@ class WarmUpTest(unittest.TestCase):
             else:
                 np.testing.assert_array_equal(p[i], p_near[i])
 
+    def test_long_warm_ups_set_their_facts_in_filler_and_keep_their_answers(self):
+        mix = ["long_values", "multi_key", "long_recall", "long_chains"]
+        x, y, _ = train.batch(mix, 512, 8, 3)
+        x_short, y_short, _ = train.batch(["values", "multi_key", "recall", "chains"], 512, 8, 3)
+        for i in range(8):
+            if not mix[(3 + i) % 4].startswith("long_"):
+                np.testing.assert_array_equal(x[i], x_short[i])  # other rows draw as before
+                continue
+            short = [t for t in x_short[i].tolist() if t != tasks.PAD]
+            row = [t for t in x[i].tolist() if t != tasks.PAD]
+            taught = y[i][:len(row)].numpy()
+            self.assertEqual(len(row), 512)  # the stage's length
+            question, question_short = row.index(tasks.Q), short.index(tasks.Q)
+            self.assertGreater(question, 5 * question_short)  # mostly filler
+            # The questions, answers and what they teach are the warm-up's own.
+            self.assertEqual(row[question:], short[question_short:])
+            np.testing.assert_array_equal(taught[question:],
+                                          y_short[i][question_short:len(short)].numpy())
+            self.assertTrue(np.all(taught[:question] == -100))
+            # Each fact whole and in its order, with only filler (words, full stops) between.
+            facts, fact = [], []
+            for t in short[1:question_short]:
+                if t < tasks.WORD0:
+                    fact.append(t)
+                if t == tasks.SEP:
+                    facts.append(fact)
+                    fact = []
+            at = 1
+            for fact in facts:
+                found = next(j for j in range(at, question) if row[j:j + len(fact)] == fact)
+                self.assertTrue(all(t >= tasks.WORD0 or t == tasks.SEP for t in row[at:found]))
+                at = found + len(fact)
+            self.assertTrue(all(t >= tasks.WORD0 or t == tasks.SEP for t in row[at:question]))
+
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):
         for seed, twins in [(seed, twins) for seed in range(40) for twins in (False, True)]:
             text = train.values_example(seed, twins)[0].tolist()

@@ -75,7 +75,7 @@ _BIGRAMS = _bigram_table()
 _CUMULATIVE = np.cumsum(_BIGRAMS, axis=1)
 
 
-def _filler(rng: np.random.Generator, count: int) -> List[int]:
+def filler(rng: np.random.Generator, count: int) -> List[int]:
     """`count` tokens of sentences (5-12 words then SEP) from the bigram chain."""
     out: List[int] = []
     while len(out) < count:
@@ -120,8 +120,8 @@ def _assemble(rng: np.random.Generator, length: int, needles: List[List[int]],
     filler_count = length - fixed
     if filler_count < 8:
         raise ValueError(f"length {length} is too short for this task (needs > {fixed + 8})")
-    filler = _filler(rng, filler_count)
-    boundaries = [i + 1 for i, t in enumerate(filler) if t == SEP] or [filler_count]
+    text = filler(rng, filler_count)
+    boundaries = [i + 1 for i, t in enumerate(text) if t == SEP] or [filler_count]
     order = sorted(range(len(needles)), key=lambda i: depths[i])
     cuts = []
     for i in order:
@@ -130,11 +130,11 @@ def _assemble(rng: np.random.Generator, length: int, needles: List[List[int]],
     tokens, spans = [BOS], [None] * len(needles)
     start = 0
     for cut, i in cuts:
-        tokens.extend(filler[start:cut])
+        tokens.extend(text[start:cut])
         start = cut
         spans[i] = (len(tokens), len(tokens) + len(needles[i]))
         tokens.extend(needles[i])
-    tokens.extend(filler[start:])
+    tokens.extend(text[start:])
     tokens.extend([Q] + question)
     assert len(tokens) == length, (len(tokens), length)
     return tokens, spans

@@ -300,10 +300,42 @@ WARM_UPS = {"pieces": pieces_example,
             "values": lambda length, seed: values_example(seed),
             "twin_values": lambda length, seed: values_example(seed, twins=True),
             "chains": lambda length, seed: chains_example(seed)}
+# Warm-ups made of facts and then questions; they have far_ and long_ forms.
+FACT_WARM_UPS = ("recall", "wide_recall", "values", "twin_values", "chains")
 # `far_<name>`: the warm-up with its facts' rotary positions spread over the stage's span, so the
 # steps between facts (a key's next value, a chain's next name) are taken at long distances.
-FAR_WARM_UPS = {"far_" + name: name
-                for name in ("recall", "wide_recall", "values", "twin_values", "chains")}
+FAR_WARM_UPS = {"far_" + name: name for name in FACT_WARM_UPS}
+# `long_<name>`: the warm-up with filler sentences between its facts, the stage's length in all
+# (set_in_filler).
+LONG_WARM_UPS = {"long_" + name: name for name in FACT_WARM_UPS}
+
+
+def set_in_filler(seq, targets, length, rng):
+    """A fact warm-up `seq` with the tasks' filler sentences between its facts, `length` tokens
+    in all; the facts keep their order, so every answer stays right.
+
+    Spread rotary positions (far_) show the distances of a long prompt but not its filler: the
+    candidate's multi-value misses at 2K skip a key's second value or repeat one, and a real
+    multi-value prompt teaches two steps to a next value; a values warm-up teaches about five.
+    """
+    question = int(np.flatnonzero(seq == tasks.Q)[0])
+    assert np.all(targets[:question] == -100), "only the answers after the facts are taught"
+    count = length - len(seq)
+    if count <= 0:
+        return seq, targets
+    text = np.asarray(tasks.filler(rng, count), dtype=np.int64)
+    sentence_starts = np.concatenate([[0], np.flatnonzero(text == tasks.SEP) + 1])
+    # Each fact ends with its full stop; the few words after it travel with the next fact.
+    facts = np.split(seq[1:question], np.flatnonzero(seq[1:question] == tasks.SEP)[:-1] + 1)
+    cuts = np.sort(rng.choice(sentence_starts, size=len(facts)))
+    out, start = [seq[:1]], 0
+    for cut, fact in zip(cuts, facts):
+        out += [text[start:cut], fact]
+        start = cut
+    out += [text[start:], seq[question:]]
+    seq = np.concatenate(out)
+    return seq, np.concatenate([np.full(len(seq) - len(targets) + question, -100),
+                                targets[question:]])
 
 
 def spread_positions(prompt, total, span, rng):
@@ -336,11 +368,15 @@ def batch(task_mix, length, size, seed, span=0):
     rng = np.random.Generator(np.random.PCG64([7, seed]))
     for i in range(size):
         task = task_mix[(seed + i) % len(task_mix)]
-        if task in WARM_UPS or task in FAR_WARM_UPS:
-            seq, tgt = WARM_UPS[FAR_WARM_UPS.get(task, task)](length, seed * 64 + i)
+        if task in WARM_UPS or task in FAR_WARM_UPS or task in LONG_WARM_UPS:
+            name = FAR_WARM_UPS.get(task) or LONG_WARM_UPS.get(task) or task
+            seq, tgt = WARM_UPS[name](length, seed * 64 + i)
+            if task in LONG_WARM_UPS:  # its own generator: the other rows draw as before
+                words = np.random.Generator(np.random.PCG64([4, seed, i]))
+                seq, tgt = set_in_filler(seq, tgt, length, words)
             rows.append(seq)
             targets.append(tgt)
-            if task in FAR_WARM_UPS:  # its own generator: the other rows draw as before
+            if task in FAR_WARM_UPS:
                 far = np.random.Generator(np.random.PCG64([5, seed, i]))
                 positions.append(spread_positions(seq, len(seq), span, far))
             else:
@@ -442,7 +478,8 @@ def main():
                          "to all four ('all', which a mix may also name), 'pieces', "
                          "'digit_pieces', 'recall', 'wide_recall', 'values', 'twin_values' and "
                          "'chains' are warm-up tasks "
-                         "(far_<warm-up>: spread over the span); span > length spreads rotary "
+                         "(far_<warm-up>: spread over the span; long_<warm-up>: set in filler to "
+                         "the stage's length); span > length spreads rotary "
                          "positions over up to span (spread_positions)")
     ap.add_argument("--eval-lengths", default="",
                     help="comma-separated prompt lengths every evaluation also measures (plain "
@@ -476,7 +513,8 @@ def main():
         fields = stage.split(":")
         names = fields[3].split("+") if len(fields) > 3 else ["all"]
         mix = tuple(t for name in names for t in (tasks.TASKS if name == "all" else [name]))
-        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS) - set(FAR_WARM_UPS))
+        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS) - set(FAR_WARM_UPS)
+                         - set(LONG_WARM_UPS))
         if unknown:
             ap.error(f"--curriculum stage {stage}: unknown task {', '.join(unknown)}")
         span = int(fields[4]) if len(fields) > 4 else 0
