@@ -308,6 +308,8 @@ FAR_WARM_UPS = {"far_" + name: name for name in FACT_WARM_UPS}
 # `long_<name>`: the warm-up with filler sentences between its facts, the stage's length in all
 # (set_in_filler).
 LONG_WARM_UPS = {"long_" + name: name for name in FACT_WARM_UPS}
+# Every warm-up task a mix may name, and the warm-up it draws.
+WARM_UP_FORMS = {**{name: name for name in WARM_UPS}, **FAR_WARM_UPS, **LONG_WARM_UPS}
 
 
 def set_in_filler(seq, targets, length, rng):
@@ -336,8 +338,8 @@ def set_in_filler(seq, targets, length, rng):
         start = cut
     out += [text[start:], seq[question:]]
     seq = np.concatenate(out)
-    return seq, np.concatenate([np.full(len(seq) - len(targets) + question, -100),
-                                targets[question:]])
+    asked = len(seq) - (len(targets) - question)  # where the questions start now
+    return seq, np.concatenate([np.full(asked, -100), targets[question:]])
 
 
 def spread_positions(prompt, total, span, rng):
@@ -370,9 +372,8 @@ def batch(task_mix, length, size, seed, span=0):
     rng = np.random.Generator(np.random.PCG64([7, seed]))
     for i in range(size):
         task = task_mix[(seed + i) % len(task_mix)]
-        if task in WARM_UPS or task in FAR_WARM_UPS or task in LONG_WARM_UPS:
-            name = FAR_WARM_UPS.get(task) or LONG_WARM_UPS.get(task) or task
-            seq, tgt = WARM_UPS[name](length, seed * 64 + i)
+        if task in WARM_UP_FORMS:
+            seq, tgt = WARM_UPS[WARM_UP_FORMS[task]](length, seed * 64 + i)
             if task in LONG_WARM_UPS:  # its own generator: the other rows draw as before
                 words = np.random.Generator(np.random.PCG64([4, seed, i]))
                 seq, tgt = set_in_filler(seq, tgt, length, words)
@@ -515,8 +516,7 @@ def main():
         fields = stage.split(":")
         names = fields[3].split("+") if len(fields) > 3 else ["all"]
         mix = tuple(t for name in names for t in (tasks.TASKS if name == "all" else [name]))
-        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UPS) - set(FAR_WARM_UPS)
-                         - set(LONG_WARM_UPS))
+        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UP_FORMS))
         if unknown:
             ap.error(f"--curriculum stage {stage}: unknown task {', '.join(unknown)}")
         span = int(fields[4]) if len(fields) > 4 else 0
