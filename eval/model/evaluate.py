@@ -114,7 +114,7 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
     jobs = []
     for length in args.lengths:
         for task in args.tasks:
-            for i in range(args.prompts):
+            for i in range(0, args.prompts, args.every):
                 todo = tuple(s for s in settings if _row_key(
                     task, length, page_size, layout, i, *s) not in args.measured)
                 if todo:
@@ -290,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="extra passes at one ratio: b32 (page size 32), layer (LAYER layout)")
     ap.add_argument("--processes", type=int, default=2)
     ap.add_argument("--seed", type=int, default=7)
+    ap.add_argument("--every", type=int, default=1,
+                    help="run only every K-th of the --prompts prompts (0, K, 2K, ...): a later "
+                         "pass on a subset of the main pass's prompts, spread over all depths")
     ap.add_argument("--summarize-only", action="store_true")
     ap.add_argument("--append", action="store_true",
                     help="add rows to an existing results.csv (a later pass, e.g. +window variants)")
@@ -302,6 +305,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.summarize_only:
         if not args.weights:
             ap.error("--weights is required unless --summarize-only")
+        if args.every < 1:
+            ap.error(f"--every must be at least 1, got {args.every}")
         args.tasks = [t for t in args.tasks.split(",") if t]
         args.lengths = [int(v) for v in args.lengths.split(",") if v]
         args.tag = f"{os.getpid()}"
@@ -321,8 +326,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # A later pass (--append) adds settings to prompts whose no-eviction row exists.
                 baseline = [] if args.append else [("none", 0.0)]
                 main_settings = baseline + [(p, r) for r in ratios for p in policies]
+                subset = f" (every {args.every}th)" if args.every > 1 else ""
                 print(f"evaluating {len(args.tasks)} tasks x lengths {args.lengths} x "
-                      f"{args.prompts} prompts, {len(main_settings)} settings each", flush=True)
+                      f"{args.prompts} prompts{subset}, {len(main_settings)} settings each",
+                      flush=True)
                 run(args, main_settings, 16, "group", writer, f)
                 for extra in (e for e in args.also.split(",") if e):
                     kind, ratio = extra.split(":")

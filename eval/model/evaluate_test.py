@@ -124,6 +124,30 @@ class ResumeTest(unittest.TestCase):
         finally:
             self.assertEqual(self.daemon.stop(), 0)
 
+    def test_a_later_pass_on_every_kth_prompt_runs_the_main_pass_prompts(self):
+        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.weights = os.path.join(tmp, "w.npz")
+                np.savez(self.weights, config_json=np.array(json.dumps(
+                    dataclasses.asdict(numpy_model.Config()))), **random_model().w)
+                out = os.path.join(tmp, "out")
+                self.evaluate(out, "--also", "")
+                self.evaluate(out, "--append", "--resume", "--every", "2")
+                with open(os.path.join(out, "results.csv"), newline="") as f:
+                    rows = list(csv.DictReader(f))
+                main = {(r["task"], r["prompt"]): r["depth"] for r in rows
+                        if r["layout"] == "group"}
+                later = {(r["task"], r["prompt"]): r["depth"] for r in rows
+                         if r["layout"] == "layer"}
+                # Prompts 0 and 2 of each task's 3, the same prompts (depths) as the main pass.
+                self.assertEqual(sorted(later), [(t, p) for t in ("multi_key", "single_needle")
+                                                 for p in ("0", "2")])
+                self.assertEqual(later, {key: main[key] for key in later})
+                self.assertEqual(len(rows), 2 * 3 * 3 + 2 * 2 * 3)
+        finally:
+            self.assertEqual(self.daemon.stop(), 0)
+
 
 if __name__ == "__main__":
     unittest.main()
