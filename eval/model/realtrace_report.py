@@ -506,7 +506,8 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       f"{meta['jobs']} processes).")
     w("")
     w("Scale caveat: the paper measured Qwen2.5-1.5B (r = 6, 28 layers) at T ≈ 2K-32K; this is a "
-      "0.95M-parameter model trained only on these four tasks. Structural claims transfer; "
+      f"{meta['parameters'] / 1e6:.2f}M-parameter model trained only on these four tasks. "
+      "Structural claims transfer; "
       "absolute numbers are this model's.")
     w("")
 
@@ -921,7 +922,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     records.sort(key=lambda r: (tasks.TASKS.index(r["task"]), r["length"], r["index"]))
 
-    config = numpy_model.Model.load(args.weights).config
+    model = numpy_model.Model.load(args.weights)
+    config = model.config
     pol = policy_rows(records)
     pol_acc = policy_rows(records, "results_acc")
     uor_layers = uor_layer_rows(records)
@@ -944,6 +946,7 @@ def main() -> None:
     meta = {"weights_sha256": weights_hash, "weights_note": args.weights_note,
             "layers": config.layers, "query_heads": config.query_heads,
             "kv_heads": config.kv_heads, "r": config.group_size, "head_dim": config.head_dim,
+            "parameters": int(sum(w.size for w in model.w.values())),
             "prompts": args.prompts, "lengths": lengths, "tasks": args.tasks.split(","),
             "seed": args.seed, "jobs": args.jobs, "page_sizes": PAGE_SIZES,
             "budgets": list(BUDGETS), "select_budgets": list(SELECT_BUDGETS),
