@@ -8,8 +8,9 @@ Each prompt is prefilled once into the daemon's pool and forked per (policy, com
 with prefix sharing; each fork gets its decisions and a greedy decode (pool_worker.run_forked).
 Rows are written as they finish (results.csv), so a stopped run keeps what it measured and
 `--resume` (the same arguments) runs only what it had not; the summary (accuracy with Wilson 95%
-intervals, frames kept) and the plots are made from that file (`--summarize-only` remakes them
-without running anything).
+intervals, frames kept), page_entrokv's paired comparisons with every other policy (exact
+McNemar: paired.csv, paired.md) and the plots are made from that file (`--summarize-only` remakes
+them without running anything).
 """
 from __future__ import annotations
 
@@ -58,6 +59,16 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     if statistic not in kinds:
         raise ValueError(f"policy {name}: the suffix must be +window or +last")
     return pool_worker.Policy(base, ratio=ratio, statistic=kinds[statistic])
+
+
+def mcnemar(better: int, worse: int) -> float:
+    """Exact two-sided McNemar p of a paired comparison: under no difference, each of the
+    better + worse discordant prompts goes either way with probability 1/2."""
+    n = better + worse
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1)) / 2 ** n
+    return min(1.0, 2.0 * tail)
 
 
 # ---- running ------------------------------------------------------------------------------------
@@ -166,7 +177,78 @@ def summarize(out_dir: str) -> List[Dict[str, object]]:
     plot(summary, out_dir)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
         f.write(tables(summary))
+    pairs = comparisons(rows)
+    if pairs:
+        with open(os.path.join(out_dir, "paired.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(pairs[0]))
+            writer.writeheader()
+            writer.writerows(pairs)
+        with open(os.path.join(out_dir, "paired.md"), "w") as f:
+            f.write(paired_tables(pairs))
     return summary
+
+
+REFERENCE = "page_entrokv"
+
+
+def comparisons(rows: List[dict], reference: str = REFERENCE) -> List[Dict[str, object]]:
+    """`reference` against every other policy in the same (task, length, page size, layout,
+    ratio), paired over the prompts both ran: `better` prompts only the reference answered,
+    `worse` prompts only the other did, and the exact McNemar p."""
+    outcomes: Dict[tuple, Dict[int, int]] = {}
+    for r in rows:
+        if r["policy"] == "none":
+            continue
+        key = (r["task"], int(r["length"]), int(r["page_size"]), r["layout"], float(r["ratio"]))
+        outcomes.setdefault(key + (r["policy"],), {})[int(r["prompt"])] = int(r["correct"])
+    out = []
+    for key in sorted(k for k in outcomes if k[-1] == reference):
+        mine = outcomes[key]
+        others = sorted(k[-1] for k in outcomes if k[:-1] == key[:-1] and k[-1] != reference)
+        for other in others:
+            theirs = outcomes[key[:-1] + (other,)]
+            common = sorted(set(mine) & set(theirs))
+            better = sum(mine[i] > theirs[i] for i in common)
+            worse = sum(mine[i] < theirs[i] for i in common)
+            out.append(dict(task=key[0], length=key[1], page_size=key[2], layout=key[3],
+                            ratio=key[4], reference=reference, policy=other, prompts=len(common),
+                            reference_correct=sum(mine[i] for i in common),
+                            policy_correct=sum(theirs[i] for i in common), better=better,
+                            worse=worse, p=round(mcnemar(better, worse), 4)))
+    return out
+
+
+def paired_tables(pairs: List[Dict[str, object]]) -> str:
+    """Markdown: per (task, length, page size, layout), the reference against each policy per
+    ratio as `+better / -worse (p)`."""
+    reference = pairs[0]["reference"]
+    out = [f"# {reference} against each policy, paired over the same prompts\n",
+           f"`+b / -w (p)`: b prompts only {reference} answered right, w prompts only the other "
+           "policy did; p is the exact two-sided McNemar test on those b + w prompts. Every row "
+           "is in `paired.csv`."]
+    cells = sorted({(s["page_size"], s["layout"], s["task"], s["length"]) for s in pairs},
+                   key=lambda c: (c[0], c[1], tasks.TASKS.index(c[2]) if c[2] in tasks.TASKS
+                                  else len(tasks.TASKS), c[3]))
+    for page_size, layout, task, length in cells:
+        part = [s for s in pairs if (s["page_size"], s["layout"], s["task"], s["length"]) ==
+                (page_size, layout, task, length)]
+        ratios = sorted({s["ratio"] for s in part})
+        by = {(s["policy"], s["ratio"]): s for s in part}
+        out.append(f"\n**{task}, T = {length}, page size {page_size}, {layout} layout**\n")
+        out.append("| against | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
+        out.append("|---|" + "---|" * len(ratios))
+        for policy in _policies(part):
+            out.append(f"| {policy} | " + " | ".join(
+                _paired(by.get((policy, r))) for r in ratios) + " |")
+    return "\n".join(out) + "\n"
+
+
+def _paired(s) -> str:
+    if s is None:
+        return ""
+    p = s["p"]
+    shown = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
+    return f"+{s['better']} / -{s['worse']} ({shown})"
 
 
 def tables(summary: List[Dict[str, object]]) -> str:

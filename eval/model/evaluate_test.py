@@ -41,6 +41,16 @@ class WilsonTest(unittest.TestCase):
         self.assertAlmostEqual(high, 1.0, places=9)
 
 
+class McNemarTest(unittest.TestCase):
+    def test_known_p_values(self):
+        self.assertAlmostEqual(evaluate.mcnemar(10, 0), 2 / 1024)
+        self.assertAlmostEqual(evaluate.mcnemar(15, 1), 2 * 17 / 65536)
+        self.assertAlmostEqual(evaluate.mcnemar(1, 3), 2 * 5 / 16)
+        self.assertEqual(evaluate.mcnemar(3, 3), 1.0)  # 2 x (tail of 42/64) is capped at 1
+        self.assertEqual(evaluate.mcnemar(0, 0), 1.0)
+        self.assertEqual(evaluate.mcnemar(4, 9), evaluate.mcnemar(9, 4))
+
+
 class SummaryTest(unittest.TestCase):
     def summarize(self, rows):
         with tempfile.TemporaryDirectory() as out:
@@ -65,6 +75,30 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("(4 prompts; no eviction: 75% [30, 95])", text)
         self.assertIn("| mean | 25% [5, 70] |", text)
         self.assertIn("| head_independent | 62.5% |", text)
+
+    def test_paired_comparisons_count_discordant_prompts(self):
+        rows = (_rows("none", 0.0, [1] * 6, 64) +
+                _rows("page_entrokv", 0.75, [1, 1, 1, 1, 0, 1], 16) +
+                _rows("mean", 0.75, [0, 0, 0, 1, 1, 1], 16) +
+                _rows("snapkv", 0.75, [1, 1], 16))  # a pass on the first two prompts only
+        pairs = {p["policy"]: p for p in evaluate.comparisons(rows)}
+        self.assertEqual(set(pairs), {"mean", "snapkv"})
+        mean = pairs["mean"]
+        self.assertEqual((mean["prompts"], mean["better"], mean["worse"]), (6, 3, 1))
+        self.assertEqual((mean["reference_correct"], mean["policy_correct"]), (5, 3))
+        self.assertAlmostEqual(mean["p"], 0.625)
+        snapkv = pairs["snapkv"]
+        self.assertEqual((snapkv["prompts"], snapkv["better"], snapkv["worse"]), (2, 0, 0))
+        with tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+            evaluate.summarize(out)
+            with open(os.path.join(out, "paired.md")) as f:
+                text = f.read()
+        self.assertIn("| mean | +3 / -1 (p = 0.625) |", text)
+        self.assertIn("| snapkv | +0 / -0 (p = 1.000) |", text)
 
     def test_a_pass_with_fewer_prompts_is_labelled_with_its_count(self):
         rows = (_rows("none", 0.0, [1] * 6, 64) + _rows("mean", 0.75, [1] * 6, 16) +
