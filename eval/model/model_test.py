@@ -386,6 +386,26 @@ class WarmUpTest(unittest.TestCase):
                 at = found + len(fact)
             self.assertTrue(all(t >= tasks.WORD0 or t == tasks.SEP for t in row[at:question]))
 
+    def test_deep_tasks_ask_a_needle_in_the_last_quarter_and_leave_other_rows_alone(self):
+        mix = ["deep_multi_key", "multi_value", "deep_single_needle", "deep_multi_key"]
+        x, y, _ = train.batch(mix, 512, 32, 5)
+        x_plain, _, _ = train.batch(["multi_key", "multi_value", "single_needle", "multi_key"],
+                                    512, 32, 5)
+        for i in range(32):
+            if not mix[(5 + i) % 4].startswith("deep_"):
+                np.testing.assert_array_equal(x[i], x_plain[i])
+                continue
+            row = [t for t in x[i].tolist() if t != tasks.PAD]
+            question = row.index(tasks.Q)
+            key = row[question + 1:question + 3]  # KEY k
+            needle = next(j for j in range(question) if row[j:j + 2] == key)
+            self.assertGreater(needle, 0.7 * question, i)
+            # The answer is the digits after the asked key, then EOS, and is what is taught.
+            answer = row[question + 3:]
+            self.assertEqual(answer[:-1], row[needle + 2:needle + 2 + len(answer) - 1])
+            self.assertEqual(answer[-1], tasks.EOS)
+            np.testing.assert_array_equal(y[i][question + 2:len(row) - 1].numpy(), answer)
+
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):
         for seed, twins in [(seed, twins) for seed in range(40) for twins in (False, True)]:
             text = train.values_example(seed, twins)[0].tolist()
