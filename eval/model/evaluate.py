@@ -195,18 +195,18 @@ def comparisons(rows: List[dict], reference: str = REFERENCE) -> List[Dict[str, 
     """`reference` against every other policy in the same (task, length, page size, layout,
     ratio), paired over the prompts both ran: `better` prompts only the reference answered,
     `worse` prompts only the other did, and the exact McNemar p."""
-    outcomes: Dict[tuple, Dict[int, int]] = {}
+    # (task, length, page size, layout, ratio) -> policy -> prompt -> correct
+    cells: Dict[tuple, Dict[str, Dict[int, int]]] = {}
     for r in rows:
         if r["policy"] == "none":
             continue
         key = (r["task"], int(r["length"]), int(r["page_size"]), r["layout"], float(r["ratio"]))
-        outcomes.setdefault(key + (r["policy"],), {})[int(r["prompt"])] = int(r["correct"])
+        cells.setdefault(key, {}).setdefault(r["policy"], {})[int(r["prompt"])] = int(r["correct"])
     out = []
-    for key in sorted(k for k in outcomes if k[-1] == reference):
-        mine = outcomes[key]
-        others = sorted(k[-1] for k in outcomes if k[:-1] == key[:-1] and k[-1] != reference)
-        for other in others:
-            theirs = outcomes[key[:-1] + (other,)]
+    for key in sorted(k for k in cells if reference in cells[k]):
+        mine = cells[key][reference]
+        for other in sorted(set(cells[key]) - {reference}):
+            theirs = cells[key][other]
             common = sorted(set(mine) & set(theirs))
             better = sum(mine[i] > theirs[i] for i in common)
             worse = sum(mine[i] < theirs[i] for i in common)
@@ -227,8 +227,7 @@ def paired_tables(pairs: List[Dict[str, object]]) -> str:
            "policy did; p is the exact two-sided McNemar test on those b + w prompts. Every row "
            "is in `paired.csv`."]
     cells = sorted({(s["page_size"], s["layout"], s["task"], s["length"]) for s in pairs},
-                   key=lambda c: (c[0], c[1], tasks.TASKS.index(c[2]) if c[2] in tasks.TASKS
-                                  else len(tasks.TASKS), c[3]))
+                   key=lambda c: (c[0], c[1], tasks.TASKS.index(c[2]), c[3]))
     for page_size, layout, task, length in cells:
         part = [s for s in pairs if (s["page_size"], s["layout"], s["task"], s["length"]) ==
                 (page_size, layout, task, length)]
@@ -408,7 +407,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # A later pass (--append) adds settings to prompts whose no-eviction row exists.
                 baseline = [] if args.append else [("none", 0.0)]
                 main_settings = baseline + [(p, r) for r in ratios for p in policies]
-                subset = f" (every {args.every}th)" if args.every > 1 else ""
+                subset = f" (every {args.every}-th)" if args.every > 1 else ""
                 print(f"evaluating {len(args.tasks)} tasks x lengths {args.lengths} x "
                       f"{args.prompts} prompts{subset}, {len(main_settings)} settings each",
                       flush=True)
