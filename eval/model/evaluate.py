@@ -10,13 +10,14 @@ Rows are written as they finish (results.csv), so a stopped run keeps what it me
 `--resume` (the same arguments) runs only what it had not; the summary (accuracy with Wilson 95%
 intervals, frames kept), page_entrokv's paired comparisons with every other policy (exact
 McNemar: paired.csv, paired.md) and the plots are made from that file (`--summarize-only` remakes
-them without running anything).
+them without running anything; it also reads a committed report's results.csv.gz).
 """
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import csv
+import gzip
 import io
 import math
 import os
@@ -149,9 +150,18 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
 
 
 # ---- summarising --------------------------------------------------------------------------------
+def read_results(out_dir: str) -> List[Dict[str, str]]:
+    """results.csv's rows, or results.csv.gz's where only that is kept (a committed report)."""
+    path = os.path.join(out_dir, "results.csv")
+    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+        with gzip.open(path + ".gz", "rt", newline="") as f:
+            return list(csv.DictReader(f))
+    with open(path, newline="") as f:
+        return list(csv.DictReader(f))
+
+
 def summarize(out_dir: str) -> List[Dict[str, object]]:
-    with open(os.path.join(out_dir, "results.csv")) as f:
-        rows = list(csv.DictReader(f))
+    rows = read_results(out_dir)
     cells: Dict[tuple, List[dict]] = {}
     for r in rows:
         key = (r["task"], int(r["length"]), int(r["page_size"]), r["layout"], r["policy"],
@@ -388,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             ap.error("--weights is required unless --summarize-only")
         if args.every < 1:
             ap.error(f"--every must be at least 1, got {args.every}")
+        results = os.path.join(args.out, "results.csv")
+        if not os.path.exists(results) and os.path.exists(results + ".gz"):
+            ap.error(f"{results}.gz holds this folder's rows: gunzip it to add to them (or "
+                     "remove it to start over); --summarize-only reads it as it is")
         args.tasks = [t for t in args.tasks.split(",") if t]
         args.lengths = [int(v) for v in args.lengths.split(",") if v]
         args.tag = f"{os.getpid()}"
@@ -397,17 +411,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.entrokvd)
         args.address = args.server or daemon.address
         started = time.time()
-        path = os.path.join(args.out, "results.csv")
-        args.measured = measured(path) if args.resume else set()
+        args.measured = measured(results) if args.resume else set()
         try:
-            with open(path, "a" if args.append or args.resume else "w", newline="") as f:
+            with open(results, "a" if args.append or args.resume else "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)
                 if f.tell() == 0:
                     writer.writeheader()
                 # A later pass (--append) adds settings to prompts whose no-eviction row exists.
                 baseline = [] if args.append else [("none", 0.0)]
                 main_settings = baseline + [(p, r) for r in ratios for p in policies]
-                subset = f" (every {args.every}-th)" if args.every > 1 else ""
+                subset = f" (one in every {args.every})" if args.every > 1 else ""
                 print(f"evaluating {len(args.tasks)} tasks x lengths {args.lengths} x "
                       f"{args.prompts} prompts{subset}, {len(main_settings)} settings each",
                       flush=True)

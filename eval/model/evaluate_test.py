@@ -4,6 +4,7 @@ stopped run resumed (--resume) against a real entrokvd (ENTROKVD names it; ctest
 import contextlib
 import csv
 import dataclasses
+import gzip
 import io
 import json
 import os
@@ -99,6 +100,22 @@ class SummaryTest(unittest.TestCase):
                 text = f.read()
         self.assertIn("| mean | +3 / -1 (p = 0.625) |", text)
         self.assertIn("| snapkv | +0 / -0 (p = 1.000) |", text)
+
+    def test_a_compressed_report_summarizes_as_the_plain_one(self):
+        rows = _rows("none", 0.0, [1, 1, 0], 64) + _rows("mean", 0.75, [1, 0, 0], 16)
+        summary, text = self.summarize(rows)
+        with tempfile.TemporaryDirectory() as out:
+            with gzip.open(os.path.join(out, "results.csv.gz"), "wt", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+            self.assertEqual(evaluate.summarize(out), summary)
+            with open(os.path.join(out, "tables.md")) as f:
+                self.assertEqual(f.read(), text)
+            with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
+                evaluate.main(["--weights", "w.npz", "--out", out, "--resume"])
+            self.assertIn("results.csv.gz holds this folder's rows", err.getvalue())
+            self.assertFalse(os.path.exists(os.path.join(out, "results.csv")))
 
     def test_a_pass_with_fewer_prompts_is_labelled_with_its_count(self):
         rows = (_rows("none", 0.0, [1] * 6, 64) + _rows("mean", 0.75, [1] * 6, 16) +
