@@ -50,10 +50,10 @@ echo "== the same prefills in the layer frame layout (vLLM: a frame holds every 
 
 weights="$repo/eval/model/weights.npz"
 if [ -f "$weights" ]; then
-  echo "== a real model: eval/model's small GQA model (4 layers, 8 query heads, 2 KV heads) whose"
+  echo "== a real model: eval/model's small GQA model (6 layers, 8 query heads, 2 KV heads) whose"
   echo "   KV cache is this daemon's pool: K/V written into its shared-memory frames, decisions"
   echo "   per layer, answers decoded greedily from the kept pages only. Single-needle and variable-"
-  echo "   tracking prompts: the two tasks this model solves (docs/evaluation/small-gqa)"
+  echo "   tracking prompts here; all four tasks in docs/evaluation/small-gqa"
   PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
