@@ -319,6 +319,16 @@ def _pct(s) -> str:
 
 
 def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
+    """accuracy.png against the compression ratio; accuracy_memory.png against the frames a
+    policy really keeps, where per-head selection's union shows (no eviction: 100%)."""
+    _plot(summary, os.path.join(out_dir, "accuracy.png"), "ratio", 0.0,
+          "compression ratio (share of KV evicted)", "accuracy vs compression")
+    _plot(summary, os.path.join(out_dir, "accuracy_memory.png"), "kept_share", 1.0,
+          "frames kept (share of the prompt's frames)", "accuracy vs the memory each policy keeps")
+
+
+def _plot(summary: List[Dict[str, object]], path: str, x_field: str, x_baseline: float,
+          x_label: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -337,30 +347,30 @@ def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
             cell = [s for s in main if s["task"] == task and s["length"] == length]
             baseline = [s for s in cell if s["policy"] == "none"]
             for n, policy in enumerate(_policies(cell)):
-                points = sorted((s["ratio"], s["accuracy"], s["ci_low"], s["ci_high"])
+                points = sorted((s[x_field], s["accuracy"], s["ci_low"], s["ci_high"])
                                 for s in cell if s["policy"] == policy)
                 if not points:
                     continue
                 if baseline:
-                    points = [(0.0, baseline[0]["accuracy"], baseline[0]["ci_low"],
-                               baseline[0]["ci_high"])] + points
+                    points = sorted([(x_baseline, baseline[0]["accuracy"], baseline[0]["ci_low"],
+                                      baseline[0]["ci_high"])] + points)
                 x, y, lo, hi = (np.array(v) for v in zip(*points))
                 style = dict(lw=2.2) if policy == "page_entrokv" else dict(lw=1.1, alpha=0.85)
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=2,
                             label=policy, color=colours[n % len(colours)],
                             linestyle="--" if "+" in policy else "-", **style)
             ax.set_title(f"{task}, T = {length}", fontsize=10)
-            ax.set_xlabel("compression ratio (share of KV evicted)")
+            ax.set_xlabel(x_label)
             ax.set_ylim(-0.03, 1.03)
             ax.grid(alpha=0.3)
             if col == 0:
                 ax.set_ylabel("exact-match accuracy")
     axes[0][0].legend(fontsize=7, loc="lower left", ncol=2)
-    fig.suptitle("Small GQA model with entrokvd as its KV cache\naccuracy vs compression "
+    fig.suptitle(f"Small GQA model with entrokvd as its KV cache\n{title} "
                  "(page size 16, Wilson 95% intervals; dashed: question-window statistic)",
                  fontsize=10)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "accuracy.png"), dpi=110)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 

@@ -101,6 +101,22 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("| mean | +3 / -1 (p = 0.625) |", text)
         self.assertIn("| snapkv | +0 / -0 (p = 1.000) |", text)
 
+    def test_both_plots_are_drawn(self):
+        rows = (_rows("none", 0.0, [1, 1, 1, 0], 64) + _rows("mean", 0.75, [1, 0, 0, 0], 16) +
+                _rows("head_independent", 0.75, [1, 1, 0, 0], 40))
+        with tempfile.TemporaryDirectory() as out:
+            with open(os.path.join(out, "results.csv"), "w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
+                writer.writeheader()
+                writer.writerows(rows)
+            evaluate.summarize(out)
+            images = []
+            for name in ("accuracy.png", "accuracy_memory.png"):
+                with open(os.path.join(out, name), "rb") as f:
+                    images.append(f.read())
+            self.assertTrue(all(image.startswith(b"\x89PNG") for image in images))
+            self.assertNotEqual(images[0], images[1])  # different x axes
+
     def test_a_compressed_report_summarizes_as_the_plain_one(self):
         rows = _rows("none", 0.0, [1, 1, 0], 64) + _rows("mean", 0.75, [1, 0, 0], 16)
         summary, text = self.summarize(rows)
