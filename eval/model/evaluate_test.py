@@ -29,6 +29,14 @@ def _rows(policy, ratio, outcomes, kept, prompt_frames=64):
             for i, c in enumerate(outcomes)]
 
 
+def _write_results(out, rows, compressed=False):
+    path = os.path.join(out, "results.csv" + (".gz" if compressed else ""))
+    with (gzip.open(path, "wt", newline="") if compressed else open(path, "w", newline="")) as f:
+        writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 class WilsonTest(unittest.TestCase):
     def test_known_intervals(self):
         low, high = evaluate.wilson(5, 10)
@@ -55,10 +63,7 @@ class McNemarTest(unittest.TestCase):
 class SummaryTest(unittest.TestCase):
     def summarize(self, rows):
         with tempfile.TemporaryDirectory() as out:
-            with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
+            _write_results(out, rows)
             summary = evaluate.summarize(out)
             with open(os.path.join(out, "tables.md")) as f:
                 return summary, f.read()
@@ -91,10 +96,7 @@ class SummaryTest(unittest.TestCase):
         snapkv = pairs["snapkv"]
         self.assertEqual((snapkv["prompts"], snapkv["better"], snapkv["worse"]), (2, 0, 0))
         with tempfile.TemporaryDirectory() as out:
-            with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
+            _write_results(out, rows)
             evaluate.summarize(out)
             with open(os.path.join(out, "paired.md")) as f:
                 text = f.read()
@@ -105,10 +107,7 @@ class SummaryTest(unittest.TestCase):
         rows = (_rows("none", 0.0, [1, 1, 1, 0], 64) + _rows("mean", 0.75, [1, 0, 0, 0], 16) +
                 _rows("head_independent", 0.75, [1, 1, 0, 0], 40))
         with tempfile.TemporaryDirectory() as out:
-            with open(os.path.join(out, "results.csv"), "w", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
+            _write_results(out, rows)
             evaluate.summarize(out)
             images = []
             for name in ("accuracy.png", "accuracy_memory.png"):
@@ -121,10 +120,7 @@ class SummaryTest(unittest.TestCase):
         rows = _rows("none", 0.0, [1, 1, 0], 64) + _rows("mean", 0.75, [1, 0, 0], 16)
         summary, text = self.summarize(rows)
         with tempfile.TemporaryDirectory() as out:
-            with gzip.open(os.path.join(out, "results.csv.gz"), "wt", newline="") as f:
-                writer = csv.DictWriter(f, fieldnames=evaluate.FIELDS)
-                writer.writeheader()
-                writer.writerows(rows)
+            _write_results(out, rows, compressed=True)
             self.assertEqual(evaluate.summarize(out), summary)
             with open(os.path.join(out, "tables.md")) as f:
                 self.assertEqual(f.read(), text)
