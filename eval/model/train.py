@@ -223,7 +223,7 @@ def values_example(seed, twins=False):
     `twins` (`twin_values`): values of two or three digits, each after a key's first starting
     with the digits of an earlier one of the key (one digit or all but the last). Copying such
     a value digit by digit needs where the copy started, not only the last digit copied: most
-    multi-value misses of the 6-layer candidate were of this kind (eval/model/candidate).
+    multi-value misses of the 6-layer model early in phase 2 were of this kind (TRAINING.md).
     """
     rng = np.random.Generator(np.random.PCG64([95 if twins else 97, seed]))
     count = int(rng.integers(2, 6))
@@ -323,7 +323,7 @@ def set_in_filler(seq, targets, length, rng):
     right.
 
     Spread rotary positions (far_) show the distances of a long prompt but not its filler.
-    Teacher-forced at 2K, the 6-layer model of candidate run 5 got 12% of the answer tokens of
+    Teacher-forced at 2K, the 6-layer model of run 5 (TRAINING.md) got 12% of the answer tokens of
     `values` set in filler wrong and none of multi-value's: a multi-value prompt teaches the step
     to a key's next value twice, a `values` warm-up about five times.
     """
