@@ -150,10 +150,15 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
 
 
 # ---- summarising --------------------------------------------------------------------------------
+def compressed_only(path: str) -> bool:
+    """Whether only path.gz holds the rows (a committed report keeps results.csv.gz)."""
+    return not os.path.exists(path) and os.path.exists(path + ".gz")
+
+
 def read_results(out_dir: str) -> List[Dict[str, str]]:
-    """results.csv's rows, or results.csv.gz's where only that is kept (a committed report)."""
+    """results.csv's rows, or results.csv.gz's where only that is kept."""
     path = os.path.join(out_dir, "results.csv")
-    if not os.path.exists(path) and os.path.exists(path + ".gz"):
+    if compressed_only(path):
         with gzip.open(path + ".gz", "rt", newline="") as f:
             return list(csv.DictReader(f))
     with open(path, newline="") as f:
@@ -409,7 +414,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.every < 1:
             ap.error(f"--every must be at least 1, got {args.every}")
         results = os.path.join(args.out, "results.csv")
-        if not os.path.exists(results) and os.path.exists(results + ".gz"):
+        if compressed_only(results):
             ap.error(f"{results}.gz holds this folder's rows: gunzip it to add to them (or "
                      "remove it to start over); --summarize-only reads it as it is")
         args.tasks = [t for t in args.tasks.split(",") if t]
