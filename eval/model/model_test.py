@@ -105,6 +105,25 @@ class TasksTest(unittest.TestCase):
             other = tasks.make_example(task, 512, 4)
             self.assertEqual(tasks.accepted_answers(other), [[int(t) for t in other.answer]])
 
+    def test_ruler_credit_counts_references_found_anywhere(self):
+        e = tasks.make_example("multi_value", 512, 4)
+        answer = [int(t) for t in e.answer]
+        values, comma = [answer[0:3], answer[4:7], answer[8:11]], [tasks.COMMA]
+        self.assertEqual(tasks.ruler_credit(e, answer), 1.0)
+        self.assertEqual(tasks.ruler_credit(e, values[1] + comma + values[0]), 2 / 3)
+        # Run-on output is wrong for is_correct, fully credited by RULER's metric.
+        run_on = values[2] + comma + values[0] + comma + values[1] + comma + values[0]
+        self.assertFalse(tasks.is_correct(e, run_on))
+        self.assertEqual(tasks.ruler_credit(e, run_on), 1.0)
+        self.assertEqual(tasks.ruler_credit(e, []), 0.0)
+        vt = tasks.make_example("variable_tracking", 512, 4)
+        names = [int(t) for t in vt.answer]
+        self.assertEqual(tasks.ruler_credit(vt, names[::-1][:2]), 2 / len(names))
+        needle = tasks.make_example("single_needle", 512, 4)
+        digits = [int(t) for t in needle.answer]
+        self.assertEqual(tasks.ruler_credit(needle, [tasks.SEP] + digits), 1.0)
+        self.assertEqual(tasks.ruler_credit(needle, digits[:-1]), 0.0)
+
     def test_depths_spread(self):
         depths = [e.depth for e in tasks.examples("multi_key", 512, 5)]
         self.assertEqual(depths, [0.0, 0.25, 0.5, 0.75, 1.0])

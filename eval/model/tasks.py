@@ -12,7 +12,7 @@ A prompt is
     BOS  filler ... needle ... filler ... needle ...  Q <question>
 
 and the answer the model must produce greedily is `answer` followed by EOS (multi-value: the
-key's values in any order, as RULER grades it; `accepted_answers`). Keys and variable
+key's values in any order, exactly, see `accepted_answers`). Keys and variable
 names are one token (a letter), values are digits. A needle states a value right after its key
 (`key k 2 8 3 1 1 .`) and the key tasks ask with the key (`Q: key k`), so the answer continues
 the question exactly as the value continues its key in the needle. Variable tracking writes
@@ -207,12 +207,20 @@ def make_example(task: str, length: int, seed: int, depth: float | None = None) 
 
 
 def accepted_answers(example: Example) -> List[List[int]]:
-    """Every answer graded right. Multi-value accepts the key's values in any order, as RULER
-    grades it (every value must appear); `answer` is the prompt-order one. The other tasks have
-    one answer."""
+    """Every answer graded right. Multi-value accepts the key's values in any order, each once
+    and nothing else (stricter than RULER's string_match_all, which credits each value found in
+    the output and ignores the rest); `answer` is the prompt-order one. The other tasks have one
+    answer."""
     answer = [int(t) for t in example.answer]
     if example.task != "multi_value":
         return [answer]
+    accepted = []
+    for order in itertools.permutations(_comma_separated(answer)):
+        accepted.append([t for n, v in enumerate(order) for t in ([COMMA] if n else []) + v])
+    return accepted
+
+
+def _comma_separated(answer: List[int]) -> List[List[int]]:
     values, current = [], []
     for t in answer + [COMMA]:
         if t == COMMA:
@@ -220,10 +228,27 @@ def accepted_answers(example: Example) -> List[List[int]]:
             current = []
         else:
             current.append(t)
-    accepted = []
-    for order in itertools.permutations(values):
-        accepted.append([t for n, v in enumerate(order) for t in ([COMMA] if n else []) + v])
-    return accepted
+    return values
+
+
+def ruler_credit(example: Example, generated: Sequence[int]) -> float:
+    """RULER's string_match_all on tokens: the share of the references that appear anywhere in
+    the output as a contiguous run, whatever else it holds. The references are as RULER's: each
+    value (multi-value), each variable name (variable tracking), the answer (the needle tasks).
+    Looser than is_correct, which is all or nothing; for comparison with RULER-graded results."""
+    answer = [int(t) for t in example.answer]
+    if example.task == "multi_value":
+        references = _comma_separated(answer)
+    elif example.task == "variable_tracking":
+        references = [[t] for t in answer]
+    else:
+        references = [answer]
+    out = [int(t) for t in generated]
+
+    def appears(ref: List[int]) -> bool:
+        return any(out[i:i + len(ref)] == ref for i in range(len(out) - len(ref) + 1))
+
+    return sum(appears(r) for r in references) / len(references)
 
 
 def is_correct(example: Example, generated: Sequence[int]) -> bool:
