@@ -440,7 +440,7 @@ class PoolWorker:
                 max_new: Optional[int]) -> RunResult:
         kept = kv.live_frames()
         start = time.perf_counter()
-        answer, logits = self.decode(kv, max_new or len(example.answer) + 2)
+        answer, logits = self.decode(kv, max_new or tasks.answer_budget(example))
         decode_ms = (time.perf_counter() - start) * 1e3
         return RunResult(policy=policy.label(), answer=answer,
                          correct=tasks.is_correct(example, answer), logits=logits,

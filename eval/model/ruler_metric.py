@@ -15,13 +15,13 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
 import tasks  # noqa: E402
+from weights_check import WEIGHTS  # noqa: E402  (the committed weights)
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--weights", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                      "weights.npz"))
+    ap.add_argument("--weights", default=WEIGHTS)
     ap.add_argument("--task", choices=tasks.TASKS, required=True)
     ap.add_argument("--length", type=int, required=True)
     ap.add_argument("--prompts", type=int, default=300)
@@ -31,7 +31,7 @@ def main() -> int:
     correct, credit, missed = 0, 0.0, collections.Counter()
     for i in range(args.prompts):
         example = tasks.example_at(args.task, args.length, args.prompts, i, args.seed)
-        out = model.generate(example.prompt, len(example.answer) + 2, tasks.EOS)
+        out = model.generate(example.prompt, tasks.answer_budget(example), tasks.EOS)
         right, part = tasks.is_correct(example, out), tasks.ruler_credit(example, out)
         correct += right
         credit += part

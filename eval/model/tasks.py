@@ -251,6 +251,13 @@ def ruler_credit(example: Example, generated: Sequence[int]) -> float:
     return sum(appears(r) for r in references) / len(references)
 
 
+def answer_budget(example: Example) -> int:
+    """How many tokens a greedy decode of `example` may write: the answer, EOS and one spare.
+    Every grader decodes this many (the report, weights_check, training's checks), so an answer
+    that runs on is cut at the same place everywhere."""
+    return len(example.answer) + 2
+
+
 def is_correct(example: Example, generated: Sequence[int]) -> bool:
     """Whether greedy output (the tokens before EOS) is an accepted answer."""
     return [int(t) for t in generated] in accepted_answers(example)

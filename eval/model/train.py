@@ -420,7 +420,8 @@ def accuracy(plain, task, length, count, seed):
     for start in range(0, count, 8):
         for i in range(min(8, count - start)):
             e = tasks.make_example(task, length, (seed + start) * 64 + i)
-            correct += tasks.is_correct(e, plain.generate(e.prompt, len(e.answer) + 2, tasks.EOS))
+            answer = plain.generate(e.prompt, tasks.answer_budget(e), tasks.EOS)
+            correct += tasks.is_correct(e, answer)
     return correct / count
 
 

@@ -37,7 +37,7 @@ def measure(model: numpy_model.Model, cells=CELLS) -> List[Dict[str, object]]:
     for task, length, count in cells:
         correct = 0
         for example in tasks.examples(task, length, count, SEED):
-            answer = model.generate(example.prompt, len(example.answer) + 2, tasks.EOS)
+            answer = model.generate(example.prompt, tasks.answer_budget(example), tasks.EOS)
             correct += tasks.is_correct(example, answer)
         out.append(dict(task=task, length=length, prompts=count, seed=SEED, correct=correct))
     return out
