@@ -25,7 +25,12 @@ import sys
 import time
 from typing import Dict, List, Sequence, Tuple
 
-import numpy as np
+# One BLAS thread per process: --processes workers share the cores, and OpenBLAS's default (a
+# thread per core in every worker) oversubscribes them; its idle threads spin.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
