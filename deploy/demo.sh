@@ -65,9 +65,17 @@ fi
 echo "== metrics are at http://${metrics}/metrics; a few of them:"
 curl -fsS "http://${metrics}/metrics" |
   grep -E '^entrokv_(pool_frames|decisions_total|union_overhead_ratio_(sum|count)|layer_scope_frames_saved_total)' |
-  grep -v ' 0$' | head -16
+  grep -v ' 0$' | awk 'NR <= 16'
 
 echo "== stopping entrokvd (SIGTERM, graceful drain)"
 kill -TERM "$daemon_pid"
-wait "$daemon_pid" && echo "   entrokvd exited cleanly"
+# `wait pid && echo` would not stop the script under set -e: the exit code is checked itself.
+code=0
+wait "$daemon_pid" || code=$?
 daemon_pid=""
+if [ "$code" -ne 0 ]; then
+  echo "   entrokvd exited with code $code:" >&2
+  cat "$work/entrokvd.err" >&2
+  exit 1
+fi
+echo "   entrokvd exited cleanly"

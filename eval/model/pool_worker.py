@@ -598,7 +598,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"prefill {prefill:.0f} ms/prompt, fork + decide + decode + close {cycle:.0f} ms; "
           f"{elapsed:.1f} s in all; pool after every close: "
           f"{stats.used_frames} used + {stats.free_frames} free = {stats.capacity_frames} frames")
-    return 0 if stats.used_frames + stats.free_frames == stats.capacity_frames else 1
+    # Every sequence is closed by now: a frame still in use, or one missing from the count, is a
+    # leak and fails the run.
+    balanced = stats.used_frames + stats.free_frames == stats.capacity_frames
+    return 0 if balanced and stats.used_frames == 0 else 1
 
 
 if __name__ == "__main__":
