@@ -22,17 +22,20 @@ if [ -z "$source_dir" ] || [ ! -f "$source_dir/CMakeLists.txt" ]; then
   echo "== TSan: fetching Debian's Abseil source package into .tsan-absl"
   rm -rf "$cache"
   mkdir -p "$cache/src" "$cache/lists/partial"
-  # A deb-src entry of our own, so the machine's apt configuration stays untouched.
-  echo "deb-src http://deb.debian.org/debian bookworm main" >"$cache/sources.list"
+  # A deb-src entry of our own on the machine's Debian mirror, so the machine's apt
+  # configuration stays untouched and the repository names no host.
+  mirror="$(bash deploy/debian_mirror.sh)"
+  echo "deb-src $mirror bookworm main" >"$cache/sources.list"
   apt_options=(-o "Dir::Etc::SourceList=$cache/sources.list" -o Dir::Etc::SourceParts=/dev/null
     -o "Dir::State::Lists=$cache/lists" -o Debug::NoDropPrivs=true)
-  # A machine whose apt cannot reach Debian's source archive cannot run this stage: it says so
-  # and stops without failing (a build or test failure below still fails it).
+  # Without the source this stage cannot run, and a stage that did not run must not look like
+  # one that passed: it fails, naming what it could not fetch.
   if ! { apt-get "${apt_options[@]}" -qq update &&
          (cd "$cache/src" && apt-get "${apt_options[@]}" -qq source abseil >/dev/null); }; then
-    echo "== TSan: SKIPPED: Debian's Abseil source package could not be fetched (above)"
+    echo "== TSan: FAILED: Debian's Abseil source package could not be fetched from $mirror" \
+      "(deb-src bookworm main; above)" >&2
     rm -rf "$cache"
-    exit 0
+    exit 1
   fi
   source_dir="$(abseil_source)"
 fi
@@ -41,7 +44,7 @@ echo "== TSan: configuring and building core/ and the Abseil it links in build-t
 # -O1 -g1: TSan's advice (-O1 or more), line tables for its reports, and a faster CI stage.
 cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" -DENTROKV_CORE_ONLY=ON \
-  -DENTROKV_CUDA=OFF -DENTROKV_BUILD_BENCH=OFF -DENTROKV_SANITIZE=thread \
+  -DENTROKV_CUDA=OFF -DENTROKV_BUILD_BENCH=OFF -DENTROKV_SANITIZE=thread -DENTROKV_WERROR=ON \
   -DENTROKV_ABSL_SOURCE_DIR="$source_dir" ${ENTROKV_CMAKE_ARGS:-} >/dev/null
 ninja -C build-tsan -j "$jobs" core/all
 export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/deploy/tsan.supp}"

@@ -9,13 +9,15 @@
 # default test run: configure with -DENTROKV_IMAGE_TEST=ON and run `ctest -L image`, or run this
 # script. ENTROKV_IMAGE_REUSE=1 checks an image of the same tag built before instead of
 # rebuilding it.
-# Needs root (debootstrap), and apt access to the Debian archive for the base and the build.
+# Needs root (debootstrap), and apt access to the machine's Debian mirror for the base and the
+# build.
 # buildah runs with --isolation chroot: the OCI runtime (crun) cannot create containers in
 # sandboxes with hybrid cgroups, chroot isolation needs none.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
-mirror="${ENTROKV_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
+# The machine's own Debian mirror (its apt sources), unless ENTROKV_DEBIAN_MIRROR names another.
+mirror="${ENTROKV_DEBIAN_MIRROR:-$(bash deploy/debian_mirror.sh)}"
 tag="${ENTROKV_IMAGE_TAG:-localhost/entrokv:test}"
 base="localhost/entrokv-test/debian:bookworm"
 work="$(mktemp -d)"
