@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Sets up entrokv on a Debian 12 machine and runs it: `demo` (the main job) or `test` (every
-# test). Installs what is missing with apt-get, configures and builds in ./build.
+# test). Installs what is missing with apt-get, configures and builds in ./build, with warnings
+# as errors (-DENTROKV_WERROR=ON: Debian 12's g++ builds the project warning-free).
 # CI's further stages (docs/testing.md), each in its own build folder:
+#   release   compiles everything as a plain Release build (build-release), runs nothing
 #   sanitize  every test under ASan+UBSan (build-asan)
 #   fuzz      the libFuzzer targets (clang), each run for ENTROKV_FUZZ_SECONDS (build-fuzz)
 #   tsan      core/ tests under TSan, against Abseil built with TSan from Debian's source
@@ -11,8 +13,8 @@ cd "$(dirname "$0")/.."
 
 mode="${1:-}"
 case "$mode" in
-  demo|test|build|sanitize|fuzz|tsan) ;;
-  *) echo "usage: bash deploy/local.sh demo|test|build|sanitize|fuzz|tsan" >&2; exit 2 ;;
+  demo|test|build|release|sanitize|fuzz|tsan) ;;
+  *) echo "usage: bash deploy/local.sh demo|test|build|release|sanitize|fuzz|tsan" >&2; exit 2 ;;
 esac
 
 packages=(
@@ -26,6 +28,8 @@ packages=(
   libleveldb-dev libsnappy-dev libsqlite3-dev
   yamllint python3-yaml
 )
+# Only the tests need PyTorch (eval/model's training code is checked against the numpy model).
+[ "$mode" = test ] && packages+=(python3-torch)
 # Only the fuzz stage needs clang and libFuzzer.
 [ "$mode" = fuzz ] && packages+=(clang-14 libfuzzer-14-dev)
 # The tsan stage builds Abseil from Debian's source package.
@@ -49,6 +53,14 @@ fi
 
 jobs="$(nproc)"
 case "$mode" in
+  release)
+    # The build type a user or a packager tries first: everything compiled at -O3, where g++ 12
+    # warns differently than at -O2 (docs/testing.md); -Werror so that a new warning fails CI.
+    echo "== Release: configuring and building everything in build-release (${jobs} jobs)"
+    cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROKV_WERROR=ON \
+      ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+    exec ninja -C build-release -j "$jobs"
+    ;;
   sanitize)
     echo "== ASan+UBSan: configuring and building everything in build-asan (${jobs} jobs)"
     # CUDA off: nvcc takes no sanitizer flags, and the GPU tests skip anyway.
@@ -56,7 +68,7 @@ case "$mode" in
     # traces, and less compile time on CI's 2 cores.
     cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROKV_CUDA=OFF \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
-      -DENTROKV_SANITIZE=address,undefined ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+      -DENTROKV_SANITIZE=address,undefined -DENTROKV_WERROR=ON ${ENTROKV_CMAKE_ARGS:-} >/dev/null
     ninja -C build-asan -j "$jobs"
     export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1}"
     export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
@@ -76,13 +88,18 @@ case "$mode" in
     ;;
 esac
 targets=()
-[ "$mode" = demo ] && targets=(entrokvd entrokv)  # the main job needs only the two binaries
+# The main job needs the two binaries and the Python client (eval/model's worker imports it).
+[ "$mode" = demo ] && targets=(entrokvd entrokv entrokv_python)
 echo "== configuring and building ${targets[*]:-everything} (${jobs} jobs)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROKV_WERROR=ON \
+  ${ENTROKV_CMAKE_ARGS:-} >/dev/null
 ninja -C build -j "$jobs" "${targets[@]}"
 
 case "$mode" in
   demo) exec bash deploy/demo.sh build ;;
-  test) exec ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600 ;;
+  test)
+    # python3-torch is installed above: eval/model's PyTorch checks must run, not skip.
+    export ENTROKV_REQUIRE_TORCH=1
+    exec ctest --test-dir build --output-on-failure -j "$jobs" --timeout 600 ;;
   build) ;;
 esac

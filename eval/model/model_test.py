@@ -14,6 +14,10 @@ try:
     import torch  # noqa: F401
     import train
 except ImportError:  # inference and the main job need no PyTorch
+    # `deploy/local.sh test` installs python3-torch and sets this: there a missing PyTorch fails
+    # the test instead of skipping five of its checks unseen.
+    if os.environ.get("ENTROKV_REQUIRE_TORCH") == "1":
+        raise
     train = None
 
 
@@ -241,6 +245,7 @@ class NumpyModelTest(unittest.TestCase):
         self.assertEqual(tail.shape, (400, net.c.vocab))
         np.testing.assert_allclose(tail, full[300:], rtol=1e-5, atol=1e-5)
 
+    @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_a_grown_model_computes_what_the_shallower_one_did(self):
         import torch
         torch.manual_seed(0)
@@ -261,6 +266,7 @@ class NumpyModelTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--layers must be more"):
             train.grow(train.Transformer(numpy_model.Config()), shallow.state_dict())
 
+    @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_a_run_starts_from_weights_as_they_are_or_grown(self):
         import torch
         torch.manual_seed(2)
@@ -278,6 +284,7 @@ class NumpyModelTest(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "--layers must be more"):
             train.start_from(train.Transformer(numpy_model.Config(layers=3)), source.state_dict())
 
+    @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_exported_weights_are_read_back_as_the_checkpoint_holds_them(self):
         import torch
         torch.manual_seed(1)
