@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_fixture.h"
@@ -114,7 +115,7 @@ TEST_F(HardeningTest, UnregisteringModelsReleasesDescriptorsAndSeries) {
   const int before = OpenDescriptors();
   ASSERT_GT(before, 0);
   for (int i = 0; i < 300; ++i) {
-    const std::string model = "m" + std::to_string(i);
+    const std::string model = absl::StrCat("m", i);
     ASSERT_TRUE(RegisterStatus(model).ok()) << i;
     ASSERT_GT(SeriesOfPool(*server_, model), 0);
     Open(model, "s", 40);

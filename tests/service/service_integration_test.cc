@@ -7,6 +7,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "core/scoring/decision.h"
 #include "core/testing/status_matchers.h"
@@ -304,7 +305,7 @@ TEST_F(ServiceTest, ConcurrentSequencesLeaveNoFrameBehind) {
     threads.emplace_back([this, t, &failures] {
       auto stub = v1::CacheManager::NewStub(channel_);
       for (int i = 0; i < 5; ++i) {
-        const std::string id = "t" + std::to_string(t) + "-" + std::to_string(i);
+        const std::string id = absl::StrCat("t", t, "-", i);
         grpc::ClientContext open_context;
         v1::OpenSequenceRequest open;
         open.set_model_id("m");
