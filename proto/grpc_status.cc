@@ -2,6 +2,8 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace entrokv {
 
 namespace {
@@ -24,6 +26,12 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
     return grpc::Status(grpc::StatusCode::INTERNAL, Bounded(status.message()));
   }
   return grpc::Status(static_cast<grpc::StatusCode>(code), Bounded(status.message()));
+}
+
+std::string StatusCodeName(grpc::StatusCode code) {
+  const int number = static_cast<int>(code);
+  if (number < 0 || number >= kGrpcStatusCodeCount) return absl::StrCat("code ", number);
+  return absl::StatusCodeToString(static_cast<absl::StatusCode>(number));
 }
 
 absl::Status FromGrpcStatus(const grpc::Status& status) {

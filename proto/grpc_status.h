@@ -3,6 +3,8 @@
 #ifndef ENTROKV_PROTO_GRPC_STATUS_H_
 #define ENTROKV_PROTO_GRPC_STATUS_H_
 
+#include <string>
+
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"
 
@@ -14,6 +16,14 @@ namespace entrokv {
 
 // The reverse: same code and message; OK stays OK.
 [[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
+
+// The canonical codes, OK (0) to UNAUTHENTICATED (16).
+inline constexpr int kGrpcStatusCodeCount = 17;
+
+// A code's canonical name ("INVALID_ARGUMENT"), from Abseil's one table
+// (absl::StatusCodeToString: Abseil's codes are gRPC's, number for number); "code N" for a
+// number outside the canonical codes.
+[[nodiscard]] std::string StatusCodeName(grpc::StatusCode code);
 
 }  // namespace entrokv
 

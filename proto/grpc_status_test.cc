@@ -1,5 +1,7 @@
 #include "proto/grpc_status.h"
 
+#include <iterator>
+
 #include "gtest/gtest.h"
 
 namespace entrokv {
@@ -33,6 +35,48 @@ TEST(FromGrpcStatusTest, RoundTrips) {
 }
 
 TEST(FromGrpcStatusTest, OkStaysOk) { EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok()); }
+
+// StatusCodeName reads Abseil's table by gRPC's numbers: that holds only while the two enums
+// agree value for value, so every code is checked by name on both sides.
+TEST(StatusCodeNameTest, GrpcAndAbseilShareEveryNumber) {
+  struct Pair {
+    grpc::StatusCode grpc;
+    absl::StatusCode absl;
+    const char* name;
+  };
+  const Pair kCodes[] = {
+      {grpc::StatusCode::OK, absl::StatusCode::kOk, "OK"},
+      {grpc::StatusCode::CANCELLED, absl::StatusCode::kCancelled, "CANCELLED"},
+      {grpc::StatusCode::UNKNOWN, absl::StatusCode::kUnknown, "UNKNOWN"},
+      {grpc::StatusCode::INVALID_ARGUMENT, absl::StatusCode::kInvalidArgument, "INVALID_ARGUMENT"},
+      {grpc::StatusCode::DEADLINE_EXCEEDED, absl::StatusCode::kDeadlineExceeded,
+       "DEADLINE_EXCEEDED"},
+      {grpc::StatusCode::NOT_FOUND, absl::StatusCode::kNotFound, "NOT_FOUND"},
+      {grpc::StatusCode::ALREADY_EXISTS, absl::StatusCode::kAlreadyExists, "ALREADY_EXISTS"},
+      {grpc::StatusCode::PERMISSION_DENIED, absl::StatusCode::kPermissionDenied,
+       "PERMISSION_DENIED"},
+      {grpc::StatusCode::RESOURCE_EXHAUSTED, absl::StatusCode::kResourceExhausted,
+       "RESOURCE_EXHAUSTED"},
+      {grpc::StatusCode::FAILED_PRECONDITION, absl::StatusCode::kFailedPrecondition,
+       "FAILED_PRECONDITION"},
+      {grpc::StatusCode::ABORTED, absl::StatusCode::kAborted, "ABORTED"},
+      {grpc::StatusCode::OUT_OF_RANGE, absl::StatusCode::kOutOfRange, "OUT_OF_RANGE"},
+      {grpc::StatusCode::UNIMPLEMENTED, absl::StatusCode::kUnimplemented, "UNIMPLEMENTED"},
+      {grpc::StatusCode::INTERNAL, absl::StatusCode::kInternal, "INTERNAL"},
+      {grpc::StatusCode::UNAVAILABLE, absl::StatusCode::kUnavailable, "UNAVAILABLE"},
+      {grpc::StatusCode::DATA_LOSS, absl::StatusCode::kDataLoss, "DATA_LOSS"},
+      {grpc::StatusCode::UNAUTHENTICATED, absl::StatusCode::kUnauthenticated, "UNAUTHENTICATED"},
+  };
+  ASSERT_EQ(std::size(kCodes), static_cast<size_t>(kGrpcStatusCodeCount));
+  for (int i = 0; i < kGrpcStatusCodeCount; ++i) {
+    const Pair& pair = kCodes[i];
+    EXPECT_EQ(static_cast<int>(pair.grpc), i) << pair.name;
+    EXPECT_EQ(static_cast<int>(pair.absl), i) << pair.name;
+    EXPECT_EQ(StatusCodeName(pair.grpc), pair.name);
+  }
+  EXPECT_EQ(StatusCodeName(static_cast<grpc::StatusCode>(17)), "code 17");
+  EXPECT_EQ(StatusCodeName(static_cast<grpc::StatusCode>(-1)), "code -1");
+}
 
 }  // namespace
 }  // namespace entrokv

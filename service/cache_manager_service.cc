@@ -5,14 +5,20 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "proto/grpc_status.h"
 #include "service/list_pages.h"
-#include "service/validation.h"
+#include "wire/checks.h"
+#include "wire/convert.h"
+#include "wire/resolve.h"
 
 namespace entrokv::service {
 namespace {
 
+using wire::Annotate;
+using wire::ValidateId;
+using wire::ValidateTokenCount;
 using Clock = std::chrono::steady_clock;
 
 void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
@@ -20,9 +26,9 @@ void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
   const PoolStats stats = state.Stats();
   const ArenaInfo arena = state.arena();
   pool->set_model_id(model.id());
-  *pool->mutable_geometry() = ToProto(state.geometry());
-  pool->set_frame_layout(ToProto(state.layout()));
-  pool->set_backend(ToProto(model.backend()));
+  *pool->mutable_geometry() = wire::ToProto(state.geometry());
+  pool->set_frame_layout(wire::ToProto(state.layout()));
+  pool->set_backend(wire::ToProto(model.backend()));
   pool->set_capacity_bytes(static_cast<uint64_t>(stats.capacity_bytes));
   pool->set_capacity_frames(stats.capacity_frames);
   pool->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes));
@@ -154,7 +160,8 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       shm_(ShmReader::Access{
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
-      decider_(options, metrics, &shm_) {}
+      wire_defaults_(WireDefaults(options)),
+      decider_(wire_defaults_, metrics, &shm_) {}
 
 absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {
   if (draining_.load()) return absl::UnavailableError("entrokvd is draining; retry elsewhere");
@@ -193,7 +200,7 @@ absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindSequenceModel(
 
 absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
                                                   v1::RegisterModelResponse* response) {
-  ASSIGN_OR_RETURN(const CacheOptions cache, ToCacheOptions(request, options_));
+  ASSIGN_OR_RETURN(const CacheOptions cache, wire::ResolvePool(request, wire_defaults_));
   // Tiny frames in a large arena cost bookkeeping per frame out of all proportion to the arena.
   const int64_t frames = cache.capacity_bytes / FrameBytes(cache.geometry, cache.layout);
   if (frames > options_.max_pool_frames) {
@@ -234,7 +241,7 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
     // The reply lists every new frame; one that gRPC could not send must not leave the
     // sequence behind, so the bound is checked before anything is created.
     const int64_t page_size = state.geometry().page_size;
-    const int64_t new_pages = (request.initial_tokens() + page_size - 1) / page_size;
+    const int64_t new_pages = PageCount(request.initial_tokens(), page_size);
     // A prefix beyond any sequence is refused by ForkSequence; here it only must not overflow.
     const int64_t first_page = std::clamp<int64_t>(request.prefix_pages(), 0, int64_t{1} << 40);
     RETURN_IF_ERROR(CheckReplyFits(*model, first_page, first_page + new_pages,
@@ -303,7 +310,7 @@ absl::Status CacheManagerService::DoAppendTokens(const v1::AppendTokensRequest& 
   const int64_t page_size = model->state().geometry().page_size;
   // From the page holding the last token: a shared tail page is copied on write.
   RETURN_IF_ERROR(CheckReplyFits(*model, length / page_size,
-                                 (length + request.tokens() + page_size - 1) / page_size,
+                                 PageCount(length + request.tokens(), page_size),
                                  options_.max_message_bytes, "tokens"));
   ASSIGN_OR_RETURN(const AppendResult appended,
                    model->state().AppendTokens(request.sequence_id(), request.tokens()));

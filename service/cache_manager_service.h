@@ -16,6 +16,7 @@
 #include "service/options.h"
 #include "service/shm_reader.h"
 #include "service/worker_pool.h"
+#include "wire/resolve.h"
 
 namespace entrokv::service {
 
@@ -142,6 +143,7 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   WorkerPool* const workers_;
   ModelRegistry registry_;
   ShmReader shm_;
+  const wire::Defaults wire_defaults_;  // WireDefaults(options_), built once
   Decider decider_;
   std::atomic<bool> draining_{false};
   std::atomic<int> active_calls_{0};

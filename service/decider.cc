@@ -21,11 +21,16 @@
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
 #include "core/util/status_macros.h"
-#include "service/validation.h"
+#include "wire/checks.h"
+#include "wire/convert.h"
+#include "wire/resolve.h"
 
 namespace entrokv::service {
 namespace {
 
+using wire::Annotate;
+using wire::ResolvedBudget;
+using wire::ResolvedPolicy;
 using Clock = std::chrono::steady_clock;
 
 double SecondsSince(Clock::time_point start) {
@@ -75,12 +80,12 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
     }
     return absl::OkStatus();
   }
-  ASSIGN_OR_RETURN(const DType dtype, ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
+  ASSIGN_OR_RETURN(const DType dtype, wire::ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
   if (stat.query_heads() != geometry.query_heads) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".query_heads: ", stat.query_heads(),
                                                    ", the model has ", geometry.query_heads));
   }
-  RETURN_IF_ERROR(ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
+  RETURN_IF_ERROR(wire::ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
   if (stat.tokens() != sequence_tokens) {
     return absl::FailedPreconditionError(absl::StrCat(field, ".tokens: ", stat.tokens(),
                                                       " but the sequence holds ", sequence_tokens));
@@ -182,12 +187,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
                               static_cast<int64_t>(work.shm->length_bytes()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(copy_start));
     }
-    LayerRequest request;
-    request.statistic = work.view;
-    request.query_heads = geometry.query_heads;
-    request.kv_groups = geometry.kv_groups;
-    request.tokens = job.tokens;
-    request.quota_pages = work.quota_pages;
+    LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
+                                           job.tokens, work.quota_pages);
     request.scope = job.scope;
     request.cancelled = cancelled;  // polled between the layer's groups too
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
@@ -243,7 +244,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     out.set_tokens(job.tokens);
     out.set_policy(std::string(job.policy.policy->name()));
     out.set_page_union_ratio(result.page_union_ratio);
-    out.set_scope(ToProto(work.decision.scope));
+    out.set_scope(wire::ToProto(work.decision.scope));
     out.set_union_pages(work.decision.union_pages);
     out.set_group_scope_union_pages(work.decision.group_scope_union_pages);
     out.mutable_freed_frames()->Assign(result.freed_frames.begin(), result.freed_frames.end());
@@ -282,22 +283,22 @@ namespace {
 // Step 1 shared by both entry points (DecideRequest and DecideLayerRequest carry the same
 // sequence, budget and policy fields): the job's sequence, length and policy, and the quotas.
 template <typename Request>
-absl::Status PrepareJob(Model& model, const Request& request, const ServerOptions& defaults,
+absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaults& defaults,
                         std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
                         SelectionScope* scope, ResolvedBudget* quotas) {
-  RETURN_IF_ERROR(ValidateId("sequence_id", request.sequence_id()));
+  RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
   *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
-  ASSIGN_OR_RETURN(*policy, ResolvePolicy(request.policy(), defaults, geometry.page_size));
+  ASSIGN_OR_RETURN(*policy, wire::ResolvePolicy(request.policy(), defaults, geometry.page_size));
   ASSIGN_OR_RETURN(*scope,
-                   ResolveScope(request.policy().scope(), defaults, model.state().layout()));
+                   wire::ResolveScope(request.policy().scope(), defaults, model.state().layout()));
   ASSIGN_OR_RETURN(*tokens, model.state().SequenceLength(*sequence_id));
   if (*tokens < 1) {
     return absl::FailedPreconditionError(
         absl::StrCat("sequence_id: '", *sequence_id, "' holds no tokens to decide on"));
   }
   ASSIGN_OR_RETURN(*quotas,
-                   ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
+                   wire::ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
   return absl::OkStatus();
 }
 

@@ -11,8 +11,8 @@
 #include "entrokv/v1/cache_manager.pb.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
-#include "service/options.h"
 #include "service/shm_reader.h"
+#include "wire/resolve.h"
 
 namespace entrokv::service {
 
@@ -20,7 +20,7 @@ namespace entrokv::service {
 // instance serves every worker thread. Blocking (it scores): call it on the worker pool only.
 class Decider {
  public:
-  Decider(const ServerOptions& defaults, ServiceMetrics* metrics, ShmReader* shm)
+  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
       : defaults_(defaults), metrics_(metrics), shm_(shm) {}
 
   // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
@@ -51,7 +51,7 @@ class Decider {
   [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                                  std::vector<v1::LayerDecision*>& outputs) const;
 
-  const ServerOptions defaults_;
+  const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
   mutable absl::Mutex hook_mu_;

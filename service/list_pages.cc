@@ -6,7 +6,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "service/validation.h"
+#include "wire/checks.h"
 
 namespace entrokv::service {
 namespace {
@@ -32,7 +32,7 @@ absl::StatusOr<std::string> DecodePageToken(absl::string_view token) {
   if (token.empty()) return std::string();
   const auto invalid = [&token] {
     return absl::InvalidArgumentError(
-        absl::StrCat("page_token: '", EchoInput(token),
+        absl::StrCat("page_token: '", wire::EchoInput(token),
                      "' is not a next_page_token of ListSequences; start again without one"));
   };
   std::string decoded;
@@ -40,7 +40,7 @@ absl::StatusOr<std::string> DecodePageToken(absl::string_view token) {
     return invalid();
   }
   std::string id = decoded.substr(kTokenPrefix.size());
-  if (!ValidateId("page_token", id).ok()) return invalid();
+  if (!wire::ValidateId("page_token", id).ok()) return invalid();
   return id;
 }
 

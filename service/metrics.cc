@@ -15,12 +15,6 @@ constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
     "ListSequences", "ListModels",   "UnregisterModel"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
-// gRPC's canonical code names, indexed by code.
-constexpr std::array<absl::string_view, 17> kCodeNames = {
-    "OK",        "CANCELLED",      "UNKNOWN",           "INVALID_ARGUMENT",   "DEADLINE_EXCEEDED",
-    "NOT_FOUND", "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-    "ABORTED",   "OUT_OF_RANGE",   "UNIMPLEMENTED",     "INTERNAL",           "UNAVAILABLE",
-    "DATA_LOSS", "UNAUTHENTICATED"};
 
 // Eight equal steps from `low` to `high` (just {low} when they meet).
 prometheus::Histogram::BucketBoundaries Linear(double low, double high) {
@@ -135,9 +129,9 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
 
   for (int m = 0; m < kMethodCount; ++m) {
     const std::string method(kMethodNames[m]);
-    for (int c = 0; c < 17; ++c) {
-      rpc_counts_[m][c] =
-          &rpc_requests_->Add({{"method", method}, {"code", std::string(kCodeNames[c])}});
+    for (int c = 0; c < kGrpcStatusCodeCount; ++c) {
+      rpc_counts_[m][c] = &rpc_requests_->Add(
+          {{"method", method}, {"code", StatusCodeName(static_cast<grpc::StatusCode>(c))}});
     }
     rpc_seconds_[m] = &rpc_duration_->Add({{"method", method}}, Latency());
   }
@@ -211,7 +205,9 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
 
 void ServiceMetrics::RecordRpc(Method method, grpc::StatusCode code, double seconds) {
   int index = static_cast<int>(code);
-  if (index < 0 || index >= 17) index = static_cast<int>(grpc::StatusCode::UNKNOWN);
+  if (index < 0 || index >= kGrpcStatusCodeCount) {
+    index = static_cast<int>(grpc::StatusCode::UNKNOWN);
+  }
   rpc_counts_[static_cast<int>(method)][index]->Increment();
   rpc_seconds_[static_cast<int>(method)]->Observe(seconds);
 }

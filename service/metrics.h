@@ -18,6 +18,7 @@
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
 #include "prometheus/registry.h"
+#include "proto/grpc_status.h"
 
 namespace entrokv::service {
 
@@ -129,7 +130,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
 
   // [method][code], all created at start-up so every series exists (zero) from the start.
-  std::array<std::array<prometheus::Counter*, 17>, kMethodCount> rpc_counts_{};
+  std::array<std::array<prometheus::Counter*, kGrpcStatusCodeCount>, kMethodCount> rpc_counts_{};
   std::array<prometheus::Histogram*, kMethodCount> rpc_seconds_{};
   std::array<prometheus::Histogram*, kPhaseCount> phase_seconds_{};
   std::array<prometheus::Counter*, 2> stats_bytes_by_source_{};

@@ -87,6 +87,33 @@ PolicyOptions DefaultPolicyOptions(const ServerOptions& options) {
   return policy;
 }
 
+CacheLimits ToCacheLimits(const ServerOptions& options) {
+  return CacheLimits{.max_sequences_per_model = options.max_sequences_per_model,
+                     .max_sequence_bookkeeping_bytes = options.max_sequence_bookkeeping_bytes,
+                     .max_model_bookkeeping_bytes = options.max_model_bookkeeping_bytes};
+}
+
+wire::Defaults WireDefaults(const ServerOptions& options) {
+  wire::Defaults defaults;
+  defaults.policy = options.policy;
+  defaults.policy_options = DefaultPolicyOptions(options);
+  switch (options.selection_scope) {
+    case ScopeSetting::kGroup:
+      defaults.selection_scope = SelectionScope::kGroup;
+      break;
+    case ScopeSetting::kLayer:
+      defaults.selection_scope = SelectionScope::kLayer;
+      break;
+    case ScopeSetting::kAuto:
+      break;  // nullopt: the pool's layout decides
+  }
+  defaults.frame_layout = options.frame_layout;
+  defaults.backend = options.backend;
+  defaults.pool_capacity_bytes = options.pool_capacity_bytes;
+  defaults.limits = ToCacheLimits(options);
+  return defaults;
+}
+
 absl::Status ValidateServerOptions(const ServerOptions& options) {
   RETURN_IF_ERROR(ValidateAddress("listen", options.listen));
   if (!options.metrics_listen.empty()) {  // empty: no metrics endpoint

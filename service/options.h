@@ -11,9 +11,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "core/pool/cache_state.h"
 #include "core/pool/geometry.h"
 #include "core/scoring/policy.h"
 #include "service/option_table.h"
+#include "wire/resolve.h"
 
 namespace entrokv::service {
 
@@ -32,6 +34,15 @@ struct ServerOptions {
 
 // The daemon's default scoring parameters, as the core takes them.
 [[nodiscard]] PolicyOptions DefaultPolicyOptions(const ServerOptions& options);
+
+// The bookkeeping bounds of every model (--max_sequences_per_model and the
+// --max_*_bookkeeping_bytes flags).
+[[nodiscard]] CacheLimits ToCacheLimits(const ServerOptions& options);
+
+// What a request falls back on where it leaves a field unset (--policy and its parameters,
+// --selection_scope, --frame_layout, --backend, --pool_capacity_bytes, the bookkeeping bounds):
+// the one place the daemon's options become the wire library's defaults.
+[[nodiscard]] wire::Defaults WireDefaults(const ServerOptions& options);
 
 // The bearer token in `path`, surrounding whitespace trimmed. INVALID_ARGUMENT naming
 // --token_file when it cannot be read or holds no token.

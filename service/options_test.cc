@@ -58,6 +58,40 @@ TEST(ValidateServerOptionsTest, PortZeroIsAllowed) {
   EXPECT_THAT(ValidateServerOptions(options), IsOk());
 }
 
+// Every option a request falls back on reaches the wire library's defaults.
+TEST(WireDefaultsTest, CarriesEveryDefaultARequestFallsBackOn) {
+  ServerOptions options;
+  options.policy = "snapkv";
+  options.tau = 0.75;
+  options.alpha = 3.0;
+  options.sink_tokens = 9;
+  options.protect_tail_page = false;
+  options.frame_layout = FrameLayout::kLayer;
+  options.backend = Backend::kCuda;
+  options.pool_capacity_bytes = 12345;
+  options.max_sequences_per_model = 17;
+  options.max_sequence_bookkeeping_bytes = 1001;
+  options.max_model_bookkeeping_bytes = 2002;
+  options.selection_scope = ScopeSetting::kGroup;
+  wire::Defaults defaults = WireDefaults(options);
+  EXPECT_EQ(defaults.policy, "snapkv");
+  EXPECT_DOUBLE_EQ(defaults.policy_options.tau, 0.75);
+  EXPECT_DOUBLE_EQ(defaults.policy_options.alpha, 3.0);
+  EXPECT_EQ(defaults.policy_options.sink_tokens, 9);
+  EXPECT_FALSE(defaults.policy_options.protections.tail_page);
+  EXPECT_EQ(defaults.frame_layout, FrameLayout::kLayer);
+  EXPECT_EQ(defaults.backend, Backend::kCuda);
+  EXPECT_EQ(defaults.pool_capacity_bytes, 12345);
+  EXPECT_EQ(defaults.limits.max_sequences_per_model, 17);
+  EXPECT_EQ(defaults.limits.max_sequence_bookkeeping_bytes, 1001);
+  EXPECT_EQ(defaults.limits.max_model_bookkeeping_bytes, 2002);
+  EXPECT_EQ(defaults.selection_scope, SelectionScope::kGroup);
+  options.selection_scope = ScopeSetting::kLayer;
+  EXPECT_EQ(WireDefaults(options).selection_scope, SelectionScope::kLayer);
+  options.selection_scope = ScopeSetting::kAuto;  // the pool's layout decides
+  EXPECT_EQ(WireDefaults(options).selection_scope, std::nullopt);
+}
+
 TEST(LoadBearerTokenTest, TrimsAndRejectsEmpty) {
   const std::string dir = ::testing::TempDir();
   const std::string good = dir + "/token_good";

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/pool/geometry_bounds.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::store {
@@ -89,7 +90,7 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
     SequenceSnapshot snapshot;
     snapshot.id = sequence_id;
     snapshot.length = parts.length;
-    const int64_t pages = (parts.length + g.page_size - 1) / g.page_size;
+    const int64_t pages = PageCount(parts.length, g.page_size);
     const int64_t chunks = (pages + kChunkPages - 1) / kChunkPages;
     if (static_cast<int64_t>(parts.chunks.size()) != chunks * g.layers) {
       return damaged(absl::StrCat(where, ": ", parts.chunks.size(), " block-table chunks, ",

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/pool/cache_state.h"
 #include "core/testing/status_matchers.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -108,7 +109,7 @@ void RandomWorkload(CacheState& state, uint32_t seed, int steps) {
       continue;
     }
     const SequenceInfo& pick = open[rng() % open.size()];
-    const int64_t pages = (pick.length + g.page_size - 1) / g.page_size;
+    const int64_t pages = PageCount(pick.length, g.page_size);
     switch (op) {
       case 1:
         (void)state.ForkSequence(absl::StrCat("s", next_id++), pick.id,

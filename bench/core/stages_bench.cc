@@ -121,14 +121,10 @@ void BM_SelectTopPagesBySort(benchmark::State& state) {
 BENCHMARK(BM_SelectTopPagesBySort)->Unit(benchmark::kMicrosecond);
 
 LayerRequest Request(bool bf16, bool measure) {
-  LayerRequest request;
-  request.statistic =
+  LayerRequest request = LayerRequestFor(
       bf16 ? *StatisticView::Create(LayerBf16().data(), DType::kBFloat16, kHeads, kTokens)
-           : *StatisticView::Create(Layer().data(), DType::kFloat32, kHeads, kTokens);
-  request.query_heads = kHeads;
-  request.kv_groups = kGroups;
-  request.tokens = kTokens;
-  request.quota_pages = kQuota;
+           : *StatisticView::Create(Layer().data(), DType::kFloat32, kHeads, kTokens),
+      kHeads, kGroups, kTokens, kQuota);
   request.measure = measure;
   return request;
 }

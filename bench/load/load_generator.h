@@ -2,9 +2,12 @@
 // threads, each with its own connection, drive random lifecycles (register and unregister a
 // model, open, fork, append, decide by bytes and by shared memory, unary and streamed, close,
 // list, stats, /metrics) with a share of bad requests mixed in, and check the answers:
-//  - decisions on a worker's private model are recomputed in-process with the core's scorer
-//    from the block tables the daemon reports (kept and evicted pages must match exactly);
-//  - every bad request must get its documented code, and on the private model change nothing;
+//  - decisions on a worker's private model are recomputed in-process with the core's reference
+//    scorer (DecideLayer, not the daemon's fused one), for the policy and quotas the generator
+//    states itself (not the daemon's request resolution), from the block tables the daemon
+//    reports (kept and evicted pages must match exactly);
+//  - every bad request must get its documented code (naming the offending field first where
+//    the contract names one), and on the private model change nothing;
 //  - pool invariants (used + free == capacity, used == distinct frames of the block tables,
 //    lengths as appended), a closed sequence is NOT_FOUND, and at the end every pool is empty.
 // Each worker's choices come from its own generator seeded by (seed, worker), and depend only on

@@ -15,35 +15,31 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/notification.h"
 #include "bench/load/daemon_probe.h"
 #include "bench/load/worker_internal.h"
 #include "core/pool/geometry.h"
+#include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
-#include "core/scoring/fused_scorer.h"
 #include "core/util/dtype.h"
-#include "grpcpp/generic/generic_stub.h"
-#include "service/options.h"
-#include "service/validation.h"
+#include "core/util/page_count.h"
+#include "proto/grpc_status.h"
+
 namespace entrokv::bench {
 
 using Clock = std::chrono::steady_clock;
 using grpc::StatusCode;
-using worker_internal::CodeName;
 using worker_internal::Cut;
 using worker_internal::FrameList;
 using worker_internal::kMaxSequencesPerModel;
 using worker_internal::kMaxTokens;
-using worker_internal::kPolicies;
 using worker_internal::kPrivateCapacityBytes;
 using worker_internal::kPrivateShape;
 using worker_internal::kSlotBytes;
 using worker_internal::kSlots;
 using worker_internal::PageList;
-using worker_internal::Pages;
-using worker_internal::ToCore;
 
 void RunContext::Problem(const std::string& text) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -181,10 +177,21 @@ bool Worker::Expect(const grpc::Status& status, std::initializer_list<StatusCode
     return false;
   }
   std::vector<std::string> names;
-  for (const StatusCode code : codes) names.push_back(CodeName(code));
-  Wrong(absl::StrCat(what, ": got ", CodeName(status.error_code()), " (",
+  for (const StatusCode code : codes) names.push_back(StatusCodeName(code));
+  Wrong(absl::StrCat(what, ": got ", StatusCodeName(status.error_code()), " (",
                      Cut(status.error_message()), "), expected ", absl::StrJoin(names, " or ")));
   return false;
+}
+
+bool Worker::ExpectRefusal(const grpc::Status& status, const Refusal& refusal,
+                           const std::string& what) {
+  if (!Expect(status, {refusal.code}, what)) return false;
+  if (refusal.field != nullptr) {
+    Check(absl::StartsWith(status.error_message(), refusal.field),
+          absl::StrCat(what, ": refused without naming ", refusal.field,
+                       " first: ", Cut(status.error_message())));
+  }
+  return true;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -330,7 +337,7 @@ void Worker::OpenSequence(Model& model, bool fork) {
     if (model.sequences.empty()) return;
     const Sequence& parent = model.sequences[Uniform(0, model.sequences.size() - 1)];
     inherited = parent.cached_weights;
-    const int64_t prefix = Uniform(0, Pages(parent.length, page));
+    const int64_t prefix = Uniform(0, PageCount(parent.length, page));
     request.set_parent_sequence_id(parent.id);
     request.set_prefix_pages(prefix);
     base = std::min(parent.length, prefix * page);
@@ -343,7 +350,7 @@ void Worker::OpenSequence(Model& model, bool fork) {
   if (!Expect(status, {StatusCode::OK}, "OpenSequence " + request.sequence_id())) return;
   const int64_t length = base + initial;
   const int64_t units = int64_t{model.shape.layers} * model.shape.kv_groups;
-  const int64_t fresh_pages = Pages(length, page) - Pages(base, page);
+  const int64_t fresh_pages = PageCount(length, page) - PageCount(base, page);
   const int64_t frames = response.new_frames_size();
   // A fork whose shared tail page is partial copies it on the first write: one more frame per
   // table (Sequence::Append's copy-on-write).
@@ -353,7 +360,7 @@ void Worker::OpenSequence(Model& model, bool fork) {
             FrameList(response.new_frames(), model.shape,
                       model.capacity_frames > 0 ? model.capacity_frames
                                                 : std::numeric_limits<int32_t>::max(),
-                      base / page, Pages(length, page)),
+                      base / page, PageCount(length, page)),
         absl::StrCat("OpenSequence ", request.sequence_id(), " (fork ", fork, ", base ", base,
                      ", initial ", initial, "): length ", response.sequence().length_tokens(), ", ",
                      frames, " new frames"));
@@ -383,14 +390,14 @@ void Worker::AppendTokens(Model& model) {
   const int page = model.shape.page_size;
   const int64_t length = sequence.length + tokens;
   const int64_t units = int64_t{model.shape.layers} * model.shape.kv_groups;
-  const int64_t fresh = (Pages(length, page) - Pages(sequence.length, page)) * units;
+  const int64_t fresh = (PageCount(length, page) - PageCount(sequence.length, page)) * units;
   const int64_t frames = response.new_frames_size();
   // The tail page may come back (evicted) or be copied (shared): at most one more per table.
   Check(response.length_tokens() == length && frames >= fresh && frames <= fresh + units &&
             FrameList(response.new_frames(), model.shape,
                       model.capacity_frames > 0 ? model.capacity_frames
                                                 : std::numeric_limits<int32_t>::max(),
-                      sequence.length / page, Pages(length, page)),
+                      sequence.length / page, PageCount(length, page)),
         absl::StrCat("AppendTokens ", sequence.id, " +", tokens, ": length ",
                      response.length_tokens(), " (expected ", length, "), ", frames,
                      " new frames (", fresh, " fresh)"));
@@ -410,7 +417,7 @@ void Worker::CloseSequence(Model& model, size_t index, bool verify_gone) {
     model.sequences.erase(model.sequences.begin() + index);  // it is gone either way
     return;
   }
-  const int64_t pages = Pages(model.sequences[index].length, model.shape.page_size);
+  const int64_t pages = PageCount(model.sequences[index].length, model.shape.page_size);
   Check(response.live_frames() >= 0 &&
             response.live_frames() <= pages * model.shape.layers * model.shape.kv_groups,
         absl::StrCat("CloseSequence ", id, ": live_frames ", response.live_frames()));
@@ -440,7 +447,7 @@ void Worker::OpenDeep() {
   }
   deep_sequence_ = request.sequence_id();
   // Its statistic, layer after layer, after the slots of the worker's segment.
-  const std::string values = RandomStatistic(deep_shape_, deep_tokens_, v1::DTYPE_BFLOAT16);
+  const std::string values = RandomStatistic(deep_shape_, deep_tokens_, DType::kBFloat16);
   const int fd = ::shm_open(segment_.c_str(), O_RDWR, 0);
   if (fd < 0) return;
   for (int l = 0; l < deep_shape_.layers; ++l) {
@@ -518,7 +525,7 @@ void Worker::ConsistencyCheck() {
     int64_t live = 0;
     if (info.block_tables_size() != s.layers * s.kv_groups) problem = "block table count";
     for (const v1::BlockTable& table : info.block_tables()) {
-      if (table.frames_size() != Pages(it->length, s.page_size)) problem = "block table length";
+      if (table.frames_size() != PageCount(it->length, s.page_size)) problem = "block table length";
       for (const int32_t frame : table.frames()) {
         if (frame < 0) continue;
         ++live;
@@ -597,7 +604,7 @@ void Worker::Browse() {
   const v1::ModelGeometry& g = response.pool().geometry();
   Check(g.layers() == model.shape.layers && g.query_heads() == model.shape.query_heads &&
             g.kv_groups() == model.shape.kv_groups && g.page_size() == model.shape.page_size &&
-            response.pool().frame_layout() == model.shape.layout,
+            response.pool().frame_layout() == wire::ToProto(model.shape.layout),
         "GetModel " + model.id + ": " + Cut(response.pool().ShortDebugString()));
 }
 
@@ -619,70 +626,107 @@ void Worker::ScrapeMetrics() {
 // ---------------------------------------------------------------------------------------------
 // Decisions
 
-v1::PolicyParams Worker::RandomPolicy() {
-  v1::PolicyParams params;
-  params.set_name(kPolicies[Uniform(0, std::size(kPolicies) - 1)]);
+Worker::PolicyChoice Worker::RandomPolicy(int page_size) {
+  static const std::vector<absl::string_view> kNames = PolicyNames();
   static constexpr double kTaus[] = {0.25, 0.5, 1.0, 2.0};
   static constexpr double kAlphas[] = {0.5, 1.0, 2.0, std::numeric_limits<double>::infinity()};
   static constexpr int kSinks[] = {0, 4, 17};
   static constexpr int kRecent[] = {0, 0, 1, 3};
-  params.set_tau(kTaus[Uniform(0, 3)]);
-  params.set_alpha(kAlphas[Uniform(0, 3)]);
-  params.set_sink_tokens(kSinks[Uniform(0, 2)]);
-  params.set_protect_tail_page(Chance(70));
-  params.set_protect_sink_pages(Chance(30));
-  params.set_protect_recent_pages(kRecent[Uniform(0, 3)]);
-  params.set_scope(Chance(50) ? v1::SELECTION_SCOPE_GROUP : v1::SELECTION_SCOPE_LAYER);
-  return params;
+  // Every parameter the contract lets a request set is set, so the answer does not depend on
+  // the daemon's defaults; the rest (snapkv_kernel) is the core's default on both sides.
+  PolicyChoice choice;
+  const absl::string_view name = kNames[Uniform(0, kNames.size() - 1)];
+  choice.policy = *FindPolicy(name);
+  choice.options.page_size = page_size;
+  choice.options.tau = kTaus[Uniform(0, 3)];
+  choice.options.alpha = kAlphas[Uniform(0, 3)];
+  choice.options.sink_tokens = kSinks[Uniform(0, 2)];
+  choice.options.protections.tail_page = Chance(70);
+  choice.options.protections.sink_pages = Chance(30);
+  choice.options.protections.recent_pages = kRecent[Uniform(0, 3)];
+  const bool layer_scope = Chance(50);
+  choice.scope = layer_scope ? SelectionScope::kLayer : SelectionScope::kGroup;
+
+  v1::PolicyParams& params = choice.params;
+  params.set_name(std::string(name));
+  params.set_tau(choice.options.tau);
+  params.set_alpha(choice.options.alpha);
+  params.set_sink_tokens(choice.options.sink_tokens);
+  params.set_protect_tail_page(choice.options.protections.tail_page);
+  params.set_protect_sink_pages(choice.options.protections.sink_pages);
+  params.set_protect_recent_pages(choice.options.protections.recent_pages);
+  params.set_scope(layer_scope ? v1::SELECTION_SCOPE_LAYER : v1::SELECTION_SCOPE_GROUP);
+  return choice;
 }
 
-v1::Budget Worker::RandomBudget(const Model& model, int64_t tokens) {
-  v1::Budget budget;
-  const int64_t pages = Pages(tokens, model.shape.page_size);
+Worker::BudgetChoice Worker::RandomBudget(const Model& model, int64_t tokens) {
+  const Shape& s = model.shape;
+  BudgetChoice choice;
+  const int64_t pages = PageCount(tokens, s.page_size);
   const int64_t kind = Uniform(0, 3);
   if (kind <= 1) {
-    budget.set_pages_per_group(Uniform(1, pages + 2));
-    return budget;
+    const int64_t per_group = Uniform(1, pages + 2);
+    choice.budget.set_pages_per_group(per_group);
+    choice.quotas = std::vector<int64_t>(static_cast<size_t>(s.layers), per_group);
+    return choice;
   }
+  BudgetRequest request;
   if (kind == 2) {
     static constexpr double kFractions[] = {0.1, 0.25, 0.5, 0.75, 1.0};
-    budget.set_fraction(kFractions[Uniform(0, 4)]);
+    const double fraction = kFractions[Uniform(0, 4)];
+    choice.budget.set_fraction(fraction);
+    request = FractionBudget(s.layers, s.kv_groups, s.page_size, tokens, fraction);
   } else {
-    budget.set_token_slots(Uniform(1, tokens * model.shape.kv_groups * model.shape.layers));
+    const int64_t slots = Uniform(1, tokens * s.kv_groups * s.layers);
+    choice.budget.set_token_slots(slots);
+    request = TokenSlotBudget(s.layers, s.kv_groups, s.page_size, tokens, slots);
   }
-  if (Chance(50)) budget.set_allocator("pyramid");
-  return budget;
+  if (Chance(50)) {
+    choice.budget.set_allocator("pyramid");
+    request.allocator = LayerAllocator::kPyramid;
+  }
+  // A random token_slots may be below one page per layer: then the planner's error is the
+  // answer.
+  absl::StatusOr<BudgetPlan> plan = PlanBudget(request);
+  if (plan.ok()) {
+    choice.quotas = std::move(plan->pages_per_layer);
+  } else {
+    choice.quotas = plan.status();
+  }
+  return choice;
 }
 
-std::string Worker::RandomStatistic(const Shape& shape, int64_t tokens, v1::DType dtype) {
+std::string Worker::RandomStatistic(const Shape& shape, int64_t tokens, DType dtype) {
   // Heavy-tailed, non-negative, some exact zeros; from a generator seeded by the worker's own,
   // so a seed gives the same values.
   std::mt19937 values(static_cast<uint32_t>(rng_()));
   std::exponential_distribution<float> draw(1.0f);
   const int64_t count = shape.query_heads * tokens;
-  const int width = dtype == v1::DTYPE_FLOAT32 ? 4 : 2;
+  const int width = DTypeBytes(dtype);
   std::string out(static_cast<size_t>(count * width), '\0');
   for (int64_t i = 0; i < count; ++i) {
     const float v = (values() % 16 == 0) ? 0.0f : draw(values) * draw(values);
-    if (width == 4) {
+    if (dtype == DType::kFloat32) {
       std::memcpy(&out[i * 4], &v, 4);
     } else {
-      const uint16_t bits = dtype == v1::DTYPE_BFLOAT16 ? FloatToBFloat16(v) : FloatToFloat16(v);
+      const uint16_t bits = dtype == DType::kBFloat16 ? FloatToBFloat16(v) : FloatToFloat16(v);
       std::memcpy(&out[i * 2], &bits, 2);
     }
   }
   return out;
 }
 
-void Worker::CheckDecision(Model& model, Sequence& sequence, const v1::PolicyParams& params,
-                           const v1::Budget& budget, bool use_cached, v1::DType dtype,
+void Worker::CheckDecision(Model& model, Sequence& sequence, const PolicyChoice& policy,
+                           const BudgetChoice& budget, bool use_cached, DType dtype,
                            const std::string& data, int layer, const v1::LayerDecision& decision,
                            Tables* tables) {
   const Shape& s = model.shape;
   const int64_t tokens = sequence.length;
-  const int64_t pages = Pages(tokens, s.page_size);
-  const std::string what = absl::StrCat("decision of ", sequence.id, " layer ", layer, " (",
-                                        params.name(), ", ", Cut(budget.ShortDebugString()), ")");
+  const int64_t pages = PageCount(tokens, s.page_size);
+  const v1::PolicyParams& params = policy.params;
+  const std::string what =
+      absl::StrCat("decision of ", sequence.id, " layer ", layer, " (", params.name(), ", ",
+                   Cut(budget.budget.ShortDebugString()), ")");
   bool shape_ok = decision.layer() == layer && decision.tokens() == tokens &&
                   decision.page_count() == pages && decision.policy() == params.name() &&
                   decision.scope() == params.scope() && decision.groups_size() == s.kv_groups;
@@ -709,34 +753,29 @@ void Worker::CheckDecision(Model& model, Sequence& sequence, const v1::PolicyPar
   }
   if (tables == nullptr) return;
 
-  // The core's own decision on the same statistic and the same live pages.
-  const service::ServerOptions defaults;
-  absl::StatusOr<service::ResolvedPolicy> policy =
-      service::ResolvePolicy(params, defaults, s.page_size);
-  absl::StatusOr<service::ResolvedBudget> quotas =
-      service::ResolveBudget(budget, true, ToCore(s), tokens);
-  absl::StatusOr<SelectionScope> scope = service::ResolveScope(
-      params.scope(), defaults,
-      s.layout == v1::FRAME_LAYOUT_LAYER ? FrameLayout::kLayer : FrameLayout::kGroup);
-  if (!policy.ok() || !quotas.ok() || !scope.ok()) {
-    Wrong(what + ": the daemon decided what the library refuses");
+  // The answer, independent of the daemon's code path: the core's reference scorer
+  // (DecideLayer, not the fused scorer the daemon runs) on the same statistic and live pages,
+  // for the policy, scope and quota the generator stated itself (not read back from the
+  // request through the wire library the daemon resolves it with).
+  if (!budget.quotas.ok()) {
+    Wrong(what + ": the daemon decided on a budget the planner refuses: " +
+          std::string(budget.quotas.status().message()));
     return;
   }
-  LayerRequest request;
+  std::optional<StatisticView> view;
   if (!data.empty()) {
-    absl::StatusOr<StatisticView> view =
-        StatisticView::Create(data.data(), ToCore(dtype), s.query_heads, tokens);
-    if (!view.ok()) {
+    absl::StatusOr<StatisticView> created =
+        StatisticView::Create(data.data(), dtype, s.query_heads, tokens);
+    if (!created.ok()) {
       Wrong(what + ": the generator's statistic is not a statistic");
       return;
     }
-    request.statistic = *view;
+    view = *created;
   }
-  request.query_heads = s.query_heads;
-  request.kv_groups = s.kv_groups;
-  request.tokens = tokens;
-  request.quota_pages = quotas->pages_per_layer[layer];
-  request.scope = *scope;
+  LayerRequest request = LayerRequestFor(view, s.query_heads, s.kv_groups, tokens,
+                                         (*budget.quotas)[static_cast<size_t>(layer)]);
+  request.scope = policy.scope;
+  request.measure = false;  // the measures are not compared; they do not change the pages
   std::vector<uint8_t> live;
   bool any_evicted = false;
   const auto& layer_tables = (*tables)[layer];
@@ -753,8 +792,7 @@ void Worker::CheckDecision(Model& model, Sequence& sequence, const v1::PolicyPar
   if (!any_evicted) live.clear();
   request.live_pages = live;
   if (use_cached) request.cached_weights = cached;
-  FusedScorer scorer(policy->options);
-  absl::StatusOr<LayerDecision> expected = scorer.DecideLayer(*policy->policy, request);
+  absl::StatusOr<LayerDecision> expected = DecideLayer(*policy.policy, policy.options, request);
   if (!expected.ok()) {
     Wrong(what +
           ": the daemon decided, the core refuses: " + std::string(expected.status().message()));
@@ -821,10 +859,14 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
   }
   Sequence& sequence = model.sequences[candidates[Uniform(0, candidates.size() - 1)]];
   const Shape& s = model.shape;
-  const v1::PolicyParams params = RandomPolicy();
-  const v1::Budget budget = RandomBudget(model, sequence.length);
-  static constexpr v1::DType kDTypes[] = {v1::DTYPE_FLOAT32, v1::DTYPE_FLOAT16, v1::DTYPE_BFLOAT16};
-  const v1::DType dtype = kDTypes[Uniform(0, 2)];
+  const PolicyChoice policy = RandomPolicy(s.page_size);
+  const BudgetChoice budget = RandomBudget(model, sequence.length);
+  // The element type as the generator encodes it and as it names it on the wire, both stated
+  // here rather than converted, so the check does not share the wire library with the daemon.
+  static constexpr std::pair<DType, v1::DType> kDTypes[] = {{DType::kFloat32, v1::DTYPE_FLOAT32},
+                                                            {DType::kFloat16, v1::DTYPE_FLOAT16},
+                                                            {DType::kBFloat16, v1::DTYPE_BFLOAT16}};
+  const auto [dtype, wire_dtype] = kDTypes[Uniform(0, 2)];
   std::vector<int> layers;
   if (stream) {
     const int64_t count = Uniform(1, 4);
@@ -837,12 +879,9 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
   }
   bool use_cached = Chance(30);
   for (const int layer : layers) use_cached &= sequence.cached_weights.contains(layer);
-  const bool no_statistic = params.name() == "streaming" && Chance(50);
+  const bool no_statistic = !policy.policy->needs_statistic() && Chance(50);
   by_shm &= !segment_.empty();
-  // The answer the library gives to this budget (a random token_slots may be too small).
-  const absl::Status budget_status =
-      service::ResolveBudget(budget, true, ToCore(s), sequence.length).status();
-  const StatusCode expected_code = static_cast<StatusCode>(budget_status.code());
+  const StatusCode expected_code = static_cast<StatusCode>(budget.quotas.status().code());
 
   Tables tables;
   Tables* known = nullptr;
@@ -858,7 +897,7 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
     if (no_statistic) continue;
     data[i] = RandomStatistic(s, sequence.length, dtype);
     v1::Statistic* stat = inputs[i].mutable_statistic();
-    stat->set_dtype(dtype);
+    stat->set_dtype(wire_dtype);
     stat->set_query_heads(s.query_heads);
     stat->set_tokens(sequence.length);
     stat->set_kind(static_cast<v1::StatisticKind>(Uniform(0, 3)));
@@ -881,8 +920,8 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
     request.set_model_id(model.id);
     request.set_sequence_id(sequence.id);
     for (const v1::LayerStatistic& input : inputs) *request.add_layers() = input;
-    *request.mutable_budget() = budget;
-    *request.mutable_policy() = params;
+    *request.mutable_budget() = budget.budget;
+    *request.mutable_policy() = policy.params;
     request.set_use_cached_weights(use_cached);
     v1::DecideResponse response;
     const grpc::Status status = Call("Decide", &v1::CacheManager::Stub::Decide, request, &response);
@@ -892,7 +931,7 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
       return;
     }
     for (size_t i = 0; i < layers.size(); ++i) {
-      CheckDecision(model, sequence, params, budget, use_cached, dtype, data[i], layers[i],
+      CheckDecision(model, sequence, policy, budget, use_cached, dtype, data[i], layers[i],
                     response.layers(static_cast<int>(i)), known);
     }
     return;
@@ -907,8 +946,8 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
     request.set_model_id(model.id);
     request.set_sequence_id(sequence.id);
     *request.mutable_layer() = inputs[i];
-    *request.mutable_budget() = budget;
-    *request.mutable_policy() = params;
+    *request.mutable_budget() = budget.budget;
+    *request.mutable_policy() = policy.params;
     bool cached_here = use_cached;
     request.set_use_cached_weights(cached_here);
     const auto start = Clock::now();
@@ -917,7 +956,7 @@ void Worker::Decide(Model& model, bool stream, bool by_shm) {
     CountCall("DecideStream",
               std::chrono::duration<double, std::milli>(Clock::now() - start).count(), nullptr);
     if (!broken) {
-      CheckDecision(model, sequence, params, budget, cached_here, dtype, data[i], layers[i],
+      CheckDecision(model, sequence, policy, budget, cached_here, dtype, data[i], layers[i],
                     decision, known);
     }
   }

@@ -17,9 +17,15 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/status/statusor.h"
 #include "bench/load/load_generator.h"
+#include "core/pool/geometry.h"
+#include "core/scoring/layer_scope.h"
+#include "core/scoring/policy.h"
+#include "core/util/dtype.h"
 #include "entrokv/v1/cache_manager.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
+#include "wire/convert.h"
 
 namespace entrokv::bench {
 
@@ -41,32 +47,36 @@ struct Shape {
   int head_dim = 4;
   int page_size = 16;
   int element_bytes = 2;
-  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;
+  FrameLayout layout = FrameLayout::kGroup;
+
+  [[nodiscard]] ModelGeometry geometry() const {
+    ModelGeometry geometry;
+    geometry.layers = layers;
+    geometry.query_heads = query_heads;
+    geometry.kv_groups = kv_groups;
+    geometry.head_dim = head_dim;
+    geometry.page_size = page_size;
+    geometry.element_bytes = element_bytes;
+    return geometry;
+  }
 };
 
 // The models the run registers for every worker before they start (load_generator.cc), whose
 // shapes the workers check their answers against.
-inline constexpr Shape kSharedGroupShape{4, 8, 4, 4, 16, 2, v1::FRAME_LAYOUT_GROUP};
-inline constexpr Shape kSharedLayerShape{2, 12, 2, 4, 16, 2, v1::FRAME_LAYOUT_LAYER};
-inline constexpr Shape kDeepShape{6, 32, 8, 1, 16, 2, v1::FRAME_LAYOUT_GROUP};
+inline constexpr Shape kSharedGroupShape{4, 8, 4, 4, 16, 2, FrameLayout::kGroup};
+inline constexpr Shape kSharedLayerShape{2, 12, 2, 4, 16, 2, FrameLayout::kLayer};
+inline constexpr Shape kDeepShape{6, 32, 8, 1, 16, 2, FrameLayout::kGroup};
 
 // A RegisterModel request for a host pool of `shape` (every valid registration the generator
 // sends).
 inline v1::RegisterModelRequest RegisterRequestFor(const std::string& id, const Shape& shape,
                                                    uint64_t capacity_bytes) {
-  v1::RegisterModelRequest request;
-  request.set_model_id(id);
-  v1::ModelGeometry* geometry = request.mutable_geometry();
-  geometry->set_layers(shape.layers);
-  geometry->set_query_heads(shape.query_heads);
-  geometry->set_kv_groups(shape.kv_groups);
-  geometry->set_head_dim(shape.head_dim);
-  geometry->set_page_size(shape.page_size);
-  geometry->set_element_bytes(shape.element_bytes);
-  request.set_capacity_bytes(capacity_bytes);
-  request.set_frame_layout(shape.layout);
-  request.set_backend(v1::BACKEND_HOST);
-  return request;
+  wire::PoolRequest pool;
+  pool.geometry = shape.geometry();
+  pool.capacity_bytes = capacity_bytes;
+  pool.layout = shape.layout;
+  pool.backend = Backend::kHost;
+  return wire::ToRegisterRequest(id, pool);
 }
 
 // What every worker shares: the options, the stop signal, the counters that bound the run, the
@@ -151,6 +161,14 @@ class Worker {
   // True when `status` has one of `codes`; otherwise a wrong answer (or an unavailable daemon).
   bool Expect(const grpc::Status& status, std::initializer_list<grpc::StatusCode> codes,
               const std::string& what);
+  // The answer a bad request must get: `code`, and when `field` is set a message that starts
+  // with it (the contract names the offending field first).
+  struct Refusal {
+    grpc::StatusCode code = grpc::StatusCode::INVALID_ARGUMENT;
+    const char* field = nullptr;
+  };
+  // Expect(status, {refusal.code}) and the field; true when the code was right.
+  bool ExpectRefusal(const grpc::Status& status, const Refusal& refusal, const std::string& what);
   void Check(bool ok, const std::string& what);
   void Wrong(const std::string& what);
   // A call answered UNAVAILABLE: counted; the run stops if the daemon is gone.
@@ -169,30 +187,67 @@ class Worker {
   void ScrapeMetrics();
   void OpenDeep();
 
-  // Bad requests, one case per call, picked at random.
+  // One bad request, of a case picked at random (worker_bad_requests.cc: the table of cases).
   void BadRequest();
   // Runs `send` and checks the private pool's counters are unchanged by it.
   void Unchanged(const char* what, absl::FunctionRef<void()> send);
   [[nodiscard]] Snapshot TakeSnapshot();
   // A private sequence with at least one token, opened if none; nullptr when that fails.
   Sequence* PrivateSequence();
-  // A valid one-layer DecideRequest for `sequence` of the private model (bytes, bf16).
+  // A valid one-layer DecideRequest for `sequence` of the private model (bytes, bf16, 4 pages
+  // per group: ValidBudget).
   [[nodiscard]] v1::DecideRequest ValidDecide(const Sequence& sequence, int layer);
-  void BadDeadline();
+  // Sends `request`, spoiled, to Decide and checks it is refused with `refusal` and changes
+  // nothing; `bad_case` names it in the tally, `what` in a wrong answer.
+  void DecideRefused(const v1::DecideRequest& request, const Refusal& refusal, const char* bad_case,
+                     const std::string& what);
+  // The cases, one function each: what it sends, the code and field it expects.
+  void BadId();
+  void BadUnknownModel();
+  void BadUnknownSequence();
+  void BadDuplicate();
+  void BadTokenCount();
+  void BadFork();
+  void BadBudget();
+  void BadPolicy();
+  void BadHugeEcho();
+  void ExtremeProtections();
+  void BadStatistic();
+  void BadLayers();
+  void BadNoCachedWeights();
+  void BadShm();
   void BadGarbageUnary();
   void BadGarbageStream();
-  void BadShm(int variant);
-  void BadRegister(int variant);
+  void BadDeadline();
+  void BadRegister();
+  void BadPoolLimits();
 
-  // Decision helpers.
-  [[nodiscard]] v1::PolicyParams RandomPolicy();
-  [[nodiscard]] v1::Budget RandomBudget(const Model& model, int64_t tokens);
-  [[nodiscard]] std::string RandomStatistic(const Shape& shape, int64_t tokens, v1::DType dtype);
+  // Decision helpers. The generator states the policy, scope and quotas it means itself, from
+  // the same draws as the request's fields, so that a decision is checked without the daemon's
+  // request resolution (the wire library) or its fused scorer.
+  struct PolicyChoice {
+    v1::PolicyParams params;  // what the request carries
+    const Policy* policy = nullptr;
+    PolicyOptions options;
+    SelectionScope scope = SelectionScope::kGroup;
+  };
+  struct BudgetChoice {
+    v1::Budget budget;  // what the request carries
+    // The quota of every layer (the core's planner for fractions and token slots), or the
+    // error the daemon must answer with.
+    absl::StatusOr<std::vector<int64_t>> quotas;
+  };
+  [[nodiscard]] PolicyChoice RandomPolicy(int page_size);
+  // The budget of ValidDecide: 4 pages per group of the private model.
+  [[nodiscard]] BudgetChoice ValidBudget() const;
+  [[nodiscard]] BudgetChoice RandomBudget(const Model& model, int64_t tokens);
+  [[nodiscard]] std::string RandomStatistic(const Shape& shape, int64_t tokens, DType dtype);
   [[nodiscard]] bool ReadTables(Model& model, const std::string& sequence_id, Tables* tables);
-  // Checks one layer's decision; for an exact model against the core's own decision on `data`
-  // (empty: no statistic) with `tables` as the state before, which it then updates.
-  void CheckDecision(Model& model, Sequence& sequence, const v1::PolicyParams& params,
-                     const v1::Budget& budget, bool use_cached, v1::DType dtype,
+  // Checks one layer's decision; for an exact model against the core's reference decision
+  // (DecideLayer) on `data` (empty: no statistic) with `tables` as the state before, which it
+  // then updates.
+  void CheckDecision(Model& model, Sequence& sequence, const PolicyChoice& policy,
+                     const BudgetChoice& budget, bool use_cached, DType dtype,
                      const std::string& data, int layer, const v1::LayerDecision& decision,
                      Tables* tables);
 

@@ -14,7 +14,6 @@
 #include "absl/strings/str_cat.h"
 #include "bench/load/worker.h"
 #include "core/pool/geometry.h"
-#include "core/util/dtype.h"
 #include "entrokv/v1/cache_manager.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -27,60 +26,11 @@ inline constexpr int kMaxSequencesPerModel = 4;
 inline constexpr int kSlots = 8;  // statistics one call may reference in the worker's segment
 inline constexpr int64_t kSlotBytes = int64_t{12} * kMaxTokens * 4;  // the largest layer statistic
 inline constexpr uint64_t kPrivateCapacityBytes = uint64_t{4} << 20;
-inline constexpr const char* kPolicies[] = {"page_entrokv",     "raw_entropy", "mean", "max",
-                                            "head_independent", "snapkv",      "h2o",  "streaming"};
-
 // The private model: only its worker uses it, so decisions and counters are checked exactly.
-inline constexpr Shape kPrivateShape{3, 8, 2, 4, 16, 2, v1::FRAME_LAYOUT_GROUP};
-
-inline int64_t Pages(int64_t tokens, int page_size) { return (tokens + page_size - 1) / page_size; }
-
-inline std::string CodeName(StatusCode code) {
-  static const char* const kNames[] = {"OK",
-                                       "CANCELLED",
-                                       "UNKNOWN",
-                                       "INVALID_ARGUMENT",
-                                       "DEADLINE_EXCEEDED",
-                                       "NOT_FOUND",
-                                       "ALREADY_EXISTS",
-                                       "PERMISSION_DENIED",
-                                       "RESOURCE_EXHAUSTED",
-                                       "FAILED_PRECONDITION",
-                                       "ABORTED",
-                                       "OUT_OF_RANGE",
-                                       "UNIMPLEMENTED",
-                                       "INTERNAL",
-                                       "UNAVAILABLE",
-                                       "DATA_LOSS",
-                                       "UNAUTHENTICATED"};
-  const int index = static_cast<int>(code);
-  return index >= 0 && index < 17 ? kNames[index] : absl::StrCat("code ", index);
-}
+inline constexpr Shape kPrivateShape{3, 8, 2, 4, 16, 2, FrameLayout::kGroup};
 
 inline std::string Cut(const std::string& text) {
   return text.size() <= 300 ? text : absl::StrCat(text.substr(0, 300), "...");
-}
-
-inline DType ToCore(v1::DType dtype) {
-  switch (dtype) {
-    case v1::DTYPE_FLOAT16:
-      return DType::kFloat16;
-    case v1::DTYPE_BFLOAT16:
-      return DType::kBFloat16;
-    default:
-      return DType::kFloat32;
-  }
-}
-
-inline ModelGeometry ToCore(const Shape& shape) {
-  ModelGeometry geometry;
-  geometry.layers = shape.layers;
-  geometry.query_heads = shape.query_heads;
-  geometry.kv_groups = shape.kv_groups;
-  geometry.head_dim = shape.head_dim;
-  geometry.page_size = shape.page_size;
-  geometry.element_bytes = shape.element_bytes;
-  return geometry;
 }
 
 // Ascending, distinct, in [0, pages).
@@ -107,7 +57,7 @@ inline bool FrameList(const google::protobuf::RepeatedPtrField<v1::FrameAssignme
       return false;
     }
     const auto [it, fresh] = owner.emplace(f.frame(), std::make_pair(f.layer(), f.page()));
-    if (!fresh && (shape.layout == v1::FRAME_LAYOUT_GROUP ||
+    if (!fresh && (shape.layout == FrameLayout::kGroup ||
                    it->second != std::make_pair(f.layer(), f.page()))) {
       return false;
     }

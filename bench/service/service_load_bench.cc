@@ -81,13 +81,9 @@ double CoreMsPerLayer(const std::vector<std::string>& layers) {
   for (int pass = 0; pass < 5; ++pass) {
     const auto start = Clock::now();
     for (const std::string& layer : layers) {
-      entrokv::LayerRequest request;
-      request.statistic =
-          *entrokv::StatisticView::Create(layer.data(), entrokv::DType::kBFloat16, kHeads, kTokens);
-      request.query_heads = kHeads;
-      request.kv_groups = kGroups;
-      request.tokens = kTokens;
-      request.quota_pages = quota;
+      const entrokv::LayerRequest request = entrokv::LayerRequestFor(
+          *entrokv::StatisticView::Create(layer.data(), entrokv::DType::kBFloat16, kHeads, kTokens),
+          kHeads, kGroups, kTokens, quota);
       if (!scorer.DecideLayer(policy, request).ok()) std::abort();
     }
     passes.push_back(std::chrono::duration<double, std::milli>(Clock::now() - start).count() /

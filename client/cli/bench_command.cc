@@ -172,27 +172,21 @@ absl::Status Run(const ArgParser& parser) {
   options.alpha = alpha;
   options.protections.tail_page = parser.GetFlag("protect-tail");
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
-  BudgetRequest budget_request;
-  budget_request.layers = setup.layers;
-  budget_request.kv_groups = setup.kv_groups;
-  budget_request.page_size = options.page_size;
-  budget_request.tokens = setup.tokens;
-  budget_request.fraction = budget;
-  ASSIGN_OR_RETURN(const BudgetPlan plan, PlanBudget(budget_request));
+  ASSIGN_OR_RETURN(const BudgetPlan plan,
+                   PlanBudget(FractionBudget(setup.layers, setup.kv_groups, options.page_size,
+                                             setup.tokens, budget)));
 
   if (!parser.Given("input")) FillStatistic(static_cast<uint64_t>(seed), &setup);
   const int64_t layer_elements = static_cast<int64_t>(setup.query_heads) * setup.tokens;
   std::vector<LayerRequest> requests(static_cast<size_t>(setup.layers));
   for (int l = 0; l < setup.layers; ++l) {
-    LayerRequest& request = requests[static_cast<size_t>(l)];
     ASSIGN_OR_RETURN(
-        request.statistic,
+        const StatisticView view,
         StatisticView::Create(setup.bytes.data() + l * layer_elements * DTypeBytes(setup.dtype),
                               setup.dtype, setup.query_heads, setup.tokens));
-    request.query_heads = setup.query_heads;
-    request.kv_groups = setup.kv_groups;
-    request.tokens = setup.tokens;
-    request.quota_pages = plan.pages_per_layer[static_cast<size_t>(l)];
+    LayerRequest& request = requests[static_cast<size_t>(l)];
+    request = LayerRequestFor(view, setup.query_heads, setup.kv_groups, setup.tokens,
+                              plan.pages_per_layer[static_cast<size_t>(l)]);
     request.measure = parser.GetFlag("measure");
   }
 

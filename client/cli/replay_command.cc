@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cstdio>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +22,9 @@
 #include "client/cli/command.h"
 #include "client/cli/server_args.h"
 #include "client/cpp/client.h"
+#include "core/pool/geometry.h"
 #include "core/scoring/budget.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/policy.h"
 #include "core/util/json.h"
@@ -29,6 +32,7 @@
 #include "sim/needles.h"
 #include "sim/presets.h"
 #include "sim/workload.h"
+#include "wire/convert.h"
 
 namespace entrokv::cli {
 namespace {
@@ -40,9 +44,9 @@ struct ReplayOptions {
   double budget = 0;
   int page_size = 16;
   std::vector<std::string> policies;
-  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;      // auto: the pool's default
-  v1::FrameLayout register_layout = v1::FRAME_LAYOUT_UNSPECIFIED;  // asked for: daemon's
-  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;                 // the pool's, once registered
+  v1::SelectionScope scope = v1::SELECTION_SCOPE_UNSPECIFIED;  // auto: the pool's default
+  std::optional<FrameLayout> register_layout;       // asked for; nullopt: the daemon's default
+  v1::FrameLayout layout = v1::FRAME_LAYOUT_GROUP;  // the pool's, once registered
   int sequences = 1;
   int concurrency = 1;
   uint64_t seed = 1;
@@ -114,9 +118,7 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
     statistic->set_dtype(v1::DTYPE_FLOAT32);
     statistic->set_query_heads(preset.query_heads);
     statistic->set_tokens(options.tokens);
-    statistic->set_kind(workload.kind == StatisticKind::kAccumulated
-                            ? v1::STATISTIC_KIND_ACCUMULATED
-                            : v1::STATISTIC_KIND_LAST_ROW);
+    statistic->set_kind(wire::ToProto(workload.kind));
     statistic->set_data(values.data(), values.size() * sizeof(float));
     request.mutable_budget()->set_fraction(options.budget);
     request.mutable_policy()->set_name(policy);
@@ -201,22 +203,20 @@ absl::StatusOr<int64_t> UsedFrames(Client& client, const std::string& model_id) 
 // layout, in whose frames the replay counts.
 absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions& options) {
   const sim::ModelPreset& preset = options.preset;
-  v1::RegisterModelRequest request;
-  request.set_model_id(options.model_id);
-  v1::ModelGeometry* geometry = request.mutable_geometry();
-  geometry->set_layers(preset.layers);
-  geometry->set_query_heads(preset.query_heads);
-  geometry->set_kv_groups(preset.kv_groups);
-  geometry->set_head_dim(preset.head_dim);
-  geometry->set_page_size(options.page_size);
-  geometry->set_element_bytes(2);
+  wire::PoolRequest pool;
+  pool.geometry.layers = preset.layers;
+  pool.geometry.query_heads = preset.query_heads;
+  pool.geometry.kv_groups = preset.kv_groups;
+  pool.geometry.head_dim = preset.head_dim;
+  pool.geometry.page_size = options.page_size;
+  pool.geometry.element_bytes = 2;
   // Room for every sequence of one policy at full length, in the GROUP layout.
   const int64_t frames = static_cast<int64_t>(options.sequences) * preset.layers *
                          preset.kv_groups * PageCount(options.tokens, options.page_size);
-  request.set_capacity_bytes(static_cast<uint64_t>(frames) * 2 * options.page_size *
-                             preset.head_dim * 2);
-  request.set_frame_layout(options.register_layout);
-  auto registered = client.RegisterModel(request);
+  pool.capacity_bytes =
+      static_cast<uint64_t>(frames) * FrameBytes(pool.geometry, FrameLayout::kGroup);
+  pool.layout = options.register_layout;
+  auto registered = client.RegisterModel(options.model_id, pool);
   if (registered.ok()) return registered->pool().frame_layout();
   if (registered.status().code() != absl::StatusCode::kAlreadyExists) return registered.status();
   v1::GetModelRequest get;
@@ -225,8 +225,8 @@ absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions&
   const v1::ModelGeometry& have = existing.pool().geometry();
   if (have.layers() != preset.layers || have.query_heads() != preset.query_heads ||
       have.kv_groups() != preset.kv_groups || have.page_size() != options.page_size ||
-      (options.register_layout != v1::FRAME_LAYOUT_UNSPECIFIED &&
-       existing.pool().frame_layout() != options.register_layout)) {
+      (options.register_layout.has_value() &&
+       existing.pool().frame_layout() != wire::ToProto(*options.register_layout))) {
     return absl::FailedPreconditionError(
         absl::StrCat("model ", options.model_id,
                      " is registered with another geometry or frame layout; pass --model-id"));
@@ -239,13 +239,9 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
   const sim::ModelPreset& preset = options.preset;
   PolicyReport report;
   report.policy = policy;
-  BudgetRequest budget;
-  budget.layers = preset.layers;
-  budget.kv_groups = preset.kv_groups;
-  budget.page_size = options.page_size;
-  budget.tokens = options.tokens;
-  budget.fraction = options.budget;
-  ASSIGN_OR_RETURN(const BudgetPlan plan, PlanBudget(budget));
+  ASSIGN_OR_RETURN(const BudgetPlan plan,
+                   PlanBudget(FractionBudget(preset.layers, preset.kv_groups, options.page_size,
+                                             options.tokens, options.budget)));
   ASSIGN_OR_RETURN(report.frames_used_baseline, UsedFrames(client, options.model_id));
   // A LAYER-layout frame holds every group of a page, so the plan's layer-pages are its frames.
   const int64_t frames_per_layer_page =
@@ -302,15 +298,8 @@ absl::StatusOr<PolicyReport> ReplayPolicy(Client& client, const ReplayOptions& o
 
 double Ratio(double part, double whole) { return whole > 0 ? part / whole : 0.0; }
 
-std::string ScopeName(v1::SelectionScope scope) {
-  return scope == v1::SELECTION_SCOPE_LAYER   ? "layer"
-         : scope == v1::SELECTION_SCOPE_GROUP ? "group"
-                                              : "auto";
-}
-
-std::string LayoutName(v1::FrameLayout layout) {
-  return layout == v1::FRAME_LAYOUT_LAYER ? "layer" : "group";
-}
+using wire::LayoutName;
+using wire::ScopeName;
 
 // The group-scope frames column: meaningful in the LAYER layout only, where a page is one frame.
 std::string GroupScopeFrames(const ReplayOptions& options, const PolicyReport& report) {
@@ -381,9 +370,7 @@ absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
   ASSIGN_OR_RETURN(options.tokens, args.GetInt("tokens"));
   if (options.tokens < 1) return absl::InvalidArgumentError("--tokens: must be positive");
   ASSIGN_OR_RETURN(options.budget, args.GetDouble("budget"));
-  if (!(options.budget > 0 && options.budget <= 1)) {
-    return absl::InvalidArgumentError("--budget: must be a fraction in (0, 1]");
-  }
+  RETURN_IF_ERROR(ValidateBudgetFraction("--budget", options.budget));
   ASSIGN_OR_RETURN(const int64_t page_size, args.GetInt("page-size"));
   if (page_size < 1) return absl::InvalidArgumentError("--page-size: must be positive");
   options.page_size = static_cast<int>(page_size);
@@ -405,22 +392,22 @@ absl::StatusOr<ReplayOptions> ParseOptions(const ArgParser& args) {
   ASSIGN_OR_RETURN(const int64_t seed, args.GetInt("seed"));
   options.seed = static_cast<uint64_t>(seed);
   const std::string scope = args.Get("scope");
-  if (scope == "group") {
-    options.scope = v1::SELECTION_SCOPE_GROUP;
-  } else if (scope == "layer") {
-    options.scope = v1::SELECTION_SCOPE_LAYER;
-  } else if (scope != "auto") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--scope: '", scope, "' is not one of auto, group, layer"));
+  if (scope != "auto") {  // auto: left unspecified, for the daemon to resolve
+    const absl::StatusOr<SelectionScope> parsed = ParseSelectionScope("--scope", scope);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--scope: '", scope, "' is not one of auto, group, layer"));
+    }
+    options.scope = wire::ToProto(*parsed);
   }
   const std::string layout = args.Get("frame-layout");
-  if (layout == "group") {
-    options.register_layout = v1::FRAME_LAYOUT_GROUP;
-  } else if (layout == "layer") {
-    options.register_layout = v1::FRAME_LAYOUT_LAYER;
-  } else if (!layout.empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--frame-layout: '", layout, "' is not one of group, layer"));
+  if (!layout.empty()) {
+    const absl::StatusOr<FrameLayout> parsed = ParseFrameLayout(layout);
+    if (!parsed.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--frame-layout: '", layout, "' is not one of group, layer"));
+    }
+    options.register_layout = *parsed;
   }
   options.keep_open = args.GetFlag("keep-open");
   options.json = args.GetFlag("json");

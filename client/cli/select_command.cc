@@ -151,13 +151,10 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
     }
     quotas.assign(static_cast<size_t>(loaded.layers), pages);
   } else {
-    BudgetRequest request;
-    request.layers = loaded.layers;
-    request.kv_groups = static_cast<int>(kv_groups);
-    request.page_size = options.page_size;
-    request.tokens = loaded.tokens;
-    ASSIGN_OR_RETURN(request.fraction, args.GetDouble("budget"));
-    ASSIGN_OR_RETURN(BudgetPlan plan, PlanBudget(request));
+    ASSIGN_OR_RETURN(const double fraction, args.GetDouble("budget"));
+    ASSIGN_OR_RETURN(BudgetPlan plan,
+                     PlanBudget(FractionBudget(loaded.layers, static_cast<int>(kv_groups),
+                                               options.page_size, loaded.tokens, fraction)));
     quotas = plan.pages_per_layer;
   }
 
@@ -169,12 +166,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
         StatisticView view,
         StatisticView::Create(loaded.array.bytes.data() + layer * layer_elements * element_bytes,
                               loaded.dtype, loaded.query_heads, loaded.tokens));
-    LayerRequest request;
-    request.statistic = view;
-    request.query_heads = loaded.query_heads;
-    request.kv_groups = static_cast<int>(kv_groups);
-    request.tokens = loaded.tokens;
-    request.quota_pages = quotas[static_cast<size_t>(layer)];
+    LayerRequest request = LayerRequestFor(view, loaded.query_heads, static_cast<int>(kv_groups),
+                                           loaded.tokens, quotas[static_cast<size_t>(layer)]);
     request.scope = scope;
     request.combine = combine;
     auto decision = DecideLayer(*policy, options, request);

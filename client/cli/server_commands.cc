@@ -13,19 +13,16 @@
 #include "client/cli/server_args.h"
 #include "client/cpp/client.h"
 #include "core/util/json.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "google/protobuf/util/json_util.h"
+#include "wire/convert.h"
 
 namespace entrokv::cli {
 namespace {
 
-std::string LayoutName(v1::FrameLayout layout) {
-  return layout == v1::FRAME_LAYOUT_LAYER ? "layer" : "group";
-}
-
-std::string BackendName(v1::Backend backend) {
-  return backend == v1::BACKEND_CUDA ? "cuda" : "host";
-}
+using wire::BackendName;
+using wire::LayoutName;
 
 // Parses the shared options; returns a usage exit code, or -1 to go on.
 int Parse(ArgParser& args, const std::vector<std::string>& argv, const std::string& command,
@@ -120,7 +117,7 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
     v1::ListSequencesRequest request;
     request.set_model_id(pool.model_id());
     RETURN_IF_ERROR(client.ForEachSequence(request, [&](const v1::SequenceInfo& sequence) {
-      const int64_t table_pages = (sequence.length_tokens() + page_size - 1) / page_size;
+      const int64_t table_pages = PageCount(sequence.length_tokens(), page_size);
       absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n", pool.model_id(),
                                              sequence.sequence_id(), sequence.length_tokens(),
                                              sequence.live_frames(), tables, table_pages));

@@ -23,6 +23,7 @@
 #include "core/scoring/decision.h"
 #include "core/scoring/policy.h"
 #include "core/testing/status_matchers.h"
+#include "core/util/page_count.h"
 #include "gtest/gtest.h"
 
 namespace entrokv {
@@ -52,9 +53,7 @@ class ReferenceModel {
   std::map<std::string, ModelSequence> sequences;
   std::map<int64_t, uint64_t> tag;  // content id -> bytes the frame must start with
 
-  int64_t Pages(int64_t tokens) const {
-    return (tokens + kGeometry.page_size - 1) / kGeometry.page_size;
-  }
+  int64_t Pages(int64_t tokens) const { return PageCount(tokens, kGeometry.page_size); }
 
   std::set<int64_t> LiveContent() const {
     std::set<int64_t> live;
@@ -306,13 +305,11 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
         const Policy* policy = *FindPolicy(policy_name);
         PolicyOptions options;
         options.page_size = kGeometry.page_size;
-        LayerRequest request;
-        request.statistic = *StatisticView::Create(statistic.data(), DType::kFloat32,
-                                                   kGeometry.query_heads, length);
-        request.query_heads = kGeometry.query_heads;
-        request.kv_groups = kGeometry.kv_groups;
-        request.tokens = length;
-        request.quota_pages = uniform(1, model.Pages(length) + 1);
+        LayerRequest request =
+            LayerRequestFor(*StatisticView::Create(statistic.data(), DType::kFloat32,
+                                                   kGeometry.query_heads, length),
+                            kGeometry.query_heads, kGeometry.kv_groups, length,
+                            uniform(1, model.Pages(length) + 1));
         request.measure = false;
         auto decision = DecideLayer(*policy, options, request);
         ASSERT_TRUE(decision.ok()) << policy_name << ": " << decision.status();

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "core/pool/geometry.h"
 #include "core/pool/page_pool.h"
+#include "core/util/page_count.h"
 
 namespace entrokv {
 
@@ -159,7 +160,7 @@ class Sequence {
   struct TailPlan;  // what Append does to one unit's tail page
 
   [[nodiscard]] int64_t PagesFor(int64_t tokens) const {
-    return (tokens + geometry_.page_size - 1) / geometry_.page_size;
+    return PageCount(tokens, geometry_.page_size);
   }
   [[nodiscard]] int unit_groups() const {
     return layout_ == FrameLayout::kGroup ? 1 : geometry_.kv_groups;

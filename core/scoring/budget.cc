@@ -102,6 +102,33 @@ absl::Status CheckRange(absl::string_view field, int64_t value, int64_t low, int
 
 }  // namespace
 
+BudgetRequest FractionBudget(int layers, int kv_groups, int page_size, int64_t tokens,
+                             double fraction) {
+  BudgetRequest request;
+  request.layers = layers;
+  request.kv_groups = kv_groups;
+  request.page_size = page_size;
+  request.tokens = tokens;
+  request.fraction = fraction;
+  return request;
+}
+
+BudgetRequest TokenSlotBudget(int layers, int kv_groups, int page_size, int64_t tokens,
+                              int64_t token_slots) {
+  BudgetRequest request;
+  request.layers = layers;
+  request.kv_groups = kv_groups;
+  request.page_size = page_size;
+  request.tokens = tokens;
+  request.token_slots = token_slots;
+  return request;
+}
+
+absl::Status ValidateBudgetFraction(absl::string_view field, double fraction) {
+  if (fraction > 0.0 && fraction <= 1.0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in (0, 1], got ", fraction));
+}
+
 absl::StatusOr<LayerAllocator> ParseLayerAllocator(absl::string_view name) {
   if (name == "uniform") return LayerAllocator::kUniform;
   if (name == "pyramid") return LayerAllocator::kPyramid;
@@ -134,10 +161,7 @@ absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request) {
     asked_slots = *request.token_slots;
   } else {
     const double fraction = *request.fraction;
-    if (!(fraction > 0.0 && fraction <= 1.0)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("fraction: must be in (0, 1], got ", fraction));
-    }
+    if (absl::Status s = ValidateBudgetFraction("fraction", fraction); !s.ok()) return s;
     if (request.tokens <= 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("tokens: must be positive with a fraction budget, got ", request.tokens));

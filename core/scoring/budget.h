@@ -6,9 +6,10 @@
 #include <cstdint>
 #include <optional>
 #include <vector>
-#include "absl/strings/string_view.h"
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace entrokv {
 
@@ -39,6 +40,19 @@ struct BudgetRequest {
   std::optional<double> fraction;
   LayerAllocator allocator = LayerAllocator::kUniform;
 };
+
+// A budget of the share `fraction` of a sequence of `tokens` tokens, for a model of `layers`
+// layers and `kv_groups` KV heads in pages of `page_size` tokens (the uniform allocator).
+[[nodiscard]] BudgetRequest FractionBudget(int layers, int kv_groups, int page_size, int64_t tokens,
+                                           double fraction);
+// The same model and sequence with a budget of `token_slots` token slots.
+[[nodiscard]] BudgetRequest TokenSlotBudget(int layers, int kv_groups, int page_size,
+                                            int64_t tokens, int64_t token_slots);
+
+// A budget fraction is in (0, 1]: INVALID_ARGUMENT "<field>: must be in (0, 1], got F" (NaN
+// included) otherwise. PlanBudget checks it; callers that take a fraction from their own input
+// check it with this too, so every path refuses the same values.
+[[nodiscard]] absl::Status ValidateBudgetFraction(absl::string_view field, double fraction);
 
 struct BudgetPlan {
   std::vector<int64_t> pages_per_layer;  // K_l, the quota of every group of layer l, <= n

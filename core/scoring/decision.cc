@@ -72,6 +72,17 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
   return absl::OkStatus();
 }
 
+LayerRequest LayerRequestFor(std::optional<StatisticView> statistic, int query_heads, int kv_groups,
+                             int64_t tokens, int64_t quota_pages) {
+  LayerRequest request;
+  request.statistic = statistic;
+  request.query_heads = query_heads;
+  request.kv_groups = kv_groups;
+  request.tokens = tokens;
+  request.quota_pages = quota_pages;
+  return request;
+}
+
 absl::Status CheckCancelled(const LayerRequest& request, int groups_scored) {
   if (request.cancelled && request.cancelled()) {
     return absl::CancelledError(absl::StrCat("scoring cancelled after ", groups_scored, " of ",

@@ -37,6 +37,12 @@ struct LayerRequest {
   std::function<bool()> cancelled;
 };
 
+// A request over `statistic` (absent for a policy that needs none) for `query_heads` heads in
+// `kv_groups` groups and a sequence of `tokens` tokens, keeping `quota_pages` pages per group;
+// every other field at its default (every page held, no cached weights, measured, group scope).
+[[nodiscard]] LayerRequest LayerRequestFor(std::optional<StatisticView> statistic, int query_heads,
+                                           int kv_groups, int64_t tokens, int64_t quota_pages);
+
 // CANCELLED naming how far scoring got, when request.cancelled says so; OK otherwise.
 [[nodiscard]] absl::Status CheckCancelled(const LayerRequest& request, int groups_scored);
 

@@ -7,6 +7,7 @@
 #include <set>
 #include <vector>
 
+#include "core/scoring/pages.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -115,7 +116,7 @@ TEST(MetricsTest, PageSumsAreThePlainPerPageSums) {
     const auto tokens = std::uniform_int_distribution<int64_t>(1, 2000)(rng);
     std::vector<float> values(static_cast<size_t>(tokens));
     for (float& value : values) value = unit(rng) * std::pow(10.0f, unit(rng) * 12.0f - 6.0f);
-    std::vector<double> sums(static_cast<size_t>((tokens + page_size - 1) / page_size), -1.0);
+    std::vector<double> sums(static_cast<size_t>(PageCount(tokens, page_size)), -1.0);
     PageSums(values, page_size, sums);
     for (size_t page = 0; page < sums.size(); ++page) {
       double want = 0.0;

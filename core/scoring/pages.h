@@ -6,12 +6,9 @@
 #include <span>
 #include <vector>
 
-namespace entrokv {
+#include "core/util/page_count.h"  // PageCount, which the pool needs too
 
-// ceil(tokens / page_size). REQUIRES: page_size > 0, tokens >= 0.
-[[nodiscard]] constexpr int64_t PageCount(int64_t tokens, int64_t page_size) {
-  return (tokens + page_size - 1) / page_size;
-}
+namespace entrokv {
 
 // The max of `row` over each page; the partial last page counts with its real tokens.
 [[nodiscard]] std::vector<float> PageMaxima(std::span<const float> row, int page_size);

@@ -91,13 +91,9 @@ TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
 
   std::vector<LayerDecision> expected;
   for (int l = 0; l < layers; ++l) {
-    LayerRequest request;
-    request.statistic =
-        *StatisticView::Create(data.data() + l * heads * tokens, DType::kFloat32, heads, tokens);
-    request.query_heads = heads;
-    request.kv_groups = groups;
-    request.tokens = tokens;
-    request.quota_pages = 5;
+    const LayerRequest request = LayerRequestFor(
+        *StatisticView::Create(data.data() + l * heads * tokens, DType::kFloat32, heads, tokens),
+        heads, groups, tokens, 5);
     expected.push_back(*DecideLayer(**FindPolicy("page_entrokv"), {}, request));
   }
   EXPECT_EQ(ActualKeptPages(run.out), ExpectedKeptPages(expected));
@@ -130,12 +126,9 @@ TEST_F(SelectCliTest, LayerScopeKeepsOneSetPerLayer) {
                                          " --kv-heads 4 --page-size 16 --pages 6 --scope layer"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("\"scope\":\"layer\",\"union_pages\":6,"));
-  LayerRequest request;
-  request.statistic = *StatisticView::Create(data.data(), DType::kFloat32, heads, tokens);
-  request.query_heads = heads;
-  request.kv_groups = groups;
-  request.tokens = tokens;
-  request.quota_pages = 6;
+  LayerRequest request =
+      LayerRequestFor(*StatisticView::Create(data.data(), DType::kFloat32, heads, tokens), heads,
+                      groups, tokens, 6);
   request.scope = SelectionScope::kLayer;
   const LayerDecision expected = *DecideLayer(**FindPolicy("page_entrokv"), {}, request);
   EXPECT_EQ(ActualKeptPages(run.out), ExpectedKeptPages({expected}));

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/scoring/budget.h"
+#include "core/util/page_count.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_fixture.h"
@@ -57,13 +58,7 @@ class LayerScopeTest : public ServiceTest {
     return stub_->Decide(&context, request, response);
   }
   BudgetPlan Plan() {
-    BudgetRequest budget;
-    budget.layers = kLayers;
-    budget.kv_groups = kGroups;
-    budget.page_size = 16;
-    budget.tokens = kTokens;
-    budget.fraction = kFraction;
-    return *PlanBudget(budget);
+    return *PlanBudget(FractionBudget(kLayers, kGroups, 16, kTokens, kFraction));
   }
   // Distinct pages with a frame per layer in the sequence's block tables (the groups' tables
   // of a layer name the same frame for a page in the LAYER layout).
@@ -166,7 +161,7 @@ TEST_F(LayerScopeTest, GroupLayoutDefaultsToGroupScopeAndLayerScopeStaysExact) {
   ASSERT_TRUE(DecideFraction("m", "b", "page_entrokv", v1::SELECTION_SCOPE_LAYER, &response).ok());
   EXPECT_EQ(response.layers(0).scope(), v1::SELECTION_SCOPE_LAYER);
   EXPECT_EQ(Stats("m").used_frames(),
-            after_a + kGroups * plan.layer_pages - kGroups * kLayers * ((kTokens + 15) / 16));
+            after_a + kGroups * plan.layer_pages - kGroups * kLayers * PageCount(kTokens, 16));
   ExpectInvariants("m");
 }
 

@@ -15,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "tests/service/service_fixture.h"
 #include "tests/service/test_support.h"
+#include "wire/convert.h"
 
 namespace entrokv::service {
 namespace {
@@ -40,13 +41,10 @@ LayerDecision CoreDecision(const std::string& bytes, v1::DType dtype, int64_t to
   PolicyOptions options;  // the daemon's defaults: tau 0.5, alpha 2, 4 sinks, tail page kept
   options.page_size = 16;
   options.protections.tail_page = true;
-  const DType core_dtype = dtype == v1::DTYPE_FLOAT32 ? DType::kFloat32 : DType::kBFloat16;
-  LayerRequest request;
-  request.statistic = *StatisticView::Create(bytes.data(), core_dtype, kHeads, tokens);
-  request.query_heads = kHeads;
-  request.kv_groups = kGroups;
-  request.tokens = tokens;
-  request.quota_pages = pages;
+  const DType core_dtype = *wire::ToDType("dtype", dtype);
+  LayerRequest request =
+      LayerRequestFor(*StatisticView::Create(bytes.data(), core_dtype, kHeads, tokens), kHeads,
+                      kGroups, tokens, pages);
   request.cached_weights = cached;
   request.live_pages = live_pages;
   absl::StatusOr<LayerDecision> decision =
