@@ -56,6 +56,7 @@ if [ -f "$weights" ]; then
   echo "   tracking prompts here; all four tasks in docs/evaluation/small-gqa"
   PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
+    --entrokv "$build/client/cli/entrokv" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
     --policies page_entrokv,mean --ratio 0.75
 else
