@@ -32,7 +32,6 @@ import itertools
 import mmap
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -519,11 +518,11 @@ class LocalDaemon:
             [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
-        match = re.search(r"listening on (\S+)", line)
-        if not match:
+        addresses = entrokv.parse_listening_line(line)
+        if addresses is None:
             self.process.kill()
             raise RuntimeError(f"entrokvd did not start: {line!r} {self.process.stderr.read()}")
-        self.address = match.group(1)
+        self.address = addresses.address
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
