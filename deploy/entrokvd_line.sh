@@ -12,8 +12,8 @@ entrokvd_address() {
     metrics) _entrokvd_take='s/^entrokvd listening on [^ ]+ metrics on ([^ ]+)$/\1/p' ;;
     *) echo "entrokvd_address: grpc or metrics, not '$2'" >&2; return 2 ;;
   esac
-  _entrokvd_value=$(sed -n -E "/^entrokvd listening on [^ ]+ metrics (on [^ ]+|off)\$/{${_entrokvd_take};q}" \
-    "$1" 2>/dev/null)
+  _entrokvd_line='^entrokvd listening on [^ ]+ metrics (on [^ ]+|off)$'
+  _entrokvd_value=$(sed -n -E "/${_entrokvd_line}/{${_entrokvd_take};q}" "$1" 2>/dev/null)
   [ -n "$_entrokvd_value" ] || return 1
   printf '%s\n' "$_entrokvd_value"
 }

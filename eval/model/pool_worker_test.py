@@ -257,8 +257,9 @@ class PoolWorkerTest(unittest.TestCase):
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 code = pool_worker.main(["--server", self.daemon.address, "--weights", weights,
-                                         "--entrokv", os.environ["ENTROKV_CLI"], "--prompts", "3", "--length", "200", "--tasks",
-                                         "single_needle,multi_key", "--ratio", "0.5"])
+                                         "--entrokv", os.environ["ENTROKV_CLI"], "--prompts", "3",
+                                         "--length", "200", "--tasks", "single_needle,multi_key",
+                                         "--ratio", "0.5"])
         self.assertEqual(code, 0)
         text = out.getvalue()
         for label in ("none", "page_entrokv@0.5", "mean@0.5"):
