@@ -195,9 +195,11 @@ TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {
   }
   // Nothing was bound: both ports are still free.
   EXPECT_THAT(::entrokv::testing::HttpGet(metrics_port, "/metrics"),
-              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connect")));
+              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                           ::testing::HasSubstr("connect")));
   EXPECT_THAT(::entrokv::testing::HttpGet(port, "/"),
-              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connect")));
+              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                           ::testing::HasSubstr("connect")));
   ::unlink(garbage.c_str());
   ::rmdir(dir.c_str());
 }
