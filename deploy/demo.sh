@@ -8,6 +8,8 @@
 set -euo pipefail
 build="${1:-build}"
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# shellcheck source=deploy/entrokvd_line.sh
+. "$repo/deploy/entrokvd_line.sh"
 model_prompts="${ENTROKV_DEMO_MODEL_PROMPTS:-8}"
 tokens="${ENTROKV_DEMO_TOKENS:-8192}"
 sequences="${ENTROKV_DEMO_SEQUENCES:-4}"
@@ -27,15 +29,11 @@ echo "== starting entrokvd (host pool, loopback, ports chosen by the kernel)"
 "$build/service/entrokvd" --listen 127.0.0.1:0 --metrics_listen 127.0.0.1:0 \
   --pool_capacity_bytes 2147483648 >"$work/entrokvd.out" 2>"$work/entrokvd.err" &
 daemon_pid=$!
-for _ in $(seq 1 100); do
-  grep -q "listening on" "$work/entrokvd.out" 2>/dev/null && break
-  kill -0 "$daemon_pid" 2>/dev/null || { cat "$work/entrokvd.err" >&2; exit 1; }
-  sleep 0.1
-done
-line="$(grep "listening on" "$work/entrokvd.out")"
-server="$(sed -E 's/.*listening on ([^ ]+).*/\1/' <<<"$line")"
-metrics="$(sed -E 's/.*metrics on ([^ ]+).*/\1/' <<<"$line")"
-echo "   $line"
+entrokvd_wait "$work/entrokvd.out" "$daemon_pid" ||
+  { echo "entrokvd did not start:" >&2; cat "$work/entrokvd.err" >&2; exit 1; }
+server="$(entrokvd_address "$work/entrokvd.out" grpc)"
+metrics="$(entrokvd_address "$work/entrokvd.out" metrics)"
+echo "   $(cat "$work/entrokvd.out")"
 
 echo "== entrokv replay: ${sequences} concurrent sequences x ${tokens} tokens, 20% budget"
 "$build/client/cli/entrokv" replay --server "$server" --model qwen2.5-1.5b \
@@ -56,6 +54,7 @@ if [ -f "$weights" ]; then
   echo "   tracking prompts here; all four tasks in docs/evaluation/small-gqa"
   PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
+    --entrokv "$build/client/cli/entrokv" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
     --policies page_entrokv,mean --ratio 0.75
 else

@@ -10,8 +10,12 @@
 #include <cmath>
 #include <memory>
 #include <optional>
+#include <span>
+#include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/entropy.h"
@@ -439,7 +443,336 @@ EvalRow RowOf(const Cell& cell, const std::vector<NeedleSpan>& needles,
   return row;
 }
 
+// Whether `policy` scores ACCUMULATED here: when it wants it and the source has one. Every other
+// policy that reads a statistic scores the source's own (a policy that wants WINDOW_MEAN,
+// snapkv, too: a source holds one recent statistic, LAST_ROW when generated).
+bool ScoresAccumulated(const Policy& policy, bool source_has_accumulated) {
+  return source_has_accumulated && policy.statistic() == StatisticKind::kAccumulated;
+}
+
+// The name of the statistic `policy` is given, for results.csv.
+std::string GivenStatisticName(const Policy& policy, const LayerSource& source) {
+  if (!policy.needs_statistic()) return "none";
+  return std::string(StatisticKindName(ScoresAccumulated(policy, source.has_accumulated())
+                                           ? StatisticKind::kAccumulated
+                                           : source.kind()));
+}
+
+// One layer's statistics as the policies are given them. Views of the caller's buffers.
+struct LayerStatistics {
+  StatisticView own;                         // the source's statistic
+  std::optional<StatisticView> accumulated;  // when a policy wants it and the source has it
+
+  // What `policy` scores; none for a policy that reads no statistic.
+  [[nodiscard]] std::optional<StatisticView> For(const Policy& policy) const {
+    if (!policy.needs_statistic()) return std::nullopt;
+    if (ScoresAccumulated(policy, accumulated.has_value())) return accumulated;
+    return own;
+  }
+};
+
+// Layer `layer` of the source into *values (and *accumulated when `with_accumulated`), as the
+// views the policies score. INVALID_ARGUMENT for a negative or non-finite value.
+absl::StatusOr<LayerStatistics> LoadLayer(const LayerSource& source, int layer,
+                                          bool with_accumulated, std::vector<float>* values,
+                                          std::vector<float>* accumulated) {
+  const int heads = source.model().query_heads;
+  source.Load(layer, values);
+  ASSIGN_OR_RETURN(const StatisticView own,
+                   StatisticView::Create(values->data(), DType::kFloat32, heads, source.tokens()));
+  RETURN_IF_ERROR(own.ValidateValues());
+  LayerStatistics statistics{own, std::nullopt};
+  if (with_accumulated) {
+    source.LoadAccumulated(layer, accumulated);
+    ASSIGN_OR_RETURN(
+        statistics.accumulated,
+        StatisticView::Create(accumulated->data(), DType::kFloat32, heads, source.tokens()));
+  }
+  return statistics;
+}
+
+// The core's options for one page size of the evaluation.
+PolicyOptions PolicyOptionsAt(const EvalOptions& options, int page_size) {
+  PolicyOptions policy_options;
+  policy_options.page_size = page_size;
+  policy_options.sink_tokens = options.sink_tokens;
+  policy_options.tau = options.tau;
+  policy_options.alpha = options.alpha;
+  return policy_options;
+}
+
+// The one request path: `policy` decides one layer with K = `quota` pages on the statistic it is
+// given, in `scope` (group scope for the results matrix).
+absl::StatusOr<LayerDecision> DecideOneLayer(
+    const Policy& policy, const PolicyOptions& policy_options, const LayerStatistics& statistics,
+    const ModelPreset& model, int64_t tokens, int64_t quota,
+    SelectionScope scope = SelectionScope::kGroup, LayerCombine combine = kDefaultLayerCombine) {
+  LayerRequest request;
+  request.statistic = statistics.For(policy);
+  request.query_heads = model.query_heads;
+  request.kv_groups = model.kv_groups;
+  request.tokens = tokens;
+  request.quota_pages = quota;
+  request.measure = false;
+  request.scope = scope;
+  request.combine = combine;
+  return DecideLayer(policy, policy_options, request);
+}
+
+// The LAST_ROW group means of one layer: retained mass is measured on them, whatever a policy
+// scored.
+void GroupMeans(std::span<const float> layer, const ModelPreset& model, int64_t tokens,
+                std::vector<std::vector<float>>* means) {
+  const int r = model.group_size();
+  means->resize(static_cast<size_t>(model.kv_groups));
+  for (int g = 0; g < model.kv_groups; ++g) {
+    std::vector<float>& mean = (*means)[static_cast<size_t>(g)];
+    mean.assign(static_cast<size_t>(tokens), 0.0f);
+    for (int i = 0; i < r; ++i) {
+      const float* row = layer.data() + static_cast<size_t>((g * r + i) * tokens);
+      for (int64_t t = 0; t < tokens; ++t) mean[static_cast<size_t>(t)] += row[t] / r;
+    }
+  }
+}
+
+// Per head, the page maxima of its row at `page_size`.
+std::vector<std::vector<float>> HeadPageMaxima(std::span<const float> layer, int query_heads,
+                                               int64_t tokens, int page_size) {
+  std::vector<std::vector<float>> page_maxima;
+  for (int h = 0; h < query_heads; ++h) {
+    page_maxima.push_back(PageMaxima(
+        layer.subspan(static_cast<size_t>(h * tokens), static_cast<size_t>(tokens)), page_size));
+  }
+  return page_maxima;
+}
+
+// The index into page_sizes of the reference page size; the first page size when it is not
+// among them.
+size_t ReferencePageIndex(const EvalOptions& options) {
+  const auto found = static_cast<size_t>(
+      std::find(options.page_sizes.begin(), options.page_sizes.end(), options.reference_page_size) -
+      options.page_sizes.begin());
+  return found < options.page_sizes.size() ? found : 0;
+}
+
+// The variants of the scope analysis: each named policy in group scope and in layer scope with
+// every combine, then head_independent (whose layer scope is its union over the layer's heads).
+absl::StatusOr<std::vector<ScopeVariant>> ScopeVariantsOf(const EvalOptions& options,
+                                                          size_t needles) {
+  std::vector<ScopeVariant> variants;
+  for (const std::string& name : options.scope_policies) {
+    ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
+    variants.push_back({policy, SelectionScope::kGroup, kDefaultLayerCombine, {}});
+    for (const LayerCombine combine :
+         {LayerCombine::kMassMax, LayerCombine::kEntropyWeighted, LayerCombine::kMassMean}) {
+      variants.push_back({policy, SelectionScope::kLayer, combine, {}});
+    }
+  }
+  if (!variants.empty()) {
+    ASSIGN_OR_RETURN(const Policy* independent, FindPolicy("head_independent"));
+    variants.push_back({independent, SelectionScope::kGroup, kDefaultLayerCombine, {}});
+  }
+  for (ScopeVariant& variant : variants) {
+    variant.per_budget.resize(options.budgets.size());
+    for (auto& sums : variant.per_budget) sums.needle_all_targets.assign(needles, 1);
+  }
+  return variants;
+}
+
+// One layer as everything the evaluation measures sees it.
+struct LayerView {
+  int index = 0;
+  std::span<const float> values;  // the source's statistic [H_Q, T]
+  const LayerStatistics* statistics = nullptr;
+  const HeadFacts* facts = nullptr;
+  const std::vector<std::vector<float>>* group_means = nullptr;
+};
+
+// The results matrix, policies x page sizes x budgets, fed one layer at a time.
+class ResultsMatrix {
+ public:
+  ResultsMatrix(const EvalOptions& options, const std::vector<const Policy*>& policies,
+                const std::vector<BudgetPlan>& plans, size_t needles)
+      : options_(options),
+        policies_(policies),
+        plans_(plans),
+        cells_(policies.size() * options.page_sizes.size() * options.budgets.size()) {
+    for (Cell& cell : cells_) {
+      cell.needle_all_targets.assign(needles, 1);
+      cell.needle_all_layers.assign(needles, 1);
+    }
+  }
+
+  // Every policy decides the layer at every page size and budget; the head-independent samples
+  // of every group go to *uor_samples.
+  absl::Status AddLayer(const LayerView& layer, const ModelPreset& model, int64_t tokens,
+                        const std::vector<NeedleSpan>& needles,
+                        std::vector<UorSample>* uor_samples) {
+    const int r = model.group_size();
+    for (size_t s = 0; s < options_.page_sizes.size(); ++s) {
+      const int page_size = options_.page_sizes[s];
+      const int64_t pages = PageCount(tokens, page_size);
+      const std::vector<std::vector<float>> page_maxima =
+          HeadPageMaxima(layer.values, model.query_heads, tokens, page_size);
+      const PolicyOptions policy_options = PolicyOptionsAt(options_, page_size);
+      for (size_t b = 0; b < options_.budgets.size(); ++b) {
+        const int64_t quota = Quota(s, b, layer.index);
+        const int64_t expected = std::min(quota, pages);
+        std::vector<UorSample> samples;
+        for (int g = 0; g < model.kv_groups; ++g) {
+          UorSample sample = AnalyseHeadIndependent(page_maxima, g, r, quota, pages);
+          sample.budget = options_.budgets[b];
+          sample.page_size = page_size;
+          sample.layer = layer.index;
+          samples.push_back(sample);
+          uor_samples->push_back(sample);
+        }
+        for (size_t p = 0; p < policies_.size(); ++p) {
+          const Policy& policy = *policies_[p];
+          ASSIGN_OR_RETURN(
+              const LayerDecision decision,
+              DecideOneLayer(policy, policy_options, *layer.statistics, model, tokens, quota));
+          for (int g = 0; g < model.kv_groups; ++g) {
+            const auto group = static_cast<size_t>(g);
+            AddGroupDecision(decision.groups[group].kept_pages, expected,
+                             (*layer.group_means)[group], page_size, needles,
+                             layer.facts->targets[group], policy.exact_budget(), samples[group],
+                             CellAt(p, s, b));
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The rows of results.csv, policies x budgets x page sizes in that nesting.
+  void Emit(const LayerSource& source, const std::vector<char>& needle_has_target,
+            std::vector<EvalRow>* rows) {
+    for (size_t p = 0; p < policies_.size(); ++p) {
+      for (size_t b = 0; b < options_.budgets.size(); ++b) {
+        for (size_t s = 0; s < options_.page_sizes.size(); ++s) {
+          EvalRow row = RowOf(CellAt(p, s, b), source.needles(), needle_has_target, *policies_[p]);
+          row.statistic = GivenStatisticName(*policies_[p], source);
+          row.budget = options_.budgets[b];
+          row.page_size = options_.page_sizes[s];
+          rows->push_back(std::move(row));
+        }
+      }
+    }
+  }
+
+ private:
+  int64_t Quota(size_t s, size_t b, int layer) const {
+    return plans_[s * options_.budgets.size() + b].pages_per_layer[static_cast<size_t>(layer)];
+  }
+  Cell& CellAt(size_t p, size_t s, size_t b) {
+    return cells_[(p * options_.budgets.size() + b) * options_.page_sizes.size() + s];
+  }
+
+  const EvalOptions& options_;
+  const std::vector<const Policy*>& policies_;
+  const std::vector<BudgetPlan>& plans_;
+  std::vector<Cell> cells_;
+};
+
+// The selection-scope analysis at the reference page size, as a LAYER-layout pool keeps it: the
+// distinct pages over the groups of a layer.
+class ScopeAnalysis {
+ public:
+  ScopeAnalysis(const EvalOptions& options, std::vector<ScopeVariant> variants,
+                const std::vector<BudgetPlan>& plans)
+      : options_(options),
+        variants_(std::move(variants)),
+        plans_(plans),
+        size_index_(ReferencePageIndex(options)) {}
+
+  absl::Status AddLayer(const LayerView& layer, const ModelPreset& model, int64_t tokens,
+                        const std::vector<NeedleSpan>& needles) {
+    if (variants_.empty()) return absl::OkStatus();
+    const int page_size = options_.page_sizes[size_index_];
+    const int64_t pages = PageCount(tokens, page_size);
+    const PolicyOptions policy_options = PolicyOptionsAt(options_, page_size);
+    const size_t budgets = options_.budgets.size();
+    for (size_t b = 0; b < budgets; ++b) {
+      const int64_t quota =
+          plans_[size_index_ * budgets + b].pages_per_layer[static_cast<size_t>(layer.index)];
+      for (ScopeVariant& variant : variants_) {
+        ASSIGN_OR_RETURN(const LayerDecision decision,
+                         DecideOneLayer(*variant.policy, policy_options, *layer.statistics, model,
+                                        tokens, quota, variant.scope, variant.combine));
+        std::vector<std::vector<int32_t>> per_group;
+        for (const GroupDecision& group : decision.groups) per_group.push_back(group.kept_pages);
+        const std::vector<int32_t> kept = UnionOfPages(per_group);
+        ScopeVariant::Sums& sums = variant.per_budget[b];
+        sums.planned += std::min(quota, pages);
+        sums.kept += static_cast<int64_t>(kept.size());
+        for (int g = 0; g < model.kv_groups; ++g) {
+          const auto group = static_cast<size_t>(g);
+          ++sums.groups;
+          sums.mass_sum += RetainedMass((*layer.group_means)[group], page_size, kept);
+          for (const int j : layer.facts->targets[group]) {
+            const bool needle_kept = NeedleKept(needles[static_cast<size_t>(j)], page_size, kept);
+            ++sums.targets;
+            sums.targets_kept += needle_kept ? 1 : 0;
+            if (!needle_kept) sums.needle_all_targets[static_cast<size_t>(j)] = 0;
+          }
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The rows of scope.csv, variants x budgets in that nesting.
+  void Emit(const std::vector<NeedleSpan>& needles, const std::vector<char>& needle_has_target,
+            std::vector<ScopeRow>* rows) const {
+    for (const ScopeVariant& variant : variants_) {
+      for (size_t b = 0; b < options_.budgets.size(); ++b) {
+        const ScopeVariant::Sums& sums = variant.per_budget[b];
+        ScopeRow row;
+        row.policy = std::string(variant.policy->name());
+        row.scope = std::string(SelectionScopeName(variant.scope));
+        row.combine = variant.scope == SelectionScope::kLayer && variant.policy->exact_budget()
+                          ? std::string(LayerCombineName(variant.combine))
+                          : "-";
+        row.budget = options_.budgets[b];
+        row.page_size = options_.page_sizes[size_index_];
+        row.planned_frames = sums.planned;
+        row.kept_frames = sums.kept;
+        row.retained_mass = sums.mass_sum / static_cast<double>(std::max<int64_t>(sums.groups, 1));
+        row.needle_target_rate = sums.targets == 0 ? 0.0
+                                                   : static_cast<double>(sums.targets_kept) /
+                                                         static_cast<double>(sums.targets);
+        int64_t with_target = 0;
+        int64_t all_targets = 0;
+        for (size_t j = 0; j < needles.size(); ++j) {
+          if (!needle_has_target[j]) continue;
+          ++with_target;
+          all_targets += sums.needle_all_targets[j];
+        }
+        row.needle_all_targets =
+            with_target == 0 ? 0.0
+                             : static_cast<double>(all_targets) / static_cast<double>(with_target);
+        rows->push_back(std::move(row));
+      }
+    }
+  }
+
+ private:
+  const EvalOptions& options_;
+  std::vector<ScopeVariant> variants_;
+  const std::vector<BudgetPlan>& plans_;
+  size_t size_index_;
+};
+
 }  // namespace
+
+std::string AccumulatedPolicyNames() {
+  std::vector<absl::string_view> names;
+  for (const absl::string_view name : PolicyNames()) {
+    if ((*FindPolicy(name))->statistic() == StatisticKind::kAccumulated) names.push_back(name);
+  }
+  return absl::StrJoin(names, ", ");
+}
 
 absl::Status ValidateEvalOptions(const EvalOptions& options) {
   if (options.model.empty() == options.trace_dir.empty()) {
@@ -463,6 +796,10 @@ absl::Status ValidateEvalOptions(const EvalOptions& options) {
   for (const std::string& name : options.policies) {
     RETURN_IF_ERROR(FindPolicy(name).status());
   }
+  if (options.reference_page_size < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reference_page_size: ", options.reference_page_size, " is not positive"));
+  }
   if (!(options.tau > 0.0)) {
     return absl::InvalidArgumentError(absl::StrCat("tau: must be > 0, got ", options.tau));
   }
@@ -478,7 +815,6 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
   ASSIGN_OR_RETURN(const std::unique_ptr<LayerSource> source, LayerSource::Open(options));
   const ModelPreset& model = source->model();
   const int64_t tokens = source->tokens();
-  const int r = model.group_size();
   const std::vector<NeedleSpan>& needles = source->needles();
 
   EvalResults results;
@@ -494,229 +830,47 @@ absl::StatusOr<EvalResults> Evaluate(const EvalOptions& options, const EvalProgr
                                          StatisticKindName(source->kind()),
                                          "; the policies score it as given"));
   }
-  const bool use_accumulated = source->has_accumulated();
-  if (!use_accumulated) {
-    results.notes.push_back(
-        "h2o scores the trace's own statistic: the trace has no "
-        "accumulated.npy");
+  if (!source->has_accumulated()) {
+    results.notes.push_back(absl::StrCat(AccumulatedPolicyNames(),
+                                         " scores the trace's own statistic: the trace has no "
+                                         "accumulated.npy"));
   }
+  const bool load_accumulated = source->has_accumulated() &&
+                                std::any_of(policies.begin(), policies.end(), [](const Policy* p) {
+                                  return ScoresAccumulated(*p, true);
+                                });
 
   // Plans per (page size, budget), all from the core planner.
-  const size_t budget_count = options.budgets.size();
-  const size_t size_count = options.page_sizes.size();
   ASSIGN_OR_RETURN(const std::vector<BudgetPlan> plans, PlanEveryCell(options, model, tokens));
-
-  std::vector<Cell> cells(policies.size() * size_count * budget_count);
-  auto cell_at = [&](size_t p, size_t s, size_t b) -> Cell& {
-    return cells[(p * budget_count + b) * size_count + s];
-  };
-  for (Cell& cell : cells) {
-    cell.needle_all_targets.assign(needles.size(), 1);
-    cell.needle_all_layers.assign(needles.size(), 1);
-  }
-  std::vector<char> needle_has_target(needles.size(), 0);
+  ResultsMatrix matrix(options, policies, plans, needles.size());
+  ASSIGN_OR_RETURN(std::vector<ScopeVariant> variants, ScopeVariantsOf(options, needles.size()));
+  ScopeAnalysis scope(options, std::move(variants), plans);
   WeightAnalysis weights(options);
+  std::vector<char> needle_has_target(needles.size(), 0);
 
-  // The scope analysis: each named policy in group scope and in layer scope with every
-  // combine, then head_independent (whose layer scope is its union over the layer's heads).
-  std::vector<ScopeVariant> scope_variants;
-  for (const std::string& name : options.scope_policies) {
-    ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(name));
-    scope_variants.push_back({policy, SelectionScope::kGroup, kDefaultLayerCombine, {}});
-    for (const LayerCombine combine :
-         {LayerCombine::kMassMax, LayerCombine::kEntropyWeighted, LayerCombine::kMassMean}) {
-      scope_variants.push_back({policy, SelectionScope::kLayer, combine, {}});
-    }
-  }
-  if (!scope_variants.empty()) {
-    ASSIGN_OR_RETURN(const Policy* independent, FindPolicy("head_independent"));
-    scope_variants.push_back({independent, SelectionScope::kGroup, kDefaultLayerCombine, {}});
-  }
-  for (ScopeVariant& variant : scope_variants) {
-    variant.per_budget.resize(budget_count);
-    for (auto& sums : variant.per_budget) sums.needle_all_targets.assign(needles.size(), 1);
-  }
-  const auto scope_size =
-      static_cast<size_t>(std::find(options.page_sizes.begin(), options.page_sizes.end(), 16) -
-                          options.page_sizes.begin());
-  const size_t scope_size_index = scope_size < size_count ? scope_size : 0;
-
-  std::vector<float> layer;
+  std::vector<float> values;
   std::vector<float> accumulated;
-  std::vector<std::vector<float>> group_mean(static_cast<size_t>(model.kv_groups));
+  std::vector<std::vector<float>> group_means;
   for (int l = 0; l < model.layers; ++l) {
-    source->Load(l, &layer);
-    const bool any_h2o = std::any_of(policies.begin(), policies.end(),
-                                     [](const Policy* p) { return p->name() == "h2o"; });
-    if (any_h2o && use_accumulated) source->LoadAccumulated(l, &accumulated);
-    ASSIGN_OR_RETURN(const StatisticView view, StatisticView::Create(layer.data(), DType::kFloat32,
-                                                                     model.query_heads, tokens));
-    RETURN_IF_ERROR(view.ValidateValues());
-    std::optional<StatisticView> accumulated_view;
-    if (any_h2o && use_accumulated) {
-      ASSIGN_OR_RETURN(accumulated_view, StatisticView::Create(accumulated.data(), DType::kFloat32,
-                                                               model.query_heads, tokens));
-    }
-    const HeadFacts facts = MeasureHeads(layer, model, tokens, needles, options);
+    ASSIGN_OR_RETURN(const LayerStatistics statistics,
+                     LoadLayer(*source, l, load_accumulated, &values, &accumulated));
+    const HeadFacts facts = MeasureHeads(values, model, tokens, needles, options);
     for (const auto& group_targets : facts.targets) {
       for (const int j : group_targets) needle_has_target[static_cast<size_t>(j)] = 1;
     }
-    weights.AddLayer(layer, model, tokens, facts);
-    // Retained mass is always measured on the LAST_ROW group mean, whatever a policy scored.
-    for (int g = 0; g < model.kv_groups; ++g) {
-      std::vector<float>& mean = group_mean[static_cast<size_t>(g)];
-      mean.assign(static_cast<size_t>(tokens), 0.0f);
-      for (int i = 0; i < r; ++i) {
-        const float* row = layer.data() + static_cast<size_t>((g * r + i) * tokens);
-        for (int64_t t = 0; t < tokens; ++t) mean[static_cast<size_t>(t)] += row[t] / r;
-      }
-    }
-
-    for (size_t s = 0; s < size_count; ++s) {
-      const int page_size = options.page_sizes[s];
-      const int64_t pages = PageCount(tokens, page_size);
-      std::vector<std::vector<float>> page_maxima;
-      for (int h = 0; h < model.query_heads; ++h) {
-        page_maxima.push_back(
-            PageMaxima(std::span<const float>(layer).subspan(static_cast<size_t>(h * tokens),
-                                                             static_cast<size_t>(tokens)),
-                       page_size));
-      }
-      PolicyOptions policy_options;
-      policy_options.page_size = page_size;
-      policy_options.sink_tokens = options.sink_tokens;
-      policy_options.tau = options.tau;
-      policy_options.alpha = options.alpha;
-      for (size_t b = 0; b < budget_count; ++b) {
-        const int64_t quota = plans[s * budget_count + b].pages_per_layer[static_cast<size_t>(l)];
-        const int64_t expected = std::min(quota, pages);
-        std::vector<UorSample> samples;
-        for (int g = 0; g < model.kv_groups; ++g) {
-          UorSample sample = AnalyseHeadIndependent(page_maxima, g, r, quota, pages);
-          sample.budget = options.budgets[b];
-          sample.page_size = page_size;
-          sample.layer = l;
-          samples.push_back(sample);
-          results.uor_samples.push_back(sample);
-        }
-        for (size_t p = 0; p < policies.size(); ++p) {
-          const Policy& policy = *policies[p];
-          const bool h2o = policy.name() == "h2o" && accumulated_view.has_value();
-          LayerRequest request;
-          if (policy.needs_statistic()) request.statistic = h2o ? *accumulated_view : view;
-          request.query_heads = model.query_heads;
-          request.kv_groups = model.kv_groups;
-          request.tokens = tokens;
-          request.quota_pages = quota;
-          request.measure = false;
-          ASSIGN_OR_RETURN(const LayerDecision decision,
-                           DecideLayer(policy, policy_options, request));
-          Cell& cell = cell_at(p, s, b);
-          std::vector<char> layer_kept(needles.size(), 1);
-          for (int g = 0; g < model.kv_groups; ++g) {
-            AddGroupDecision(decision.groups[static_cast<size_t>(g)].kept_pages, expected,
-                             group_mean[static_cast<size_t>(g)], page_size, needles,
-                             facts.targets[static_cast<size_t>(g)], policy.exact_budget(),
-                             samples[static_cast<size_t>(g)], cell);
-          }
-        }
-      }
-    }
-    // Selection scope, as a LAYER-layout pool keeps it: the distinct pages over the groups.
-    if (!scope_variants.empty()) {
-      const int page_size = options.page_sizes[scope_size_index];
-      const int64_t pages = PageCount(tokens, page_size);
-      PolicyOptions policy_options;
-      policy_options.page_size = page_size;
-      policy_options.sink_tokens = options.sink_tokens;
-      policy_options.tau = options.tau;
-      policy_options.alpha = options.alpha;
-      for (size_t b = 0; b < budget_count; ++b) {
-        const int64_t quota =
-            plans[scope_size_index * budget_count + b].pages_per_layer[static_cast<size_t>(l)];
-        for (ScopeVariant& variant : scope_variants) {
-          const Policy& policy = *variant.policy;
-          const bool h2o = policy.name() == "h2o" && accumulated_view.has_value();
-          LayerRequest request;
-          if (policy.needs_statistic()) request.statistic = h2o ? *accumulated_view : view;
-          request.query_heads = model.query_heads;
-          request.kv_groups = model.kv_groups;
-          request.tokens = tokens;
-          request.quota_pages = quota;
-          request.measure = false;
-          request.scope = variant.scope;
-          request.combine = variant.combine;
-          ASSIGN_OR_RETURN(const LayerDecision decision,
-                           DecideLayer(policy, policy_options, request));
-          std::vector<std::vector<int32_t>> per_group;
-          for (const GroupDecision& group : decision.groups) per_group.push_back(group.kept_pages);
-          const std::vector<int32_t> kept = UnionOfPages(per_group);
-          ScopeVariant::Sums& sums = variant.per_budget[b];
-          sums.planned += std::min(quota, pages);
-          sums.kept += static_cast<int64_t>(kept.size());
-          for (int g = 0; g < model.kv_groups; ++g) {
-            ++sums.groups;
-            sums.mass_sum += RetainedMass(group_mean[static_cast<size_t>(g)], page_size, kept);
-            for (const int j : facts.targets[static_cast<size_t>(g)]) {
-              const bool needle_kept = NeedleKept(needles[static_cast<size_t>(j)], page_size, kept);
-              ++sums.targets;
-              sums.targets_kept += needle_kept ? 1 : 0;
-              if (!needle_kept) sums.needle_all_targets[static_cast<size_t>(j)] = 0;
-            }
-          }
-        }
-      }
-    }
+    weights.AddLayer(values, model, tokens, facts);
+    GroupMeans(values, model, tokens, &group_means);
+    const LayerView layer{l, values, &statistics, &facts, &group_means};
+    RETURN_IF_ERROR(matrix.AddLayer(layer, model, tokens, needles, &results.uor_samples));
+    RETURN_IF_ERROR(scope.AddLayer(layer, model, tokens, needles));
     if (progress) {
       progress({l + 1, model.layers,
                 std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()});
     }
   }
 
-  const StatisticKind h2o_kind = use_accumulated ? StatisticKind::kAccumulated : source->kind();
-  for (size_t p = 0; p < policies.size(); ++p) {
-    for (size_t b = 0; b < budget_count; ++b) {
-      for (size_t s = 0; s < size_count; ++s) {
-        EvalRow row = RowOf(cell_at(p, s, b), needles, needle_has_target, *policies[p]);
-        row.statistic = std::string(
-            StatisticKindName(policies[p]->name() == "h2o" ? h2o_kind : source->kind()));
-        if (!policies[p]->needs_statistic()) row.statistic = "none";
-        row.budget = options.budgets[b];
-        row.page_size = options.page_sizes[s];
-        results.rows.push_back(std::move(row));
-      }
-    }
-  }
-  for (const ScopeVariant& variant : scope_variants) {
-    for (size_t b = 0; b < budget_count; ++b) {
-      const ScopeVariant::Sums& sums = variant.per_budget[b];
-      ScopeRow row;
-      row.policy = std::string(variant.policy->name());
-      row.scope = std::string(SelectionScopeName(variant.scope));
-      row.combine = variant.scope == SelectionScope::kLayer && variant.policy->exact_budget()
-                        ? std::string(LayerCombineName(variant.combine))
-                        : "-";
-      row.budget = options.budgets[b];
-      row.page_size = options.page_sizes[scope_size_index];
-      row.planned_frames = sums.planned;
-      row.kept_frames = sums.kept;
-      row.retained_mass = sums.mass_sum / static_cast<double>(std::max<int64_t>(sums.groups, 1));
-      row.needle_target_rate = sums.targets == 0 ? 0.0
-                                                 : static_cast<double>(sums.targets_kept) /
-                                                       static_cast<double>(sums.targets);
-      int64_t with_target = 0;
-      int64_t all_targets = 0;
-      for (size_t j = 0; j < needles.size(); ++j) {
-        if (!needle_has_target[j]) continue;
-        ++with_target;
-        all_targets += sums.needle_all_targets[j];
-      }
-      row.needle_all_targets =
-          with_target == 0 ? 0.0
-                           : static_cast<double>(all_targets) / static_cast<double>(with_target);
-      results.scope_rows.push_back(std::move(row));
-    }
-  }
+  matrix.Emit(*source, needle_has_target, &results.rows);
+  scope.Emit(needles, needle_has_target, &results.scope_rows);
   weights.Emit(&results.head_rows);
   if (options.closed_form_checks) {
     results.closed_form = ClosedFormChecks(options.tau, options.sink_tokens);

@@ -26,6 +26,9 @@ struct EvalOptions {
   std::vector<std::string> policies;                          // empty: every registered policy
   std::vector<double> budgets = {0.02, 0.05, 0.1, 0.2, 0.4};  // fractions of the sequence
   std::vector<int> page_sizes = {8, 16, 32, 64};
+  // The page size of the selection-scope analysis and of report.md's tables, when it is one of
+  // page_sizes; otherwise the analysis takes the first page size and the tables the smallest.
+  int reference_page_size = 16;
   int sink_tokens = 4;
   double tau = 0.5;
   double alpha = 2.0;
@@ -40,18 +43,24 @@ struct EvalOptions {
   std::string plot_script;  // empty: DefaultPlotScript() (beside the binary)
   bool closed_form_checks = true;
   // The selection-scope analysis (scope.csv): these policies in group scope and in layer scope
-  // with every combine, plus head_independent, at page size 16 (or the first page size), as a
-  // LAYER-layout pool keeps them. Empty: no analysis.
+  // with every combine, plus head_independent, at the reference page size, as a LAYER-layout
+  // pool keeps them. Empty: no analysis.
   std::vector<std::string> scope_policies = {"page_entrokv", "mean"};
 };
 
 // INVALID_ARGUMENT naming the field.
 [[nodiscard]] absl::Status ValidateEvalOptions(const EvalOptions& options);
 
+// The registered policies that want an ACCUMULATED statistic (Policy::statistic()), joined with
+// ", ": the names report.md and the notes give.
+[[nodiscard]] std::string AccumulatedPolicyNames();
+
 // One row of results.csv: one policy at one budget and page size, over every (layer, group).
 struct EvalRow {
   std::string policy;
-  std::string statistic;  // the kind the policy was given
+  // The kind the policy was given: ACCUMULATED when it wants it (Policy::statistic()) and the
+  // source has one, "none" when it reads none, the source's own statistic otherwise.
+  std::string statistic;
   double budget = 0.0;
   int page_size = 0;
   int64_t planned_frames = 0;  // sum over layers and groups of min(K_l, n)
@@ -140,7 +149,7 @@ struct EvalResults {
   std::vector<HeadRow> head_rows;
   std::vector<ClosedFormRow> closed_form;
   std::vector<ScopeRow> scope_rows;  // variants x budgets, in that nesting
-  std::vector<std::string> notes;    // e.g. h2o given LAST_ROW because a trace has no ACCUMULATED
+  std::vector<std::string> notes;    // e.g. a policy wants ACCUMULATED and a trace has none
   double seconds = 0.0;
 };
 

@@ -3,6 +3,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 
@@ -97,8 +98,13 @@ TEST(EvalTest, TinyReportHasEveryCellAndPooledPoliciesAreExact) {
     const double mass = Field(header, row, "retained_mass");
     EXPECT_GT(mass, 0.0);
     EXPECT_LE(mass, 1.0 + 1e-6);
-    EXPECT_EQ(row[4],
-              policy == "h2o" ? "accumulated" : (policy == "streaming" ? "none" : "last_row"));
+    // The generator has ACCUMULATED: a policy that wants it gets it; every other policy that
+    // reads a statistic gets the generated LAST_ROW (snapkv's WINDOW_MEAN included).
+    const std::optional<StatisticKind> wanted = (*FindPolicy(policy))->statistic();
+    EXPECT_EQ(row[4], !wanted.has_value()                     ? "none"
+                      : wanted == StatisticKind::kAccumulated ? "accumulated"
+                                                              : "last_row")
+        << policy;
   }
   EXPECT_EQ(head_independent_rows, 20);
 
@@ -166,6 +172,10 @@ TEST(EvalTest, BadOptionsNameTheField) {
   options.trace_dir = "somewhere";
   EXPECT_THAT(Evaluate(options, nullptr),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("model")));
+  options = TinyOptions(TempDir("bad"));
+  options.reference_page_size = 0;
+  EXPECT_THAT(Evaluate(options, nullptr),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("reference_page_size")));
   options = TinyOptions(TempDir("bad"));
   options.model = "gpt-9";
   EXPECT_THAT(Evaluate(options, nullptr), StatusIs(absl::StatusCode::kNotFound, ::testing::_));
@@ -252,6 +262,24 @@ TEST(EvalTest, ScopeAnalysisKeepsThePlannedFramesInLayerScope) {
   ASSERT_EQ(csv.size(), results.scope_rows.size() + 1);
   EXPECT_EQ(Field(csv[0], csv[1], "planned_frames"),
             static_cast<double>(results.scope_rows[0].planned_frames));
+}
+
+// The scope analysis runs at the reference page size when it is evaluated, else at the first.
+TEST(EvalTest, ScopeAnalysisRunsAtTheReferencePageSize) {
+  EvalOptions options = TinyOptions(TempDir("reference"));
+  options.budgets = {0.2};
+  options.page_sizes = {16, 32};
+  options.closed_form_checks = false;
+  options.reference_page_size = 32;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const EvalResults results, Evaluate(options, nullptr));
+  ASSERT_FALSE(results.scope_rows.empty());
+  for (const ScopeRow& row : results.scope_rows) EXPECT_EQ(row.page_size, 32) << row.policy;
+
+  options.page_sizes = {32, 8};
+  options.reference_page_size = 16;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const EvalResults fallback, Evaluate(options, nullptr));
+  ASSERT_FALSE(fallback.scope_rows.empty());
+  for (const ScopeRow& row : fallback.scope_rows) EXPECT_EQ(row.page_size, 32) << row.policy;
 }
 
 }  // namespace

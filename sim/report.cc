@@ -1,6 +1,6 @@
 // report.md is generated from the same EvalResults the CSV files hold, so every number in it
-// can be traced to a row. Tables use the reference page size (16 when evaluated) unless they
-// say otherwise.
+// can be traced to a row. Tables use the reference page size (EvalOptions::reference_page_size
+// when evaluated) unless they say otherwise.
 #include "sim/report.h"
 
 #include <spawn.h>
@@ -49,7 +49,8 @@ std::string Join(const std::string& dir, const std::string& file) {
 
 class Tables {
  public:
-  explicit Tables(const EvalResults& results) : results_(results) {
+  // The tables show `reference_page` when it was evaluated, else the smallest page size.
+  Tables(const EvalResults& results, int reference_page) : results_(results) {
     for (const EvalRow& row : results.rows) {
       if (std::find(policies_.begin(), policies_.end(), row.policy) == policies_.end()) {
         policies_.push_back(row.policy);
@@ -57,7 +58,8 @@ class Tables {
       budgets_.insert(row.budget);
       page_sizes_.insert(row.page_size);
     }
-    reference_page_ = page_sizes_.count(16) != 0 ? 16 : *page_sizes_.begin();
+    reference_page_ =
+        page_sizes_.count(reference_page) != 0 ? reference_page : *page_sizes_.begin();
   }
 
   const EvalRow* Find(const std::string& policy, double budget, int page_size) const {
@@ -99,7 +101,7 @@ class Tables {
   std::vector<std::string> policies_;
   std::set<double> budgets_;
   std::set<int> page_sizes_;
-  int reference_page_ = 16;
+  int reference_page_ = 0;
 };
 
 double Median(std::vector<double> values) {
@@ -207,9 +209,10 @@ std::string MassSection(const Tables& tables) {
   std::string out = absl::StrCat(
       "## 3. Retained attention mass\n\n"
       "Share of the group-mean LAST_ROW attention inside the kept pages, averaged over every "
-      "(layer, group) decision (h2o selects on its ACCUMULATED statistic but is scored on the "
-      "same LAST_ROW mass). head_independent keeps up to r x K pages, so its mass is not at an "
-      "equal budget. B = ",
+      "(layer, group) decision (",
+      AccumulatedPolicyNames(),
+      " selects on its ACCUMULATED statistic but is scored on the same LAST_ROW mass). "
+      "head_independent keeps up to r x K pages, so its mass is not at an equal budget. B = ",
       tables.reference_page(), ".\n\n",
       tables.PolicyByBudget([](const EvalRow& row) { return row.retained_mass; }),
       "\n![retained mass](mass.png)\n\n![page size](page_size.png)\n\n");
@@ -472,28 +475,29 @@ absl::StatusOr<std::vector<std::string>> WriteEvalCsv(const EvalResults& results
 
 absl::Status WriteReportMarkdown(const EvalResults& results, const EvalOptions& options,
                                  const std::string& plot_note, const std::string& out_dir) {
-  const Tables tables(results);
+  const Tables tables(results, options.reference_page_size);
   const ModelPreset& model = results.model;
   std::vector<std::string> budgets;
   for (const double budget : tables.budgets()) budgets.push_back(Percent(budget));
-  std::string md = absl::StrCat(
-      "# entrokv evaluation: ", model.name, ", T = ", results.tokens,
-      "\n\n"
-      "- source: ",
-      results.source,
-      "\n"
-      "- geometry: ",
-      model.layers, " layers, ", model.query_heads, " query heads, ", model.kv_groups,
-      " KV groups (r = ", model.group_size(), "), head dim ", model.head_dim,
-      "\n- policies: ", absl::StrJoin(tables.policies(), ", "),
-      "\n- budgets (share of T x L): ", absl::StrJoin(budgets, ", "),
-      "; page sizes: ", absl::StrJoin(tables.page_sizes(), ", "),
-      "; uniform layer allocation\n"
-      "- scoring: tau = ",
-      options.tau, ", alpha = ", options.alpha, ", sink tokens = ", options.sink_tokens,
-      "; h2o is given an ACCUMULATED statistic, the others LAST_ROW\n"
-      "- run time: ",
-      absl::StrFormat("%.1f", results.seconds), " s\n");
+  std::string md =
+      absl::StrCat("# entrokv evaluation: ", model.name, ", T = ", results.tokens,
+                   "\n\n"
+                   "- source: ",
+                   results.source,
+                   "\n"
+                   "- geometry: ",
+                   model.layers, " layers, ", model.query_heads, " query heads, ", model.kv_groups,
+                   " KV groups (r = ", model.group_size(), "), head dim ", model.head_dim,
+                   "\n- policies: ", absl::StrJoin(tables.policies(), ", "),
+                   "\n- budgets (share of T x L): ", absl::StrJoin(budgets, ", "),
+                   "; page sizes: ", absl::StrJoin(tables.page_sizes(), ", "),
+                   "; uniform layer allocation\n"
+                   "- scoring: tau = ",
+                   options.tau, ", alpha = ", options.alpha,
+                   ", sink tokens = ", options.sink_tokens, "; ", AccumulatedPolicyNames(),
+                   " is given an ACCUMULATED statistic, the others LAST_ROW\n"
+                   "- run time: ",
+                   absl::StrFormat("%.1f", results.seconds), " s\n");
   for (const std::string& note : results.notes) absl::StrAppend(&md, "- note: ", note, "\n");
   if (!plot_note.empty()) absl::StrAppend(&md, "- plots: not drawn: ", plot_note, "\n");
   absl::StrAppend(&md,

@@ -1,11 +1,7 @@
 #include "bench/load/daemon_probe.h"
 
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -20,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "tests/support/http_get.h"
 
 namespace entrokv::bench {
 namespace {
@@ -101,32 +98,7 @@ bool ProcessAlive(pid_t pid) {
 }
 
 std::string HttpGet(int port, const std::string& path, int timeout_ms) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return "";
-  timeval timeout{timeout_ms / 1000, (timeout_ms % 1000) * 1000};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  std::string response;
-  if (::connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0) {
-    const std::string request = absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n");
-    if (::send(fd, request.data(), request.size(), MSG_NOSIGNAL) ==
-        static_cast<ssize_t>(request.size())) {
-      char buffer[16384];
-      ssize_t n;
-      while ((n = ::recv(fd, buffer, sizeof(buffer), 0)) > 0) response.append(buffer, n);
-    }
-  }
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  if (body == std::string::npos || response.rfind("HTTP/1.", 0) != 0 ||
-      response.find(" 200 ") > body) {
-    return "";
-  }
-  return response.substr(body + 4);
+  return ::entrokv::testing::HttpGet(port, path, timeout_ms).value_or("");
 }
 
 }  // namespace entrokv::bench

@@ -20,8 +20,8 @@ namespace entrokv::bench {
 // True while `pid` exists and is not a zombie.
 [[nodiscard]] bool ProcessAlive(pid_t pid);
 
-// GET http://127.0.0.1:<port><path> (HTTP/1.0); the body, or "" on any failure or a status
-// other than 200. Waits at most `timeout_ms` per socket operation.
+// GET http://127.0.0.1:<port><path> (tests/support/http_get.h); the body, or "" on any failure
+// or a status other than 200. Waits at most `timeout_ms` per socket operation.
 [[nodiscard]] std::string HttpGet(int port, const std::string& path, int timeout_ms = 2000);
 
 }  // namespace entrokv::bench

@@ -2,7 +2,8 @@
 
     PYTHONPATH=build/client/python OPENBLAS_NUM_THREADS=1 /usr/bin/python3 \\
         bench/model/pool_worker_speed.py --weights eval/model/weights.npz \\
-        --entrokvd build/service/entrokvd > bench/results/pool_worker_speed.txt
+        --entrokvd build/service/entrokvd --entrokv build/client/cli/entrokv \\
+        > bench/results/pool_worker_speed.txt
 
 Per prompt length, medians over `--prompts` prompts of each task: the plain forward, the
 pool-backed prefill (K/V written into entrokvd's frames, statistics sent per layer), their
@@ -21,6 +22,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "eval", "model"))
 import numpy_model  # noqa: E402
+import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
@@ -31,13 +33,15 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--weights", required=True)
     ap.add_argument("--entrokvd", default="entrokvd")
+    ap.add_argument("--entrokv", default="entrokv", help="the CLI: the policy registry")
     ap.add_argument("--prompts", type=int, default=2, help="per task and length")
     ap.add_argument("--seed", type=int, default=99)
     args = ap.parse_args()
 
     model = numpy_model.Model.load(args.weights)
     daemon = pool_worker.LocalDaemon(args.entrokvd)
-    worker = pool_worker.PoolWorker(entrokv.Client(daemon.address), model)
+    worker = pool_worker.PoolWorker(entrokv.Client(daemon.address), model,
+                                    policy_registry.load(args.entrokv))
     policies = [pool_worker.Policy("page_entrokv", ratio=0.75),
                 pool_worker.Policy("mean", ratio=0.75)]
     print(f"machine: {os.cpu_count()} cores, {platform.machine()}, "

@@ -25,6 +25,7 @@ struct Command {
 int RunSelect(const std::vector<std::string>& args);
 int RunEval(const std::vector<std::string>& args);
 int RunBench(const std::vector<std::string>& args);
+int RunPolicies(const std::vector<std::string>& args);
 #ifdef ENTROKV_WITH_SERVER
 int RunReplay(const std::vector<std::string>& args);
 int RunStatus(const std::vector<std::string>& args);

@@ -72,6 +72,9 @@ absl::StatusOr<sim::EvalOptions> OptionsFromFlags(const ArgParser& parser) {
   absl::StatusOr<std::vector<int>> sizes = ParseInts("page-sizes", parser.Get("page-sizes"));
   if (!sizes.ok()) return sizes.status();
   options.page_sizes = *sizes;
+  absl::StatusOr<int64_t> reference = parser.GetInt("reference-page-size");
+  if (!reference.ok()) return reference.status();
+  options.reference_page_size = static_cast<int>(*reference);
   absl::StatusOr<double> tau = parser.GetDouble("tau");
   if (!tau.ok()) return tau.status();
   options.tau = *tau;
@@ -105,6 +108,9 @@ int RunEval(const std::vector<std::string>& args) {
                 absl::StrCat("comma list; default all: ", absl::StrJoin(PolicyNames(), ",")));
   parser.Option("budgets", "0.02,0.05,0.1,0.2,0.4", "comma list of fractions of T x L");
   parser.Option("page-sizes", "8,16,32,64", "comma list of page sizes B");
+  parser.Option("reference-page-size", "16",
+                "page size of the selection-scope analysis and the report's tables, when it is "
+                "one of --page-sizes");
   parser.Option("tau", "0.5", "head-weight temperature");
   parser.Option("alpha", "2", "Renyi order of the entropy");
   parser.Option("sink-tokens", "4", "sink tokens left out of the entropy");

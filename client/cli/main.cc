@@ -13,6 +13,7 @@ constexpr Command kCommands[] = {
     {"select", "run the eviction core on a .npy statistic, offline", RunSelect},
     {"eval", "the evaluation report: every policy x budget x page size", RunEval},
     {"bench", "benchmarks (bench core: the CPU scoring path)", RunBench},
+    {"policies", "the registered policies and the statistic each one scores", RunPolicies},
 #ifdef ENTROKV_WITH_SERVER
     {"status", "daemon health and every pool's occupancy", RunStatus},
     {"models", "the registered models and their pools", RunModels},

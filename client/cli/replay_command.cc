@@ -92,10 +92,15 @@ absl::Status ReplaySequence(Client& client, const ReplayOptions& options, const 
   sim::WorkloadOptions workload;
   workload.tokens = options.tokens;
   workload.seed = options.seed + static_cast<uint64_t>(index);
-  workload.kind = policy == "h2o" ? StatisticKind::kAccumulated : StatisticKind::kLastRow;
+  // The generator gives a policy that wants ACCUMULATED (h2o) that kind, every other policy
+  // LAST_ROW, as `entrokv eval` does. The names were checked against the registry already.
+  ASSIGN_OR_RETURN(const Policy* registered, FindPolicy(policy));
+  workload.kind = registered->statistic() == StatisticKind::kAccumulated
+                      ? StatisticKind::kAccumulated
+                      : StatisticKind::kLastRow;
   const sim::WorkloadGenerator generator(preset, workload);
   // Needle targets are measured on the LAST_ROW statistic, as `entrokv eval` measures them,
-  // also when the policy decides on another kind (h2o).
+  // also when the policy decides on another kind.
   const bool other_kind = workload.kind != StatisticKind::kLastRow;
   std::vector<float> last_row_values(
       other_kind ? static_cast<size_t>(preset.query_heads * options.tokens) : 0);

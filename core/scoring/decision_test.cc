@@ -10,6 +10,7 @@
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/weights.h"
+#include "core/testing/policies.h"
 #include "core/testing/random_rows.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -66,8 +67,7 @@ TEST(DecisionPropertyTest, PooledPoliciesKeepExactlyTheQuota) {
     const Case c = RandomCase(rng);
     const std::vector<float> data = testing::MixedRows(c.query_heads, c.tokens, rng);
     const int64_t expected = std::min(c.quota, PageCount(c.tokens, c.page_size));
-    for (const absl::string_view name :
-         {"page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming"}) {
+    for (const absl::string_view name : testing::ExactBudgetPolicyNames()) {
       ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision decision, Decide(name, data, c));
       for (const GroupDecision& group : decision.groups) {
         ASSERT_EQ(static_cast<int64_t>(group.kept_pages.size()), expected)
@@ -97,8 +97,7 @@ TEST(DecisionPropertyTest, DecodeTimeDecisionsKeepOnlyLivePagesAndExactlyTheQuot
     options.page_size = c.page_size;
     options.protections.tail_page = true;
     options.protections.recent_pages = static_cast<int>(rng() % 3);
-    for (const absl::string_view name :
-         {"page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming"}) {
+    for (const absl::string_view name : testing::ExactBudgetPolicyNames()) {
       LayerRequest request;
       request.statistic =
           *StatisticView::Create(data.data(), DType::kFloat32, c.query_heads, c.tokens);

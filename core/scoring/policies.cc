@@ -75,9 +75,11 @@ class EntropyWeightedPolicy final : public Policy {
 // Arithmetic mean over the group. `h2o` is the same operator on an ACCUMULATED statistic.
 class MeanPolicy final : public Policy {
  public:
-  explicit MeanPolicy(absl::string_view name) : name_(name) {}
+  MeanPolicy(absl::string_view name, StatisticKind statistic)
+      : name_(name), statistic_(statistic) {}
   absl::string_view name() const override { return name_; }
   Pooling pooling() const override { return {.kind = PoolingKind::kMean}; }
+  std::optional<StatisticKind> statistic() const override { return statistic_; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), MeanScale(input.rows.size()));
@@ -89,6 +91,7 @@ class MeanPolicy final : public Policy {
 
  private:
   absl::string_view name_;
+  StatisticKind statistic_;
 };
 
 class MaxPolicy final : public Policy {
@@ -107,11 +110,13 @@ class MaxPolicy final : public Policy {
 };
 
 // SnapKV: each head's row is max-pooled along tokens (width `snapkv_kernel`, centred, clipped at
-// the ends), then the group mean is taken.
+// the ends), then the group mean is taken. It scores the attention of an observation window of
+// recent queries: WINDOW_MEAN.
 class SnapKvPolicy final : public Policy {
  public:
   absl::string_view name() const override { return "snapkv"; }
   Pooling pooling() const override { return {.kind = PoolingKind::kMaxPoolThenMean}; }
+  std::optional<StatisticKind> statistic() const override { return StatisticKind::kWindowMean; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     const auto tokens = static_cast<int64_t>(input.tokens);
     const int64_t half = options.snapkv_kernel / 2;
@@ -192,11 +197,11 @@ struct Registry {
   Registry() {
     policies.push_back(std::make_unique<EntropyWeightedPolicy>("page_entrokv", true));
     policies.push_back(std::make_unique<EntropyWeightedPolicy>("raw_entropy", false));
-    policies.push_back(std::make_unique<MeanPolicy>("mean"));
+    policies.push_back(std::make_unique<MeanPolicy>("mean", StatisticKind::kLastRow));
     policies.push_back(std::make_unique<MaxPolicy>());
     policies.push_back(std::make_unique<HeadIndependentPolicy>());
     policies.push_back(std::make_unique<SnapKvPolicy>());
-    policies.push_back(std::make_unique<MeanPolicy>("h2o"));
+    policies.push_back(std::make_unique<MeanPolicy>("h2o", StatisticKind::kAccumulated));
     policies.push_back(std::make_unique<StreamingPolicy>());
   }
 };

@@ -1,6 +1,8 @@
 #include "core/scoring/policy.h"
 
 #include <cmath>
+#include <map>
+#include <optional>
 #include <random>
 #include <vector>
 
@@ -39,6 +41,25 @@ TEST(PolicyRegistryTest, KnowsEveryPolicyOfTheDesign) {
   EXPECT_THAT(PolicyNames(), ElementsAre("page_entrokv", "raw_entropy", "mean", "max",
                                          "head_independent", "snapkv", "h2o", "streaming"));
   EXPECT_THAT(FindPolicy("lru"), StatusIs(absl::StatusCode::kNotFound, HasSubstr("page_entrokv")));
+}
+
+TEST(PolicyRegistryTest, NamesTheStatisticEachPolicyScores) {
+  const std::map<absl::string_view, std::optional<StatisticKind>> expected = {
+      {"page_entrokv", StatisticKind::kLastRow},
+      {"raw_entropy", StatisticKind::kLastRow},
+      {"mean", StatisticKind::kLastRow},
+      {"max", StatisticKind::kLastRow},
+      {"head_independent", StatisticKind::kLastRow},
+      {"snapkv", StatisticKind::kWindowMean},
+      {"h2o", StatisticKind::kAccumulated},
+      {"streaming", std::nullopt}};
+  for (const absl::string_view name : PolicyNames()) {
+    const Policy& policy = **FindPolicy(name);
+    ASSERT_TRUE(expected.contains(name)) << name;
+    EXPECT_EQ(policy.statistic(), expected.at(name)) << name;
+    // A policy names a statistic exactly when it reads one.
+    EXPECT_EQ(policy.statistic().has_value(), policy.needs_statistic()) << name;
+  }
 }
 
 TEST(PolicyOptionsTest, RejectsEachBadOptionByName) {

@@ -4,13 +4,15 @@
 #define ENTROKV_CORE_SCORING_POLICY_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
-#include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "core/scoring/selection.h"
+#include "core/scoring/statistic.h"
 
 namespace entrokv {
 
@@ -83,6 +85,15 @@ class Policy {
   [[nodiscard]] virtual Pooling pooling() const = 0;
   // False only for policies that select by position (streaming).
   [[nodiscard]] bool needs_statistic() const { return pooling().kind != PoolingKind::kPosition; }
+  // The statistic the policy is meant to score, which a worker should measure for it: LAST_ROW
+  // unless the policy says otherwise (h2o ACCUMULATED column sums, snapkv the WINDOW_MEAN of
+  // its observation window); none when it needs no statistic. Scoring treats every kind alike;
+  // this is the one statement of which kind each policy wants, for the tools that produce
+  // statistics (`entrokv eval`, `entrokv replay`, `entrokv policies` for the Python tools).
+  [[nodiscard]] virtual std::optional<StatisticKind> statistic() const {
+    if (!needs_statistic()) return std::nullopt;
+    return StatisticKind::kLastRow;
+  }
   // False only for the union (head_independent), which keeps up to r * K pages.
   [[nodiscard]] bool exact_budget() const { return pooling().kind != PoolingKind::kUnion; }
   // REQUIRES: options valid; input consistent (DecideLayer checks both).

@@ -81,13 +81,13 @@ buildah umount "$ctr" >/dev/null
 
 echo "== running the image: entrokvd as $user, entrokv status from the image, SIGTERM"
 # One shell inside the container starts the daemon on a kernel-chosen loopback port, asks it for
-# its health with the image's own CLI, and stops it: the exit code is the daemon's.
-buildah run --isolation chroot --user "$user" "$ctr" -- sh -c '
+# its health with the image's own CLI, and stops it: the exit code is the daemon's. The image's
+# /bin/sh reads the start-up line with the same function as demo.sh (deploy/entrokvd_line.sh).
+buildah run --isolation chroot --user "$user" "$ctr" -- sh -c "$(cat deploy/entrokvd_line.sh)"'
   entrokvd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 >/tmp/daemon.out 2>&1 &
   pid=$!
-  for i in $(seq 1 200); do grep -q "listening on" /tmp/daemon.out && break; sleep 0.1; done
-  server=$(sed -nE "s/.*listening on ([^ ]+).*/\1/p" /tmp/daemon.out)
-  [ -n "$server" ] || { cat /tmp/daemon.out; exit 1; }
+  entrokvd_wait /tmp/daemon.out "$pid" 200 || { cat /tmp/daemon.out; exit 1; }
+  server=$(entrokvd_address /tmp/daemon.out grpc)
   entrokv status --server "$server" || exit 1
   kill -TERM "$pid"
   wait "$pid"' | sed 's/^/   /'

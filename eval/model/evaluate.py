@@ -1,8 +1,12 @@
 """Accuracy of the small GQA model under every eviction policy, with entrokvd as its KV cache.
 
     /usr/bin/python3 eval/model/evaluate.py --weights eval/model/weights.npz \\
-        --entrokvd build/service/entrokvd --out docs/evaluation/small-gqa
+        --entrokvd build/service/entrokvd --entrokv build/client/cli/entrokv \\
+        --out docs/evaluation/small-gqa
     (with PYTHONPATH=build/client/python)
+
+The policies, their order in the tables and the statistic each one scores come from the policy
+registry (`entrokv policies`, eval/model/policies.py).
 
 Each prompt is prefilled once into the daemon's pool and forked per (policy, compression ratio)
 with prefix sharing; each fork gets its decisions and a greedy decode (pool_worker.run_forked).
@@ -34,12 +38,11 @@ import numpy as np  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
+import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
-POLICIES = ("page_entrokv", "raw_entropy", "mean", "max", "head_independent", "snapkv", "h2o",
-            "streaming")
 RATIOS = (0.25, 0.5, 0.75, 0.875, 0.95)
 FIELDS = ("task", "length", "page_size", "layout", "prompt", "depth", "policy", "ratio",
           "correct", "kept_frames", "prompt_frames", "freed_frames", "decide_ms", "decode_ms")
@@ -81,11 +84,13 @@ def mcnemar(better: int, worse: int) -> float:
 _WORKER = None  # one PoolWorker per process
 
 
-def _start_worker(address: str, weights: str, page_size: int, layout: str, tag: str) -> None:
+def _start_worker(address: str, weights: str, registry: policy_registry.Registry,
+                  page_size: int, layout: str, tag: str) -> None:
     global _WORKER
     client = entrokv.Client(address, timeout_s=120)
     model = numpy_model.Model.load(weights)
-    _WORKER = pool_worker.PoolWorker(client, model, page_size=page_size, frame_layout=layout,
+    _WORKER = pool_worker.PoolWorker(client, model, registry, page_size=page_size,
+                                     frame_layout=layout,
                                      model_id=f"eval-{layout}-b{page_size}-{tag}-{os.getpid()}")
 
 
@@ -142,7 +147,8 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
     started = time.time()
     with concurrent.futures.ProcessPoolExecutor(
             args.processes, initializer=_start_worker,
-            initargs=(args.address, args.weights, page_size, layout, args.tag)) as pool:
+            initargs=(args.address, args.weights, args.registry, page_size, layout,
+                      args.tag)) as pool:
         for done, rows in enumerate(pool.map(_run, jobs), 1):
             for row in rows:
                 writer.writerow(row)
@@ -170,7 +176,9 @@ def read_results(out_dir: str) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def summarize(out_dir: str) -> List[Dict[str, object]]:
+def summarize(out_dir: str, order: Sequence[str]) -> List[Dict[str, object]]:
+    """summary.csv, tables.md, the plots, paired.csv and paired.md from results.csv; `order` is
+    the policies' order in the tables and plots (the registry's)."""
     rows = read_results(out_dir)
     cells: Dict[tuple, List[dict]] = {}
     for r in rows:
@@ -194,9 +202,9 @@ def summarize(out_dir: str) -> List[Dict[str, object]]:
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
         writer.writerows(summary)
-    plot(summary, out_dir)
+    plot(summary, out_dir, order)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
-        f.write(tables(summary))
+        f.write(tables(summary, order))
     pairs = comparisons(rows)
     if pairs:
         with open(os.path.join(out_dir, "paired.csv"), "w", newline="") as f:
@@ -204,7 +212,7 @@ def summarize(out_dir: str) -> List[Dict[str, object]]:
             writer.writeheader()
             writer.writerows(pairs)
         with open(os.path.join(out_dir, "paired.md"), "w") as f:
-            f.write(paired_tables(pairs))
+            f.write(paired_tables(pairs, order))
     return summary
 
 
@@ -238,7 +246,7 @@ def comparisons(rows: List[dict], reference: str = REFERENCE) -> List[Dict[str, 
     return out
 
 
-def paired_tables(pairs: List[Dict[str, object]]) -> str:
+def paired_tables(pairs: List[Dict[str, object]], order: Sequence[str]) -> str:
     """Markdown: per (task, length, page size, layout), the reference against each policy per
     ratio as `+better / -worse (p)`."""
     reference = pairs[0]["reference"]
@@ -256,7 +264,7 @@ def paired_tables(pairs: List[Dict[str, object]]) -> str:
         out.append(f"\n**{task}, T = {length}, page size {page_size}, {layout} layout**\n")
         out.append("| against | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
         out.append("|---|" + "---|" * len(ratios))
-        for policy in _policies(part):
+        for policy in _policies(part, order):
             out.append(f"| {policy} | " + " | ".join(
                 _paired(by.get((policy, r))) for r in ratios) + " |")
     return "\n".join(out) + "\n"
@@ -270,7 +278,7 @@ def _paired(s) -> str:
     return f"+{s['better']} / -{s['worse']} ({shown})"
 
 
-def tables(summary: List[Dict[str, object]]) -> str:
+def tables(summary: List[Dict[str, object]], order: Sequence[str]) -> str:
     """Markdown: accuracy per (task, length) as policy x ratio, then the frames kept."""
     out = []
     for (page_size, layout) in sorted({(s["page_size"], s["layout"]) for s in summary}):
@@ -292,7 +300,7 @@ def tables(summary: List[Dict[str, object]]) -> str:
                     continue
                 out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
                 out.append("|---|" + "---|" * len(ratios))
-                for policy in _policies(part):
+                for policy in _policies(part, order):
                     if any((policy, r) in cell for r in ratios):
                         # A later pass (--append) may have run fewer prompts: say so in the row.
                         counts = {cell[(policy, r)]["prompts"] for r in ratios
@@ -305,7 +313,7 @@ def tables(summary: List[Dict[str, object]]) -> str:
                    f"(page size {page_size}, {layout} layout; mean over prompts and tasks)**\n")
         out.append("| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |")
         out.append("|---|" + "---|" * len(ratios))
-        for policy in _policies(part):
+        for policy in _policies(part, order):
             shares = []
             for r in ratios:
                 rows = [s for s in part if s["policy"] == policy and s["ratio"] == r]
@@ -316,10 +324,11 @@ def tables(summary: List[Dict[str, object]]) -> str:
     return "\n".join(out) + "\n"
 
 
-def _policies(part) -> List[str]:
-    """The eight policies in their fixed order, then variants (name+window) found in the data."""
+def _policies(part, order: Sequence[str]) -> List[str]:
+    """The policies found in the data in `order`, then the others (name+window variants)
+    sorted."""
     seen = {s["policy"] for s in part} - {"none"}
-    return [p for p in POLICIES if p in seen] + sorted(seen - set(POLICIES))
+    return [p for p in order if p in seen] + sorted(seen - set(order))
 
 
 def _pct(s) -> str:
@@ -328,17 +337,17 @@ def _pct(s) -> str:
     return f"{100 * s['accuracy']:.0f}% [{100 * s['ci_low']:.0f}, {100 * s['ci_high']:.0f}]"
 
 
-def plot(summary: List[Dict[str, object]], out_dir: str) -> None:
+def plot(summary: List[Dict[str, object]], out_dir: str, order: Sequence[str]) -> None:
     """accuracy.png against the compression ratio; accuracy_memory.png against the frames a
     policy really keeps, where per-head selection's union shows (no eviction: 100%)."""
-    _plot(summary, os.path.join(out_dir, "accuracy.png"), "ratio", 0.0,
+    _plot(summary, order, os.path.join(out_dir, "accuracy.png"), "ratio", 0.0,
           "compression ratio (share of KV evicted)", "accuracy vs compression")
-    _plot(summary, os.path.join(out_dir, "accuracy_memory.png"), "kept_share", 1.0,
+    _plot(summary, order, os.path.join(out_dir, "accuracy_memory.png"), "kept_share", 1.0,
           "frames kept (share of the prompt's frames)", "accuracy vs the memory each policy keeps")
 
 
-def _plot(summary: List[Dict[str, object]], path: str, x_field: str, x_baseline: float,
-          x_label: str, title: str) -> None:
+def _plot(summary: List[Dict[str, object]], order: Sequence[str], path: str, x_field: str,
+          x_baseline: float, x_label: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -356,7 +365,7 @@ def _plot(summary: List[Dict[str, object]], path: str, x_field: str, x_baseline:
             ax = axes[row][col]
             cell = [s for s in main if s["task"] == task and s["length"] == length]
             baseline = [s for s in cell if s["policy"] == "none"]
-            for n, policy in enumerate(_policies(cell)):
+            for n, policy in enumerate(_policies(cell, order)):
                 points = sorted((s[x_field], s["accuracy"], s["ci_low"], s["ci_high"])
                                 for s in cell if s["policy"] == policy)
                 if not points:
@@ -392,10 +401,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", required=True, help="folder for results.csv, summary.csv, plots")
     ap.add_argument("--server", help="entrokvd address; default: start --entrokvd privately")
     ap.add_argument("--entrokvd", default="entrokvd")
+    ap.add_argument("--entrokv", default="entrokv",
+                    help="the entrokv CLI: `entrokv policies` lists the policies and the "
+                         "statistic each one scores")
     ap.add_argument("--tasks", default=",".join(tasks.TASKS))
     ap.add_argument("--lengths", default="1024,2048")
     ap.add_argument("--prompts", type=int, default=300, help="per (task, length), depths 0-100%%")
-    ap.add_argument("--policies", default=",".join(POLICIES))
+    ap.add_argument("--policies",
+                    help="comma list (name, or name+window / name+last for another statistic); "
+                         "default: every registered policy")
     ap.add_argument("--ratios", default=",".join(str(r) for r in RATIOS))
     ap.add_argument("--also", default="b32:0.75,layer:0.75",
                     help="extra passes at one ratio: b32 (page size 32), layer (LAYER layout)")
@@ -422,10 +436,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if compressed_only(results):
             ap.error(f"{results}.gz holds this folder's rows: gunzip it to add to them (or "
                      "remove it to start over); --summarize-only reads it as it is")
+        args.registry = policy_registry.load(args.entrokv)
         args.tasks = [t for t in args.tasks.split(",") if t]
         args.lengths = [int(v) for v in args.lengths.split(",") if v]
         args.tag = f"{os.getpid()}"
-        policies = [p for p in args.policies.split(",") if p]
+        policies = ([p for p in args.policies.split(",") if p] if args.policies else
+                    list(args.registry.names))
+        for name in policies:
+            if name.partition("+")[0] not in args.registry:
+                ap.error(f"--policies: '{name}' is not one of {', '.join(args.registry.names)}")
         ratios = [float(r) for r in args.ratios.split(",") if r]
         daemon = None if args.server else pool_worker.LocalDaemon(
             args.entrokvd)
@@ -454,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if daemon is not None:
                 daemon.stop()
         print(f"done in {(time.time() - started) / 60:.1f} min", flush=True)
-    summary = summarize(args.out)
+    summary = summarize(args.out, policy_registry.load(args.entrokv).names)
     print(f"{len(summary)} cells written to {os.path.join(args.out, 'summary.csv')}")
     return 0
 

@@ -1,6 +1,7 @@
 """The report's arithmetic: Wilson intervals, cells summarised from results.csv rows, and the
 tables, including a later pass (--append) that ran fewer prompts than the main one; and a
-stopped run resumed (--resume) against a real entrokvd (ENTROKVD names it; ctest sets it)."""
+stopped run resumed (--resume) against a real entrokvd (ENTROKVD names it, ENTROKV_CLI the CLI
+whose registry names the policies; ctest sets both)."""
 import contextlib
 import csv
 import dataclasses
@@ -19,6 +20,10 @@ import evaluate  # noqa: E402
 import numpy_model  # noqa: E402
 import pool_worker  # noqa: E402
 from model_test import random_model  # noqa: E402
+
+
+# The tables' policy order in these tests (evaluate.main passes the registry's).
+ORDER = ("page_entrokv", "mean", "head_independent", "snapkv")
 
 
 def _rows(policy, ratio, outcomes, kept, prompt_frames=64):
@@ -64,7 +69,7 @@ class SummaryTest(unittest.TestCase):
     def summarize(self, rows):
         with tempfile.TemporaryDirectory() as out:
             _write_results(out, rows)
-            summary = evaluate.summarize(out)
+            summary = evaluate.summarize(out, ORDER)
             with open(os.path.join(out, "tables.md")) as f:
                 return summary, f.read()
 
@@ -97,7 +102,7 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual((snapkv["prompts"], snapkv["better"], snapkv["worse"]), (2, 0, 0))
         with tempfile.TemporaryDirectory() as out:
             _write_results(out, rows)
-            evaluate.summarize(out)
+            evaluate.summarize(out, ORDER)
             with open(os.path.join(out, "paired.md")) as f:
                 text = f.read()
         self.assertIn("| mean | +3 / -1 (p = 0.625) |", text)
@@ -108,7 +113,7 @@ class SummaryTest(unittest.TestCase):
                 _rows("head_independent", 0.75, [1, 1, 0, 0], 40))
         with tempfile.TemporaryDirectory() as out:
             _write_results(out, rows)
-            evaluate.summarize(out)
+            evaluate.summarize(out, ORDER)
             images = []
             for name in ("accuracy.png", "accuracy_memory.png"):
                 with open(os.path.join(out, name), "rb") as f:
@@ -121,13 +126,20 @@ class SummaryTest(unittest.TestCase):
         summary, text = self.summarize(rows)
         with tempfile.TemporaryDirectory() as out:
             _write_results(out, rows, compressed=True)
-            self.assertEqual(evaluate.summarize(out), summary)
+            self.assertEqual(evaluate.summarize(out, ORDER), summary)
             with open(os.path.join(out, "tables.md")) as f:
                 self.assertEqual(f.read(), text)
             with self.assertRaises(SystemExit), contextlib.redirect_stderr(io.StringIO()) as err:
                 evaluate.main(["--weights", "w.npz", "--out", out, "--resume"])
             self.assertIn("results.csv.gz holds this folder's rows", err.getvalue())
             self.assertFalse(os.path.exists(os.path.join(out, "results.csv")))
+
+    def test_policies_follow_the_given_order_then_the_variants(self):
+        part = [{"policy": p} for p in ("mean+window", "mean", "none", "page_entrokv", "zeta")]
+        self.assertEqual(evaluate._policies(part, ("page_entrokv", "mean")),
+                         ["page_entrokv", "mean", "mean+window", "zeta"])
+        self.assertEqual(evaluate._policies(part, ("mean", "page_entrokv")),
+                         ["mean", "page_entrokv", "mean+window", "zeta"])
 
     def test_a_pass_with_fewer_prompts_is_labelled_with_its_count(self):
         rows = (_rows("none", 0.0, [1] * 6, 64) + _rows("mean", 0.75, [1] * 6, 16) +
@@ -138,14 +150,16 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("| mean+window (2 prompts) | 50% [9, 91] |", text)
 
 
-@unittest.skipIf("ENTROKVD" not in os.environ, "needs ENTROKVD (run through ctest)")
+@unittest.skipIf("ENTROKVD" not in os.environ or "ENTROKV_CLI" not in os.environ,
+                 "needs ENTROKVD and ENTROKV_CLI (run through ctest)")
 class ResumeTest(unittest.TestCase):
     """A run stopped mid-write and resumed holds exactly the rows of a run never stopped."""
 
     TIMES = ("decide_ms", "decode_ms")
 
     def evaluate(self, out, *extra):
-        argv = ["--weights", self.weights, "--server", self.daemon.address, "--out", out,
+        argv = ["--weights", self.weights, "--server", self.daemon.address,
+                "--entrokv", os.environ["ENTROKV_CLI"], "--out", out,
                 "--tasks", "single_needle,multi_key", "--lengths", "200", "--prompts", "3",
                 "--policies", "mean,snapkv", "--ratios", "0.5", "--also", "layer:0.75",
                 "--processes", "1", *extra]

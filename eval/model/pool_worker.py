@@ -17,10 +17,11 @@ LAYER-layout frame is kv_groups such slices back to back (core/pool/geometry.h).
 float32 by default (element_bytes 4), so that with no eviction the pool-backed model computes
 exactly what the plain model computes; float16 halves the pool.
 
-Run the main job's demonstration with the client package on the path:
+Run the main job's demonstration with the client package on the path (the CLI names the
+statistic each policy scores, `entrokv policies`):
   PYTHONPATH=build/client/python /usr/bin/python3 eval/model/pool_worker.py \\
-      --server 127.0.0.1:50051 --weights eval/model/weights.npz --prompts 8 \\
-      --policies page_entrokv,mean --ratio 0.75
+      --server 127.0.0.1:50051 --entrokv build/client/cli/entrokv \\
+      --weights eval/model/weights.npz --prompts 8 --policies page_entrokv,mean --ratio 0.75
 """
 from __future__ import annotations
 
@@ -31,7 +32,6 @@ import itertools
 import mmap
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -43,6 +43,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
+import policies as policy_registry  # noqa: E402
 import tasks  # noqa: E402
 
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
@@ -60,7 +61,8 @@ class Policy:
     name: str
     ratio: Optional[float] = None  # compression ratio: the share of the KV evicted, in [0, 1)
     pages: Optional[int] = None  # or K, the pages every (layer, group) keeps
-    statistic: Optional[str] = None  # last_row, window_mean, accumulated; None: the policy's
+    statistic: Optional[str] = None  # last_row, window_mean, accumulated; None: the one the
+    # registry names for the policy (PoolWorker.kind)
     params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
 
     def __post_init__(self):
@@ -70,14 +72,6 @@ class Policy:
             raise ValueError(f"ratio must be in [0, 1), got {self.ratio}")
         if self.statistic is not None and self.statistic not in KINDS:
             raise ValueError(f"statistic must be one of {', '.join(KINDS)}")
-
-    @property
-    def kind(self) -> str:
-        """The statistic the policy is given: h2o its ACCUMULATED column sums, snapkv the mean
-        over the question's query rows (its observation window), the others the last row."""
-        if self.statistic is not None:
-            return self.statistic
-        return {"h2o": "accumulated", "snapkv": "window_mean"}.get(self.name, "last_row")
 
     def budget(self) -> Dict[str, object]:
         if self.pages is not None:
@@ -250,12 +244,13 @@ class PoolWorker:
     """The model served through entrokvd. Thread-safe: sequences may run on several threads
     (each sequence on one thread at a time)."""
 
-    def __init__(self, client: entrokv.Client, model: numpy_model.Model, *,
-                 model_id: Optional[str] = None, page_size: int = 16,
-                 frame_layout: str = "group", element: str = "f32",
+    def __init__(self, client: entrokv.Client, model: numpy_model.Model,
+                 registry: policy_registry.Registry, *, model_id: Optional[str] = None,
+                 page_size: int = 16, frame_layout: str = "group", element: str = "f32",
                  capacity_frames: int = 16384):
         c = model.config
         self.client, self.model, self.page_size = client, model, page_size
+        self.registry = registry
         self.model_id = model_id or f"entrokv-gqa-{frame_layout}-b{page_size}-{element}"
         geometry = dict(layers=c.layers, query_heads=c.query_heads, kv_groups=c.kv_heads,
                         head_dim=c.head_dim, page_size=page_size,
@@ -287,6 +282,16 @@ class PoolWorker:
         with self._lock:
             return f"{hint}-{self._prefix}-{next(self._ids)}"
 
+    def kind(self, policy: Policy) -> str:
+        """The statistic `policy` is given: its own `statistic` when set, else the one the
+        registry names for it (h2o ACCUMULATED column sums, snapkv the WINDOW_MEAN over the
+        question's query rows, the others LAST_ROW). A policy that scores none (streaming), and
+        "none", which decides nothing, get LAST_ROW: the stream carries a statistic anyway."""
+        if policy.statistic is not None:
+            return policy.statistic
+        wanted = "none" if policy.name == "none" else self.registry.statistic(policy.name)
+        return "last_row" if wanted == "none" else wanted
+
     def _fetch_tables(self, kv: PoolKV) -> None:
         """The sequence's block tables as the pool holds them now."""
         c = self.model.config
@@ -317,7 +322,7 @@ class PoolWorker:
         window = window or question_window(prompt)
         deciding = policy is not None and policy.name != "none"
         if deciding:
-            kinds = (policy.kind,)
+            kinds = (self.kind(policy),)
         sid = sequence_id or self._new_id("seq")
         self.client.open_sequence(self.model_id, sid, initial_tokens=n)
         kv = PoolKV(self, sid, n)
@@ -356,7 +361,7 @@ class PoolWorker:
             try:
                 kv.prefill_logits = self.model.step(
                     prompt, np.arange(n), kv, windows,
-                    lambda layer, stat: outbox.put((layer, statistic(stat, policy.kind))))
+                    lambda layer, stat: outbox.put((layer, statistic(stat, self.kind(policy)))))
             finally:
                 outbox.put(None)
                 receiver.join()
@@ -388,7 +393,7 @@ class PoolWorker:
 
     def _decide_stream(self, kv: PoolKV, policy: Policy, layer_stats) -> list:
         return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
-                                              policy=policy.name, kind=policy.kind,
+                                              policy=policy.name, kind=self.kind(policy),
                                               **policy.budget(), **dict(policy.params)))
 
     def decide(self, kv: PoolKV, policy: Policy) -> list:
@@ -396,9 +401,10 @@ class PoolWorker:
         layer by layer on DecideStream, then reads back the block tables."""
         if policy.name == "none":
             return []
-        if policy.kind not in kv.stats:
-            raise ValueError(f"sequence {kv.sequence_id} kept no {policy.kind} statistic")
-        stats = kv.stats[policy.kind]
+        kind = self.kind(policy)
+        if kind not in kv.stats:
+            raise ValueError(f"sequence {kv.sequence_id} kept no {kind} statistic")
+        stats = kv.stats[kind]
         decisions = self._decide_stream(kv, policy, [(l, stats[l]) for l in range(len(stats))])
         self._fetch_tables(kv)
         return decisions
@@ -459,7 +465,7 @@ class PoolWorker:
         start = time.perf_counter()
         prompt_frames = self.model.config.layers * self._frames_per_layer(len(example.prompt))
         kv, decisions = self.prefill(example.prompt, policy=policy, on_decided=on_decided,
-                                     kinds=(policy.kind,))
+                                     kinds=(self.kind(policy),))
         try:
             prefill_ms = (time.perf_counter() - start) * 1e3
             result = self._result(example, policy, kv, decisions, prompt_frames, prefill_ms, 0.0,
@@ -473,7 +479,7 @@ class PoolWorker:
                    max_new: Optional[int] = None) -> List[RunResult]:
         """One prefill, then per policy a fork of it (prefix sharing), its decisions, a greedy
         decode and its close; the parent closes last. Results in the order of `policies`."""
-        kinds = sorted({p.kind for p in policies if p.name != "none"}) or ["last_row"]
+        kinds = sorted({self.kind(p) for p in policies if p.name != "none"}) or ["last_row"]
         start = time.perf_counter()
         parent, _ = self.prefill(example.prompt, kinds=kinds)
         prefill_ms = (time.perf_counter() - start) * 1e3
@@ -512,11 +518,11 @@ class LocalDaemon:
             [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
-        match = re.search(r"listening on (\S+)", line)
-        if not match:
+        addresses = entrokv.parse_listening_line(line)
+        if addresses is None:
             self.process.kill()
             raise RuntimeError(f"entrokvd did not start: {line!r} {self.process.stderr.read()}")
-        self.address = match.group(1)
+        self.address = addresses.address
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -538,6 +544,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     "once, fork it per policy, decide, decode greedily; print accuracy and frames.")
     parser.add_argument("--server", help="entrokvd address; default: start --entrokvd privately")
     parser.add_argument("--entrokvd", default="entrokvd", help="daemon binary when no --server")
+    parser.add_argument("--entrokv", default="entrokv",
+                        help="the entrokv CLI: `entrokv policies` names each policy's statistic")
     parser.add_argument("--weights", required=True, help="the model's .npz (train.py export)")
     parser.add_argument("--prompts", type=int, default=8, help="prompts, spread over the tasks")
     parser.add_argument("--length", type=int, default=1024, help="prompt tokens")
@@ -552,13 +560,18 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
+    registry = policy_registry.load(args.entrokv)
+    policies = [Policy("none")] + [p for p in parse_policies(args.policies, args.ratio)
+                                   if p.name != "none"]
+    for policy in policies[1:]:
+        if policy.name not in registry:
+            parser.error(f"--policies: '{policy.name}' is not one of none, "
+                         f"{', '.join(registry.names)}")
     model = numpy_model.Model.load(args.weights)
     task_list = [t for t in args.tasks.split(",") if t]
     per_task = -(-args.prompts // len(task_list))
     examples = [e for t in task_list for e in tasks.examples(t, args.length, per_task, args.seed)]
     examples = examples[:args.prompts]
-    policies = [Policy("none")] + [p for p in parse_policies(args.policies, args.ratio)
-                                   if p.name != "none"]
     daemon = None if args.server else LocalDaemon(args.entrokvd)
     address = args.server or daemon.address
     print(f"pool worker: {len(examples)} prompts of {args.length} tokens "
@@ -570,7 +583,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     started = time.perf_counter()
     try:
         with entrokv.Client(address, timeout_s=60) as client:
-            worker = PoolWorker(client, model, page_size=args.page_size,
+            worker = PoolWorker(client, model, registry, page_size=args.page_size,
                                 frame_layout=args.frame_layout, element=args.element)
             try:
                 with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:

@@ -1,8 +1,8 @@
 """The pool-backed worker against a real entrokvd on loopback (started here, stopped by SIGTERM).
 
 Random weights of the real shapes: these tests compare the worker with the plain numpy model and
-with itself, which needs no trained model. ENTROKVD names the daemon binary and PYTHONPATH holds
-the built client package (ctest sets both).
+with itself, which needs no trained model. ENTROKVD names the daemon binary, ENTROKV_CLI the CLI
+(the policy registry) and PYTHONPATH holds the built client package (ctest sets all three).
 """
 import concurrent.futures
 import io
@@ -16,6 +16,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
+import policies  # noqa: E402
 import tasks  # noqa: E402
 from model_test import random_model  # noqa: E402
 
@@ -44,11 +45,14 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
-@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ,
-                 "needs ENTROKVD and the client package on PYTHONPATH (run through ctest)")
+@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ or
+                 "ENTROKV_CLI" not in os.environ,
+                 "needs ENTROKVD, ENTROKV_CLI and the client package on PYTHONPATH (run through "
+                 "ctest)")
 class PoolWorkerTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
+        cls.registry = policies.load(os.environ["ENTROKV_CLI"])
         cls.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
         cls.client = entrokv.Client(cls.daemon.address, timeout_s=60)
         cls.model = random_model()
@@ -60,8 +64,9 @@ class PoolWorkerTest(unittest.TestCase):
         if code != 0:
             raise AssertionError(f"entrokvd exited with {code} after SIGTERM")
 
-    def worker(self, name, **kwargs):
-        worker = pool_worker.PoolWorker(self.client, self.model, model_id=name, **kwargs)
+    def worker(self, name, registry=None, **kwargs):
+        worker = pool_worker.PoolWorker(self.client, self.model, registry or self.registry,
+                                        model_id=name, **kwargs)
         self.addCleanup(worker.close, unregister=True)
         return worker
 
@@ -206,6 +211,22 @@ class PoolWorkerTest(unittest.TestCase):
         self.assertGreater(reused, 0, "no frame evicted by one sequence served another")
         self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
 
+    def test_each_policy_is_given_the_statistic_the_registry_names(self):
+        worker = self.worker("kinds", capacity_frames=256)
+        kinds = {name: worker.kind(Policy(name, ratio=0.5)) for name in self.registry.names}
+        self.assertEqual(kinds["h2o"], "accumulated")
+        self.assertEqual(kinds["snapkv"], "window_mean")
+        self.assertEqual(kinds["page_entrokv"], "last_row")
+        self.assertEqual(kinds["streaming"], "last_row")  # scores none; the stream carries one
+        self.assertEqual(worker.kind(Policy("h2o", ratio=0.5, statistic="last_row")), "last_row")
+        # The worker reads the registry, not the name: another registry, another statistic.
+        other = policies.parse('{"policies": [{"name": "h2o", "statistic": "window_mean", '
+                               '"exact_budget": true}]}')
+        stand_in = self.worker("kinds-other", registry=other, capacity_frames=256)
+        self.assertEqual(stand_in.kind(Policy("h2o", ratio=0.5)), "window_mean")
+        with self.assertRaisesRegex(ValueError, "'mean' is not one of h2o"):
+            stand_in.kind(Policy("mean", ratio=0.5))
+
     def test_forks_share_the_prefill_and_decide_like_unforked_runs(self):
         worker = self.worker("forks", capacity_frames=2048)
         example = tasks.make_example("variable_tracking", 333, 4)  # a partial tail page
@@ -236,8 +257,9 @@ class PoolWorkerTest(unittest.TestCase):
             out = io.StringIO()
             with contextlib.redirect_stdout(out):
                 code = pool_worker.main(["--server", self.daemon.address, "--weights", weights,
-                                         "--prompts", "3", "--length", "200", "--tasks",
-                                         "single_needle,multi_key", "--ratio", "0.5"])
+                                         "--entrokv", os.environ["ENTROKV_CLI"], "--prompts", "3",
+                                         "--length", "200", "--tasks", "single_needle,multi_key",
+                                         "--ratio", "0.5"])
         self.assertEqual(code, 0)
         text = out.getvalue()
         for label in ("none", "page_entrokv@0.5", "mean@0.5"):

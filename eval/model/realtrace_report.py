@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import multiprocessing
@@ -41,15 +42,18 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import capture_trace  # noqa: E402
 import numpy_model  # noqa: E402
+import policies  # noqa: E402
 import tasks  # noqa: E402
 
 PAGE_SIZES = "1,8,16"
 BUDGETS = (0.02, 0.05, 0.1, 0.2, 0.4)
 SELECT_PAGE = 16
 SELECT_BUDGETS = (0.05, 0.1, 0.2)
-SELECT_POLICIES = ("page_entrokv", "raw_entropy", "mean", "max", "head_independent", "snapkv",
-                   "h2o", "streaming")
-POOLED = ("page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming")
+# Every registered policy is measured (`entrokv policies`); these are deliberate subsets: the
+# policies scored on the ACCUMULATED statistic too (C17's second scorer), and those C22's
+# per-layer table shows.
+ACCUMULATED_SCORED = ("head_independent", "page_entrokv", "mean")
+STRICT_TABLE_POLICIES = ("page_entrokv", "mean", "h2o", "streaming", "head_independent")
 DEPTH_BINS = ((0.0, 0.05, "0-5%"), (0.05, 0.25, "5-25%"), (0.25, 0.75, "25-75%"),
               (0.75, 0.95, "75-95%"), (0.95, 1.01, "95-100%"))
 SINK_TOKENS = 4
@@ -126,7 +130,7 @@ def process(job: dict) -> dict:
     acc_trace = os.path.join(work, "acc_trace")
     accumulated_as_trace(trace, acc_trace)
     run([entrokv, "eval", "--trace", acc_trace, "--out", os.path.join(work, "eval_acc"),
-         "--policies", "head_independent,page_entrokv,mean"] + common)
+         "--policies", ",".join(ACCUMULATED_SCORED)] + common)
     record = {"task": task, "length": length, "index": index, "seed": seed, "depth": depth,
               "bin": depth_bin(depth), "spans": [list(s) for s in example.needle_spans],
               "results": read_csv(os.path.join(work, "eval", "results.csv")),
@@ -148,8 +152,11 @@ def process(job: dict) -> dict:
     # The core's decisions at B = 16: needles per layer and the page-fill skew.
     needles = {}
     fill = {}
-    for policy in SELECT_POLICIES:
-        source = os.path.join(trace, "accumulated.npy" if policy == "h2o" else "stats.npy")
+    registry = args["registry"]
+    for policy in registry.names:
+        # The trace holds LAST_ROW and ACCUMULATED: a policy that wants ACCUMULATED gets it.
+        wants_accumulated = registry.statistic(policy) == "accumulated"
+        source = os.path.join(trace, "accumulated.npy" if wants_accumulated else "stats.npy")
         for budget in SELECT_BUDGETS:
             out = json.loads(run([entrokv, "select", "--stats", source, "--kv-heads",
                                   str(c.kv_heads), "--page-size", str(SELECT_PAGE), "--budget",
@@ -480,13 +487,39 @@ def s_of(row, prefix):
     return {k: row[f"{prefix}_{k}"] for k in ("n", "mean", "std", "ci95", "min", "max")}
 
 
-def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol_acc: List[dict],
-                 uor_layers: List[dict], sweeps: List[dict], census: List[dict],
-                 sink_mass: List[dict], fill: List[dict], needle_layers: List[dict],
-                 targets: List[dict]) -> None:
-    lengths = sorted({r["length"] for r in records})
-    L = meta["layers"]
-    lines = []
+@dataclasses.dataclass
+class ReportData:
+    """What report.md is written from: the per-prompt records, the run's metadata (run.json), the
+    aggregated rows (the CSV files) and the policy registry."""
+    records: List[dict]
+    meta: dict
+    registry: policies.Registry
+    pol: List[dict]  # policies.csv
+    pol_acc: List[dict]  # policies_accumulated.csv
+    uor_layers: List[dict]
+    sweeps: List[dict]
+    census: List[dict]
+    sink_mass: List[dict]
+    fill: List[dict]
+    needle_layers: List[dict]
+    targets: List[dict]
+
+    @property
+    def lengths(self) -> List[int]:
+        return sorted({r["length"] for r in self.records})
+
+    @property
+    def layers(self) -> int:
+        return self.meta["layers"]
+
+
+def _header(d: ReportData) -> List[str]:
+    """The title, the model and the statistic, how to regenerate, the scale caveat."""
+    lengths = d.lengths
+    L = d.layers
+    records = d.records
+    meta = d.meta
+    lines: List[str] = []
     w = lines.append
     w("# Real attention: the paper's claims C17-C22 on our small GQA model")
     w("")
@@ -497,7 +530,8 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       f"{', '.join(tasks.TASKS)} (RULER-style, not RULER), T = "
       f"{', '.join(str(x) for x in lengths)}, needle depths evenly spread over 0-100 %. "
       "Statistic: LAST_ROW (the last prompt token's attention row, fp32) for every policy but "
-      "h2o, which scores ACCUMULATED (column means of the causal attention matrix). Every "
+      f"{', '.join(d.registry.wanting('accumulated'))}, which scores ACCUMULATED (column means "
+      "of the causal attention matrix). Every "
       "decision is made by the C++ core (`entrokv eval --trace`, `entrokv select`); this report "
       "only counts. `±` is the 95 % interval of the mean over prompts (1.96 s / sqrt(n)); "
       "ranges are over prompts.")
@@ -510,7 +544,15 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       "Structural claims transfer; "
       "absolute numbers are this model's.")
     w("")
+    return lines
 
+
+def _attention_targets(d: ReportData) -> List[str]:
+    """What the model attends to: first answer token right, needles looked at per layer."""
+    L = d.layers
+    targets = d.targets
+    lines: List[str] = []
+    w = lines.append
     w("## What the model attends to")
     w("")
     w("First answer token right after the prefill (greedy, no eviction), and per layer the share "
@@ -526,8 +568,18 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
           f"{row['needles_looked_at_any_layer']:.3f} | " +
           " | ".join(f"{row[f'layer{l}_looked_at']:.3f}" for l in range(L)) + " |")
     w("")
+    return lines
 
-    # C17
+
+def _c17_union_overhead(d: ReportData) -> List[str]:
+    """C17: head-independent UOR and its certificates; the pooled policies exact."""
+    lengths = d.lengths
+    meta = d.meta
+    pol = d.pol
+    pol_acc = d.pol_acc
+    uor_layers = d.uor_layers
+    lines: List[str] = []
+    w = lines.append
     w("## C17: union overhead of head-independent selection on real attention")
     w("")
     w("UOR = |union of the r = 4 per-head top-K sets| / K per (layer, group), all tasks pooled. "
@@ -557,7 +609,8 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
     means = [r["uor_mean_mean"] for r in all_hi + all_acc]
     maxes = [r["uor_max"] for r in all_hi + all_acc]
     frac = [r["uor_above_one"] for r in all_hi + all_acc]
-    pooled_rows = [r for r in pol + pol_acc if r["task"] == "all" and r["policy"] in POOLED]
+    pooled = d.registry.exact_budget_names
+    pooled_rows = [r for r in pol + pol_acc if r["task"] == "all" and r["policy"] in pooled]
     exact = all(r["exact_decisions"] == r["decisions"] and r["uor_max"] == 1.0
                 for r in pooled_rows)
     decisions = sum(r["decisions"] for r in pooled_rows)
@@ -566,7 +619,7 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       f"{min(frac):.3f}-{max(frac):.3f}; paper (Qwen, Table 4a): means 2.29-2.98, max 5.10, "
       "frac 1.0. The Bonferroni and sandwich certificates (computed from each decision's own "
       f"Jaccard values) were violated {violations} times. The pooled policies "
-      f"({', '.join(POOLED)}) kept exactly K pages in "
+      f"({', '.join(pooled)}) kept exactly K pages in "
       f"{'every one' if exact else 'NOT every one'} of their {decisions} decisions "
       "(UOR = 1, counted, not assumed).")
     w("")
@@ -589,8 +642,16 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       f"{min(means):.2f}-{max(means):.2f} against the paper's 2.29-2.98 (r = 6 there, "
       f"r = {meta['r']} here, so the ceiling is {meta['r']}).")
     w("")
+    return lines
 
-    # C18
+
+def _c18_temperature(d: ReportData) -> List[str]:
+    """C18: the largest head weight against tau and the Renyi order."""
+    lengths = d.lengths
+    meta = d.meta
+    sweeps = d.sweeps
+    lines: List[str] = []
+    w = lines.append
     w("## C18: temperature and Renyi-order ablation (Table 5a/b)")
     w("")
     w("Largest head weight in a group (mean over (layer, group) and prompts), sink-isolated "
@@ -637,8 +698,17 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       "numbers (0.9632 … 0.1734, r = 6, Qwen) are model-specific and are not expected to "
       "match: with r = 4 the floor is 0.25.")
     w("")
+    return lines
 
-    # C19
+
+def _c19_sink_census(d: ReportData) -> List[str]:
+    """C19: sink heads' weight before and after sink isolation; sink mass per head."""
+    L = d.layers
+    meta = d.meta
+    census = d.census
+    sink_mass = d.sink_mass
+    lines: List[str] = []
+    w = lines.append
     w("## C19: sink census before and after sink isolation")
     w("")
     w("A sink head puts >= 50 % of its LAST_ROW mass on the first 4 tokens; a retrieval head "
@@ -688,8 +758,15 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
         w(f"| {l} | " + " | ".join(f"{c['sink_mass_mean']:.2f} ({c['share_prompts_sink_head']:.2f})"
                                    for c in cells_) + " |")
     w("")
+    return lines
 
-    # C20
+
+def _c20_page_fill(d: ReportData) -> List[str]:
+    """C20: which slot of a kept page holds its block max."""
+    lengths = d.lengths
+    fill = d.fill
+    lines: List[str] = []
+    w = lines.append
     w("## C20: page-fill skew")
     w("")
     w("The paper reports slot 0 ≈ 14.4 % vs 6.25 % without a definition. Measured here "
@@ -727,8 +804,16 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
     w(f"C20 verdict (budget 10 %): {verdict20} With our own definition, since the paper gives "
       "none.")
     w("")
+    return lines
 
-    # C21 / C22
+
+def _c21_needles(d: ReportData) -> List[str]:
+    """C21: needle retention per policy, and page_entrokv against mean paired over prompts."""
+    lengths = d.lengths
+    records = d.records
+    pol = d.pol
+    lines: List[str] = []
+    w = lines.append
     w("## C21: needle retention, pooled vs mean (Table 6a)")
     w("")
     w("Needle = every span the answer depends on (1 for single_needle and multi_key, 3 for "
@@ -743,12 +828,14 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       "kept in every layer and group |")
     w("|---|---|---|---|---|---|---|---|")
     present = [t for t in tasks.TASKS if any(r["task"] == t for r in records)]
+    # The exact-budget policies, then the union.
+    every = d.registry.exact_budget_names + tuple(
+        p for p in d.registry.names if p not in d.registry.exact_budget_names)
     for task in ["all"] + present:
         for length in lengths:
             # Every budget for all tasks together; the middle one per task.
             for budget in ((0.05, 0.1, 0.2) if task == "all" else (0.1,)):
-                for policy in ("page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o",
-                               "streaming", "head_independent"):
+                for policy in every:
                     row = find(pol, task=task, length=length, policy=policy, budget=budget,
                                page_size=16)
                     w(f"| {task} | {length} | {budget:g} | {policy} | "
@@ -791,12 +878,22 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
          if min(m for _, _, _, m, _ in c21) > 0.05 else
          "The direction of the paper's 100 % vs 0 % is reproduced."))
     w("")
+    return lines
+
+
+def _c21_retained_mass(d: ReportData) -> List[str]:
+    """C21's counterpart: retained attention mass, where entropy pooling loses by construction."""
+    lengths = d.lengths
+    records = d.records
+    pol = d.pol
+    lines: List[str] = []
+    w = lines.append
     w("### Retained attention mass (where entropy pooling loses by construction)")
     w("")
     w("Share of the group-mean LAST_ROW mass inside the kept pages (`entrokv eval`'s "
       "retained_mass; mean pooling ranks by exactly this quantity), B = 16, all tasks:")
     w("")
-    mass_policies = ("page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming")
+    mass_policies = d.registry.exact_budget_names
     w("| T | budget | " + " | ".join(mass_policies) + " | page_entrokv - mean (paired) |")
     w("|---|---|" + "---|" * (len(mass_policies) + 1))
     for length in lengths:
@@ -808,6 +905,15 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
             w(f"| {length} | {budget:g} | " + " | ".join(f"{v:.3f}" for v in vals) +
               f" | {d['mean']:+.3f} ± {d['ci95']:.3f} |")
     w("")
+    return lines
+
+
+def _c22_depth(d: ReportData) -> List[str]:
+    """C22: strict all-layer retention by needle depth, per layer."""
+    L = d.layers
+    needle_layers = d.needle_layers
+    lines: List[str] = []
+    w = lines.append
     w("## C22 and per-layer retention: strict all-layer criterion by depth")
     w("")
     w("Share of needles kept in every group of every layer (the strict NIAH criterion), and per "
@@ -817,7 +923,7 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
     w("| policy | budget | depth | n | all layers (strict) | " +
       " | ".join(f"layer {l}" for l in range(L)) + " |")
     w("|---|---|---|---|---|" + "---|" * L)
-    for policy in ("page_entrokv", "mean", "h2o", "streaming", "head_independent"):
+    for policy in STRICT_TABLE_POLICIES:
         for budget in SELECT_BUDGETS:
             for bin_name in [b[2] for b in DEPTH_BINS] + ["all"]:
                 rows = [r for r in needle_layers if r["policy"] == policy and
@@ -830,6 +936,7 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
                   f"{fmt(s_of(row, 'all_layers'), 2)} | " +
                   " | ".join(f"{row[f'layer{l}_all_groups']:.2f}" for l in range(L)) + " |")
     w("")
+
     def strict(policy, bin_name):
         rows = [r for r in needle_layers if r["policy"] == policy and r["budget"] == 0.1 and
                 r["length"] == "all" and r["depth_bin"] == bin_name]
@@ -848,6 +955,13 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
       f"{end['page_entrokv']:.2f} and {end['mean']:.2f} (paper: 0.00 both at 25-75 %, "
       "1.00 at 100 %).")
     w("")
+    return lines
+
+
+def _files(d: ReportData) -> List[str]:
+    """The files beside the report."""
+    lines: List[str] = []
+    w = lines.append
     w("## Files")
     w("")
     w("| file | what |")
@@ -855,8 +969,8 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
     w("| `policies.csv` | every policy x budget x page size x T, per task and all tasks: exact "
       "decisions, kept/planned, UOR, retained mass, needle metrics, certificate violations "
       "(mean, std, ci95, min, max over prompts) |")
-    w("| `policies_accumulated.csv` | the same for head_independent, page_entrokv and mean "
-      "scoring the ACCUMULATED statistic |")
+    w(f"| `policies_accumulated.csv` | the same for {', '.join(ACCUMULATED_SCORED[:-1])} and "
+      f"{ACCUMULATED_SCORED[-1]} scoring the ACCUMULATED statistic |")
     w("| `uor_layers.csv` | head-independent UOR and certificates per T, budget, page size and "
       "layer |")
     w("| `sweeps.csv` | tau and alpha sweeps, raw and isolated |")
@@ -865,6 +979,16 @@ def write_report(out: str, records: List[dict], meta: dict, pol: List[dict], pol
     w("| `needle_layers.csv` | C21/C22: per policy, budget, T and depth bin, per layer |")
     w("| `attention_targets.csv` | first answer token right; needles looked at, per layer |")
     w("| `run.json` | the run: weights hash, prompts, seeds, options, timings |")
+    return lines
+
+
+# The report, section by section: each returns its lines, prose and tables.
+SECTIONS = (_header, _attention_targets, _c17_union_overhead, _c18_temperature, _c19_sink_census,
+            _c20_page_fill, _c21_needles, _c21_retained_mass, _c22_depth, _files)
+
+
+def write_report(out: str, data: ReportData) -> None:
+    lines = [line for section in SECTIONS for line in section(data)]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -901,8 +1025,9 @@ def main() -> None:
                              "seed": args.seed * 1_000_003 + i, "depth": float(depth)})
     # Longest first, so the two processes finish together.
     jobs.sort(key=lambda j: -j["length"])
+    registry = policies.load(os.path.abspath(args.entrokv))
     shared = {"workdir": workdir, "entrokv": os.path.abspath(args.entrokv),
-              "weights_hash": weights_hash, "keep": args.keep}
+              "weights_hash": weights_hash, "keep": args.keep, "registry": registry}
     records = []
     if args.from_records:
         with open(args.from_records) as f:
@@ -958,8 +1083,8 @@ def main() -> None:
     with open(os.path.join(args.out, "run.json"), "w") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
-    write_report(args.out, records, meta, pol, pol_acc, uor_layers, sweeps, census, sink_mass,
-                 fill, needle_layers, targets)
+    write_report(args.out, ReportData(records, meta, registry, pol, pol_acc, uor_layers, sweeps,
+                                      census, sink_mass, fill, needle_layers, targets))
     print(f"wrote {args.out} in {seconds:.0f} s")
 
 

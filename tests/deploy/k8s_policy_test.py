@@ -19,6 +19,7 @@ Checks, per rendered object:
 Then it breaks a copy of the rendered objects in several ways and requires each to be caught.
 
 usage: k8s_policy_test.py [--entrokvd PATH] [--kubectl PATH]
+with the Python client on the path (PYTHONPATH=build/client/python).
 """
 
 import argparse
@@ -32,6 +33,8 @@ import sys
 import tempfile
 
 import yaml
+
+import entrokv  # the Python client (PYTHONPATH=build/client/python): the start-up line
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -340,7 +343,7 @@ def start_daemon_with(entrokvd, config):
              f"--state_dir={work}", "--worker_threads=1"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = daemon.stdout.readline()
-        if "listening on" not in line:
+        if entrokv.parse_listening_line(line) is None:
             daemon.wait(timeout=10)
             return f"entrokvd refused the config: {daemon.stderr.read().strip()}"
         daemon.send_signal(signal.SIGTERM)

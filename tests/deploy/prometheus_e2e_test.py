@@ -18,6 +18,8 @@ docs/deploy-dashboard.png was made.
 
 usage: prometheus_e2e_test.py --entrokvd PATH --entrokv PATH [--prometheus PATH]
                               [--render PNG --load-seconds N]
+with the Python client on the path (PYTHONPATH=build/client/python), whose
+entrokv.parse_listening_line reads the daemon's start-up line.
 """
 
 import argparse
@@ -35,6 +37,8 @@ import urllib.parse
 import urllib.request
 
 import yaml
+
+import entrokv  # the Python client (PYTHONPATH=build/client/python): the start-up line
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "entrokv.json"
@@ -110,11 +114,8 @@ def start_daemon(entrokvd, work):
         if daemon.poll() is not None:
             sys.exit(f"entrokvd exited with {daemon.returncode}")
         out.seek(0)
-        for line in out:
-            if "listening on" in line:
-                words = line.split()
-                return words[words.index("on") + 1], words[-1]
-        return None
+        addresses = entrokv.parse_listening_line(out.read())
+        return (addresses.address, addresses.metrics) if addresses else None
 
     server, metrics = wait_for("entrokvd listening", listening, 30)
     return daemon, server, metrics

@@ -7,9 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/client.h"
+#include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/test_support.h"
+#include "tests/support/http_get.h"
 
 namespace entrokv {
 namespace {
@@ -82,7 +84,8 @@ TEST(ClientRetryTest, OtherErrorsAreNotRetried) {
   request.set_model_id("absent");
   EXPECT_EQ(client.GetModel(request).status().code(), absl::StatusCode::kNotFound);
   // The daemon counted exactly one GetModel call: NOT_FOUND was not retried.
-  const std::string metrics = service::testing::HttpGet(daemon.metrics_port(), "/metrics");
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::string metrics,
+                               ::entrokv::testing::HttpGet(daemon.metrics_port(), "/metrics"));
   EXPECT_THAT(metrics,
               HasSubstr("entrokv_rpc_requests_total{code=\"NOT_FOUND\",method=\"GetModel\"} 1\n"));
   const absl::StatusOr<std::string> health = client.Health("");

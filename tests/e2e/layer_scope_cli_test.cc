@@ -4,6 +4,9 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/scoring/policy.h"
+#include "core/testing/policies.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/cli_runner.h"
@@ -37,13 +40,12 @@ class LayerScopeCliTest : public ::testing::Test {
 };
 
 TEST_F(LayerScopeCliTest, EveryPooledPolicyEndsAtThePlannedLayerFrames) {
-  const CliRun replay = RunCli(absl::StrCat(
-      "replay ", server_, " --model tiny --tokens 1000 --budget 0.2 --sequences 2",
-      " --policy page_entrokv,raw_entropy,mean,max,snapkv,h2o,streaming,head_independent --json"));
+  const CliRun replay = RunCli(
+      absl::StrCat("replay ", server_, " --model tiny --tokens 1000 --budget 0.2 --sequences 2",
+                   " --policy ", absl::StrJoin(PolicyNames(), ","), " --json"));
   ASSERT_EQ(replay.exit_code, 0) << replay.out;
   // tiny: 2 layers, 2 groups; P = floor(0.2 * 1000 * 2 / 16) = 25 layer-pages, one frame each.
-  for (const char* policy :
-       {"page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming"}) {
+  for (const absl::string_view policy : ::entrokv::testing::ExactBudgetPolicyNames()) {
     const size_t at = replay.out.find(absl::StrCat("\"policy\":\"", policy, "\""));
     ASSERT_NE(at, std::string::npos) << policy;
     EXPECT_EQ(JsonInt(replay.out, "planned_frames", at), 2 * 25) << policy;

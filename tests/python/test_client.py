@@ -1,7 +1,6 @@
 """The Python client, end to end against a real entrokvd on loopback."""
 
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -26,11 +25,11 @@ class Daemon:
             [os.environ["ENTROKVD"], "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0"],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
-        match = re.search(r"listening on (\S+) metrics on (\S+)", line)
-        if not match:
+        addresses = entrokv.parse_listening_line(line)
+        if addresses is None or addresses.metrics is None:
             self.process.kill()
             raise RuntimeError(f"entrokvd did not start: {line!r} {self.process.stderr.read()}")
-        self.address, self.metrics = match.group(1), match.group(2)
+        self.address, self.metrics = addresses.address, addresses.metrics
 
     def stop(self) -> int:
         self.process.send_signal(signal.SIGTERM)
@@ -42,6 +41,22 @@ def layer_stats(seed: int, tokens: int) -> np.ndarray:
     rows = rng.random((GEOMETRY["layers"], GEOMETRY["query_heads"], tokens), dtype=np.float32)
     rows[:, 0, 7] = 50.0  # one focused head per layer
     return rows / rows.sum(axis=2, keepdims=True)
+
+
+class ListeningLineTest(unittest.TestCase):
+    def test_the_start_up_line_gives_both_addresses(self):
+        self.assertEqual(
+            entrokv.parse_listening_line("log\nentrokvd listening on 127.0.0.1:41231 metrics on "
+                                         "127.0.0.1:39017\n"),
+            entrokv.DaemonAddresses("127.0.0.1:41231", "127.0.0.1:39017"))
+        self.assertEqual(
+            entrokv.parse_listening_line("entrokvd listening on [::1]:5005 metrics off\n"),
+            entrokv.DaemonAddresses("[::1]:5005", None))
+
+    def test_nothing_until_the_line_is_complete(self):
+        for text in ("", "entrokvd listening on 127.0.0.1:41231 metrics on 127.0.0.1:39",
+                     "entrokvd stopped\n", "xentrokvd listening on 1:2 metrics off\n"):
+            self.assertIsNone(entrokv.parse_listening_line(text), text)
 
 
 class ClientTest(unittest.TestCase):

@@ -16,9 +16,11 @@
 #include <thread>
 #include <vector>
 
+#include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/test_support.h"
+#include "tests/support/http_get.h"
 
 namespace entrokv::service {
 namespace {
@@ -192,8 +194,12 @@ TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {
     EXPECT_THAT(daemon.Stderr(), ::testing::HasSubstr(c.option));
   }
   // Nothing was bound: both ports are still free.
-  EXPECT_EQ(testing::HttpGet(metrics_port, "/metrics"), "");
-  EXPECT_EQ(testing::HttpGet(port, "/"), "");
+  EXPECT_THAT(::entrokv::testing::HttpGet(metrics_port, "/metrics"),
+              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                           ::testing::HasSubstr("connect")));
+  EXPECT_THAT(::entrokv::testing::HttpGet(port, "/"),
+              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable,
+                                           ::testing::HasSubstr("connect")));
   ::unlink(garbage.c_str());
   ::rmdir(dir.c_str());
 }

@@ -15,10 +15,12 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "service/option_table.h"
 #include "tests/service/test_support.h"
+#include "tests/support/http_get.h"
 
 namespace entrokv::service {
 namespace {
@@ -27,10 +29,10 @@ using ::entrokv::service::testing::BytesStatistic;
 using ::entrokv::service::testing::DaemonProcess;
 using ::entrokv::service::testing::FreePort;
 using ::entrokv::service::testing::HealthCheck;
-using ::entrokv::service::testing::HttpGet;
 using ::entrokv::service::testing::MakeChannel;
 using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
+using ::entrokv::testing::HttpGet;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -107,8 +109,8 @@ TEST(EntrokvdProcessTest, BadConfigurationExitsNonZeroNamingTheOption) {  // R15
     EXPECT_THAT(daemon.Stderr(), HasSubstr(c.option));
   }
   // Nothing was bound: the port is still free to take.
-  const std::string out = HttpGet(port, "/");
-  EXPECT_EQ(out, "");
+  EXPECT_THAT(HttpGet(port, "/"),
+              ::entrokv::testing::StatusIs(absl::StatusCode::kUnavailable, HasSubstr("connect")));
 }
 
 TEST(EntrokvdProcessTest, ConfigFileAndStateDirAreAccepted) {
@@ -166,7 +168,7 @@ TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
   }
   // SIGTERM once the first call is being decided (its statistic bytes are counted).
   for (int i = 0; i < 400; ++i) {
-    const std::string text = HttpGet(daemon.metrics_port(), "/metrics");
+    const std::string text = HttpGet(daemon.metrics_port(), "/metrics").value_or("");
     if (text.find("entrokv_stats_bytes_total{source=\"bytes\"} 0\n") == std::string::npos &&
         text.find("entrokv_stats_bytes_total{source=\"bytes\"}") != std::string::npos) {
       break;
@@ -233,7 +235,8 @@ TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
   v1::DecideResponse response;
   ASSERT_TRUE(stub->Decide(&context, decide, &response).ok());
 
-  const std::string metrics = HttpGet(daemon.metrics_port(), "/metrics");
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::string metrics,
+                               HttpGet(daemon.metrics_port(), "/metrics"));
   ASSERT_THAT(metrics, HasSubstr("entrokv_pool_frames{"));
   ASSERT_THAT(metrics, HasSubstr("entrokv_decisions_total{"));
   const std::string dump = ::testing::TempDir() + "/entrokvd_metrics.txt";
@@ -259,7 +262,7 @@ TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
       {"--config.file=" + config, "--storage.tsdb.path=" + dir + "/data",
        "--web.listen-address=127.0.0.1:" + std::to_string(web_port), "--log.level=warn"});
   auto query = [&](const std::string& expr) {
-    return HttpGet(web_port, "/api/v1/query?query=" + expr);
+    return HttpGet(web_port, "/api/v1/query?query=" + expr).value_or("");
   };
   bool frames = false;
   bool buckets = false;

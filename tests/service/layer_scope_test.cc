@@ -5,7 +5,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "core/scoring/budget.h"
+#include "core/testing/policies.h"
 #include "core/util/page_count.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -86,16 +88,15 @@ class LayerScopeTest : public ServiceTest {
 
 TEST_F(LayerScopeTest, LayerLayoutKeepsExactlyThePlannedFramesForEveryPooledPolicy) {
   const BudgetPlan plan = Plan();
-  for (const char* policy :
-       {"page_entrokv", "raw_entropy", "mean", "max", "snapkv", "h2o", "streaming"}) {
+  for (const absl::string_view policy : ::entrokv::testing::ExactBudgetPolicyNames()) {
     SCOPED_TRACE(policy);
-    const std::string model = std::string("m-") + policy;
+    const std::string model = absl::StrCat("m-", policy);
     RegisterLayout(model, v1::FRAME_LAYOUT_LAYER);
     Open(model, "s", kTokens);
     v1::DecideResponse response;
     // UNSPECIFIED: the pool's default, layer scope for the LAYER layout.
     const grpc::Status status =
-        DecideFraction(model, "s", policy, v1::SELECTION_SCOPE_UNSPECIFIED, &response);
+        DecideFraction(model, "s", std::string(policy), v1::SELECTION_SCOPE_UNSPECIFIED, &response);
     ASSERT_TRUE(status.ok()) << status.error_message();
     EXPECT_EQ(Stats(model).used_frames(), plan.layer_pages);
     for (const v1::LayerDecision& layer : response.layers()) {

@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/service/service_fixture.h"
 #include "tests/service/test_support.h"
+#include "tests/support/http_get.h"
 
 namespace entrokv::service {
 namespace {
@@ -26,7 +28,6 @@ using ::entrokv::service::testing::BytesStatistic;
 using ::entrokv::service::testing::CallReflection;
 using ::entrokv::service::testing::Encode;
 using ::entrokv::service::testing::HealthCheck;
-using ::entrokv::service::testing::HttpGet;
 using ::entrokv::service::testing::kGroups;
 using ::entrokv::service::testing::kHeads;
 using ::entrokv::service::testing::kLayers;
@@ -35,6 +36,7 @@ using ::entrokv::service::testing::MakeChannel;
 using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
 using ::entrokv::service::testing::ServiceTest;
+using ::entrokv::testing::HttpGet;
 using ::testing::HasSubstr;
 
 struct ErrorCase {
@@ -519,7 +521,7 @@ TEST_F(ServiceTest, MetricSeriesStayBoundedOverManySequences) {  // R11
                       &warm)
                   .ok());
   auto count_series = [this] {
-    const std::string text = HttpGet(server_->metrics_port(), "/metrics");
+    const std::string text = HttpGet(server_->metrics_port(), "/metrics").value_or("");
     int series = 0;
     for (size_t at = 0; (at = text.find('\n', at)) != std::string::npos; ++at) {
       if (at + 1 < text.size() && text[at + 1] != '#') ++series;
@@ -538,7 +540,8 @@ TEST_F(ServiceTest, MetricSeriesStayBoundedOverManySequences) {  // R11
     v1::CloseSequenceResponse closed;
     ASSERT_TRUE(stub_->CloseSequence(&context, close, &closed).ok());
   }
-  const std::string text = HttpGet(server_->metrics_port(), "/metrics");
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::string text,
+                               HttpGet(server_->metrics_port(), "/metrics"));
   EXPECT_EQ(count_series(), before);
   EXPECT_THAT(text, ::testing::Not(HasSubstr("seq-")));
 }

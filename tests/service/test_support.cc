@@ -12,11 +12,12 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
-#include <regex>
+#include <optional>
 
 #include "absl/synchronization/notification.h"
 #include "core/util/dtype.h"
 #include "grpcpp/generic/generic_stub.h"
+#include "tests/support/daemon_line.h"
 
 namespace entrokv::service::testing {
 namespace {
@@ -181,14 +182,12 @@ DaemonProcess::~DaemonProcess() {
 }
 
 bool DaemonProcess::WaitListening(int timeout_ms) {
-  static const std::regex kLine(
-      R"(entrokvd listening on [^ ]+:(\d+) metrics (?:on [^ ]+:(\d+)|off))");
   const int64_t deadline = NowMs() + timeout_ms;
   while (NowMs() < deadline) {
-    std::smatch match;
-    if (std::regex_search(stdout_text_, match, kLine)) {
-      port_ = std::stoi(match[1]);
-      metrics_port_ = match[2].matched ? std::stoi(match[2]) : 0;
+    if (const std::optional<::entrokv::testing::ListeningAddresses> addresses =
+            ::entrokv::testing::ParseListeningLine(stdout_text_)) {
+      port_ = addresses->grpc_port;
+      metrics_port_ = addresses->metrics_port;
       return true;
     }
     pollfd fd{stdout_fd_, POLLIN, 0};
@@ -227,28 +226,6 @@ std::string DaemonProcess::Stderr() {
     stderr_text_.append(buffer, static_cast<size_t>(n));
   }
   return stderr_text_;
-}
-
-std::string HttpGet(int port, const std::string& path) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    ::close(fd);
-    return "";
-  }
-  const std::string request =
-      "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
-  (void)::write(fd, request.data(), request.size());
-  std::string response;
-  char buffer[8192];
-  ssize_t n;
-  while ((n = ::read(fd, buffer, sizeof(buffer))) > 0) response.append(buffer, n);
-  ::close(fd);
-  const size_t body = response.find("\r\n\r\n");
-  return body == std::string::npos ? "" : response.substr(body + 4);
 }
 
 int FreePort() {

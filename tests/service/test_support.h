@@ -1,5 +1,6 @@
 // Helpers shared by the service integration tests: an in-process daemon on 127.0.0.1:0, a
-// real entrokvd subprocess, raw health/reflection calls, and statistic builders.
+// real entrokvd subprocess, raw health/reflection calls, and statistic builders. The start-up
+// line and the HTTP GET are tests/support's (daemon_line.h, http_get.h).
 #ifndef ENTROKV_TESTS_SERVICE_TEST_SUPPORT_H_
 #define ENTROKV_TESTS_SERVICE_TEST_SUPPORT_H_
 
@@ -48,7 +49,8 @@ grpc::Status CallReflection(grpc::Channel& channel, const std::string& token = "
 // A real entrokvd process. Owns it: the destructor kills it (SIGKILL) if still running.
 class DaemonProcess {
  public:
-  // Starts `binary` with `args`; stdout is read until the listening line (or EOF).
+  // Starts `binary` with `args`; stdout is read until the start-up line
+  // (tests/support/daemon_line.h) or EOF.
   DaemonProcess(const std::string& binary, const std::vector<std::string>& args);
   ~DaemonProcess();
 
@@ -73,9 +75,6 @@ class DaemonProcess {
   std::string stdout_text_;
   std::string stderr_text_;
 };
-
-// GET http://127.0.0.1:port/path over a plain socket; returns the body ("" on failure).
-std::string HttpGet(int port, const std::string& path);
 
 // A free loopback TCP port (bound, read back, closed).
 int FreePort();

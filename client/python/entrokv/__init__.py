@@ -1,6 +1,7 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
 from entrokv.client import Client, retry_service_config, statistic_message
+from entrokv.daemon import DaemonAddresses, parse_listening_line
 from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                             DeadlineExceededError, EntrokvError, FailedPreconditionError,
                             InternalError, InvalidArgumentError, NotFoundError, OutOfRangeError,
@@ -13,6 +14,7 @@ Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
     "Client", "retry_service_config", "statistic_message",
+    "DaemonAddresses", "parse_listening_line",
     "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",
     "DataLossError", "DeadlineExceededError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "PermissionDeniedError",
