@@ -11,10 +11,10 @@
 #include "absl/strings/string_view.h"
 #include "core/pool/cache_state.h"
 #include "core/scoring/budget.h"
+#include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
 #include "core/util/dtype.h"
 #include "entrokv/v1/cache_manager.pb.h"
-#include "core/scoring/layer_scope.h"
 #include "service/options.h"
 
 namespace entrokv::service {
