@@ -24,7 +24,8 @@ ANALYSIS_FLAGS = ["-fsyntax-only", "-Wthread-safety", "-Werror"]
 
 
 def own_units(build_dir, source_dir):
-    """The compile_commands.json entries of sources in the repository, not in a build folder."""
+    """The compile_commands.json entries of sources in the repository, not in a build folder
+    (BUILD_DIR, or any build*/ folder of the repository: generated protobuf code)."""
     with open(os.path.join(build_dir, "compile_commands.json"), encoding="utf-8") as file:
         entries = json.load(file)
     build_dir = os.path.realpath(build_dir)
@@ -32,10 +33,13 @@ def own_units(build_dir, source_dir):
     for entry in entries:
         path = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
         if os.path.commonpath([path, build_dir]) == build_dir:
-            continue  # generated (protobuf) code
+            continue
         if os.path.commonpath([path, source_dir]) != source_dir:
             continue
-        units.append((os.path.relpath(path, source_dir), entry))
+        relative = os.path.relpath(path, source_dir)
+        if relative.split(os.sep)[0].startswith("build"):
+            continue
+        units.append((relative, entry))
     return sorted(units, key=lambda unit: unit[0])
 
 
@@ -67,13 +71,21 @@ def check(unit):
 
 def main():
     if len(sys.argv) not in (2, 3):
-        sys.exit(__doc__.strip().splitlines()[2])
+        print("usage: python3 deploy/thread_safety.py BUILD_DIR [JOBS]", file=sys.stderr)
+        return 2
     build_dir = sys.argv[1]
     jobs = int(sys.argv[2]) if len(sys.argv) == 3 else os.cpu_count() or 1
     source_dir = os.path.realpath(os.path.join(os.path.dirname(__file__), ".."))
-    units = own_units(build_dir, source_dir)
+    try:
+        units = own_units(build_dir, source_dir)
+    except FileNotFoundError as error:
+        print(f"thread-safety: {error.filename} is missing (configure {build_dir} with CMake)",
+              file=sys.stderr)
+        return 2
     if not units:
-        sys.exit(f"thread-safety: no project sources in {build_dir}/compile_commands.json")
+        print(f"thread-safety: no project sources in {build_dir}/compile_commands.json",
+              file=sys.stderr)
+        return 2
     start = time.monotonic()
     failed = []
     with concurrent.futures.ThreadPoolExecutor(max_workers=jobs) as pool:
