@@ -17,13 +17,17 @@ target_compile_options(entrokv_warnings INTERFACE
   "$<$<COMPILE_LANGUAGE:CXX>:${_entrokv_warning_flags}>"
   "$<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=${_entrokv_host_warning_flags}>")
 
-# entrokv_library(NAME name SRCS ... DEPS ...): a static library with an entrokv:: alias.
+# entrokv_library(NAME name SRCS ... DEPS ...): a static library with an entrokv:: alias (also
+# its name when installed, cmake/EntrokvInstall.cmake). The source tree and the warnings are
+# build-tree requirements only, so an installed library carries neither.
 function(entrokv_library)
   cmake_parse_arguments(ARG "" "NAME" "SRCS;DEPS" ${ARGN})
   add_library(entrokv_${ARG_NAME} STATIC ${ARG_SRCS})
   add_library(entrokv::${ARG_NAME} ALIAS entrokv_${ARG_NAME})
-  target_include_directories(entrokv_${ARG_NAME} PUBLIC ${PROJECT_SOURCE_DIR})
-  target_link_libraries(entrokv_${ARG_NAME} PUBLIC ${ARG_DEPS} PRIVATE entrokv_warnings)
+  set_target_properties(entrokv_${ARG_NAME} PROPERTIES EXPORT_NAME ${ARG_NAME})
+  target_include_directories(entrokv_${ARG_NAME} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}>)
+  target_link_libraries(entrokv_${ARG_NAME} PUBLIC ${ARG_DEPS}
+    PRIVATE $<BUILD_INTERFACE:entrokv_warnings>)
 endfunction()
 
 # entrokv_test(NAME name LABEL unit|integration|e2e|gpu SRCS ... DEPS ...)
@@ -53,4 +57,28 @@ function(entrokv_copy_plot_script target)
     COMMAND ${CMAKE_COMMAND} -E copy_if_different
       ${PROJECT_SOURCE_DIR}/sim/plots/eval_plots.py $<TARGET_FILE_DIR:${target}>/eval_plots.py
     VERBATIM)
+endfunction()
+
+# entrokv_install_library(NAME name [HEADERS header...] [BASE_DIR dir]): puts entrokv_<name>
+# in the installed package (export set entrokvTargets, component `development`; the package
+# itself: cmake/EntrokvInstall.cmake), and each header at its path below BASE_DIR (default: the
+# repository root) in include/entrokv, the folder the installed target adds to the include
+# path. So "client/cpp/client.h" is included by that name inside and outside the tree.
+include(GNUInstallDirs)
+set(ENTROKV_INSTALL_INCLUDEDIR ${CMAKE_INSTALL_INCLUDEDIR}/entrokv)
+function(entrokv_install_library)
+  cmake_parse_arguments(ARG "" "NAME;BASE_DIR" "HEADERS" ${ARGN})
+  if(NOT ARG_BASE_DIR)
+    set(ARG_BASE_DIR ${PROJECT_SOURCE_DIR})
+  endif()
+  install(TARGETS entrokv_${ARG_NAME} EXPORT entrokvTargets
+    ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development
+    INCLUDES DESTINATION ${ENTROKV_INSTALL_INCLUDEDIR})
+  foreach(header ${ARG_HEADERS})
+    get_filename_component(header ${header} ABSOLUTE)
+    file(RELATIVE_PATH relative ${ARG_BASE_DIR} ${header})
+    get_filename_component(folder ${relative} DIRECTORY)
+    install(FILES ${header} DESTINATION ${ENTROKV_INSTALL_INCLUDEDIR}/${folder}
+      COMPONENT development)
+  endforeach()
 endfunction()

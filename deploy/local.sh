@@ -3,6 +3,9 @@
 # test). Installs what is missing with apt-get, configures and builds in ./build, with warnings
 # as errors (-DENTROKV_WERROR=ON: Debian 12's g++ builds the project warning-free).
 # CI's further stages (docs/testing.md), each in its own build folder:
+#   format         the C++ files against .clang-format (deploy/format.sh --check), no build
+#   thread-safety  clang's -Wthread-safety -Werror over the project's own sources, parsed
+#                  only (build-tsa; deploy/thread_safety.py)
 #   release   compiles everything as a plain Release build (build-release), runs nothing
 #   sanitize  every test under ASan+UBSan (build-asan)
 #   fuzz      the libFuzzer targets (clang), each run for ENTROKV_FUZZ_SECONDS (build-fuzz)
@@ -13,9 +16,37 @@ cd "$(dirname "$0")/.."
 
 mode="${1:-}"
 case "$mode" in
-  demo|test|build|release|sanitize|fuzz|tsan) ;;
-  *) echo "usage: bash deploy/local.sh demo|test|build|release|sanitize|fuzz|tsan" >&2; exit 2 ;;
+  demo|test|build|format|thread-safety|release|sanitize|fuzz|tsan) ;;
+  *)
+    echo "usage: bash deploy/local.sh demo|test|build|format|thread-safety|release|sanitize|fuzz|tsan" >&2
+    exit 2
+    ;;
 esac
+
+# Installs with apt-get whichever of the named packages are missing.
+install_missing() {
+  local missing=() package
+  for package in "$@"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
+  done
+  # The deploy tests render the Kubernetes manifests with `kubectl kustomize`. Debian 12
+  # packages kubectl as kubernetes-client; a kubectl that is already there (another vendor's
+  # package) is kept, since the two cannot be installed together.
+  [ "$mode" = format ] || command -v kubectl >/dev/null || missing+=(kubernetes-client)
+  ((${#missing[@]})) || return 0
+  echo "== installing ${missing[*]}"
+  local sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+}
+
+# The format check needs nothing but clang-format: no build.
+if [ "$mode" = format ]; then
+  install_missing clang-format-14 git
+  exec bash deploy/format.sh --check
+fi
 
 packages=(
   g++ cmake ninja-build git curl pkg-config ca-certificates
@@ -30,26 +61,12 @@ packages=(
 )
 # Only the tests need PyTorch (eval/model's training code is checked against the numpy model).
 [ "$mode" = test ] && packages+=(python3-torch)
-# Only the fuzz stage needs clang and libFuzzer.
+# Only the fuzz stage needs clang and libFuzzer, and the thread-safety stage clang.
 [ "$mode" = fuzz ] && packages+=(clang-14 libfuzzer-14-dev)
+[ "$mode" = thread-safety ] && packages+=(clang-14)
 # The tsan stage builds Abseil from Debian's source package.
 [ "$mode" = tsan ] && packages+=(dpkg-dev)
-missing=()
-for package in "${packages[@]}"; do
-  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "ok installed" || missing+=("$package")
-done
-# The deploy tests render the Kubernetes manifests with `kubectl kustomize`. Debian 12 packages
-# kubectl as kubernetes-client; a kubectl that is already there (another vendor's package) is
-# kept, since the two cannot be installed together.
-command -v kubectl >/dev/null || missing+=(kubernetes-client)
-if ((${#missing[@]})); then
-  echo "== installing ${missing[*]}"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends \
-    "${missing[@]}" >/dev/null
-fi
+install_missing "${packages[@]}"
 
 jobs="$(nproc)"
 case "$mode" in
@@ -82,6 +99,17 @@ case "$mode" in
       -DENTROKV_BUILD_BENCH=OFF ${ENTROKV_CMAKE_ARGS:-} >/dev/null
     ninja -C build-fuzz -j "$jobs" fuzzers
     exec bash tests/fuzz/run.sh build-fuzz "${ENTROKV_FUZZ_SECONDS:-45}"
+    ;;
+  thread-safety)
+    # Clang checks ABSL_GUARDED_BY and the lock annotations; g++ ignores them. Configured with
+    # clang++ so compile_commands.json holds clang's commands; only the protobuf headers are
+    # generated, then each of the project's sources is parsed (-fsyntax-only), not compiled.
+    echo "== thread-safety: clang -Wthread-safety -Werror over the project's sources (${jobs} jobs)"
+    cmake -S . -B build-tsa -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DENTROKV_CUDA=OFF \
+      -DENTROKV_WERROR=ON ${ENTROKV_CMAKE_ARGS:-} >/dev/null
+    mapfile -t generated < <(ninja -C build-tsa -t targets all | grep -oE '^proto/gen/[^:]*\.pb\.h')
+    ninja -C build-tsa -j "$jobs" "${generated[@]}"
+    exec python3 deploy/thread_safety.py build-tsa "$jobs"
     ;;
   tsan)
     exec bash deploy/tsan.sh "$jobs"

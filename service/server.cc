@@ -93,8 +93,8 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     ASSIGN_OR_RETURN(recovered, store::LoadState(*server->store_));
   }
   if (const int removed = RemoveDeadDaemonArenas(); removed > 0) {
-    LogInfo( absl::StrCat("removed ", removed,
-                                 " shared-memory objects of entrokvd processes no longer running"));
+    LogInfo(absl::StrCat("removed ", removed,
+                         " shared-memory objects of entrokvd processes no longer running"));
   }
   if (server->store_ != nullptr) {
     server->namer_ = ArenaNamer::ForState(server->store_->instance());
@@ -106,15 +106,14 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           ? options.worker_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
-  server->service_ = std::make_unique<CacheManagerService>(
-      options, token, server->metrics_.get(), server->workers_.get());
+  server->service_ = std::make_unique<CacheManagerService>(options, token, server->metrics_.get(),
+                                                           server->workers_.get());
   ModelRegistry& registry = server->service_->registry();
   registry.UseArenaNames(server->namer_.get());
   if (server->store_ != nullptr) {
     registry.UseStore(server->store_.get());
     RETURN_IF_ERROR(registry.Recover(std::move(recovered)));
-    LogInfo(
-            absl::StrCat("--state_dir=", options.state_dir, ": journaling to ",
+    LogInfo(absl::StrCat("--state_dir=", options.state_dir, ": journaling to ",
                          server->store_->path(), ", synced every ", options.state_sync_ms, " ms"));
   }
 

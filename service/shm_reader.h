@@ -9,7 +9,6 @@
 #include <utility>
 #include <vector>
 
-#include <utility>
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 

@@ -221,7 +221,7 @@ absl::StatusOr<v1::FrameLayout> EnsureModel(Client& client, const ReplayOptions&
   pool.capacity_bytes =
       static_cast<uint64_t>(frames) * FrameBytes(pool.geometry, FrameLayout::kGroup);
   pool.layout = options.register_layout;
-  auto registered = client.RegisterModel(options.model_id, pool);
+  auto registered = client.RegisterModel(wire::ToRegisterRequest(options.model_id, pool));
   if (registered.ok()) return registered->pool().frame_layout();
   if (registered.status().code() != absl::StatusCode::kAlreadyExists) return registered.status();
   v1::GetModelRequest get;

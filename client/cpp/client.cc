@@ -57,10 +57,6 @@ absl::StatusOr<v1::RegisterModelResponse> Client::RegisterModel(
   return Call<v1::RegisterModelRequest, v1::RegisterModelResponse>(
       &v1::CacheManager::Stub::RegisterModel, request);
 }
-absl::StatusOr<v1::RegisterModelResponse> Client::RegisterModel(const std::string& model_id,
-                                                                const wire::PoolRequest& pool) {
-  return RegisterModel(wire::ToRegisterRequest(model_id, pool));
-}
 absl::StatusOr<v1::GetModelResponse> Client::GetModel(const v1::GetModelRequest& request) {
   return Call<v1::GetModelRequest, v1::GetModelResponse>(&v1::CacheManager::Stub::GetModel,
                                                          request);

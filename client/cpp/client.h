@@ -16,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "entrokv/v1/cache_manager.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "wire/convert.h"
 
 namespace entrokv {
 
@@ -40,10 +39,6 @@ class Client {
 
   [[nodiscard]] absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
       const v1::RegisterModelRequest& request);
-  // The same for a pool described in the core's types (wire::ToRegisterRequest): what `pool`
-  // leaves unset takes the daemon's defaults.
-  [[nodiscard]] absl::StatusOr<v1::RegisterModelResponse> RegisterModel(
-      const std::string& model_id, const wire::PoolRequest& pool);
   [[nodiscard]] absl::StatusOr<v1::GetModelResponse> GetModel(const v1::GetModelRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ListModelsResponse> ListModels();
   [[nodiscard]] absl::StatusOr<v1::UnregisterModelResponse> UnregisterModel(

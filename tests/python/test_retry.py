@@ -1,10 +1,20 @@
 """The client's retries are the channel's service-config retryPolicy: UNAVAILABLE only.
 
-entrokvd cannot be made to answer UNAVAILABLE on demand (it does so only while draining), so a
-small in-process gRPC server plays that part here; it counts attempts so the test is exact.
+What the retries are for is a daemon restart, so RestartTest stops the real entrokvd and starts
+it again on the same port and --state_dir while a call is being retried. The exact attempt
+counts (bounded, other codes not retried, streams not retried) need a server that answers
+UNAVAILABLE on demand, which entrokvd does only while draining: a small in-process gRPC server
+plays that part in RetryPolicyTest, counting attempts. ReconnectTest checks that the channel
+re-dials on the retries' schedule, against a port that accepts and drops every connection.
 """
 
+import os
+import signal
+import socket
+import subprocess
+import tempfile
 import threading
+import time
 import unittest
 from concurrent import futures
 
@@ -87,6 +97,119 @@ class RetryPolicyTest(unittest.TestCase):
         with self.client(4) as client, self.assertRaises(entrokv.UnavailableError):
             list(client.decide_stream("m", "s", [(0, stats)], pages=1))
         self.assertEqual(self.servicer.attempts, 1)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Daemon:
+    """entrokvd on 127.0.0.1:`port` with `state_dir`, started and stopped with SIGTERM."""
+
+    def __init__(self, port: int, state_dir: str):
+        self.process = subprocess.Popen(
+            [os.environ["ENTROKVD"], f"--listen=127.0.0.1:{port}", "--metrics_listen=",
+             f"--state_dir={state_dir}"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.stopped = False
+        # Its first line says it is listening; EOF instead means it did not start.
+        if not self.process.stdout.readline():
+            raise RuntimeError(f"entrokvd did not start: {self.process.communicate()[1]}")
+
+    def stop(self) -> int:
+        self.stopped = True
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=30)
+        self.process.stdout.close()
+        self.process.stderr.close()
+        return code
+
+    def kill_unless_stopped(self) -> None:
+        if not self.stopped:
+            self.process.kill()
+            self.stop()
+
+
+class RestartTest(unittest.TestCase):
+    def test_a_unary_call_is_carried_across_a_daemon_restart(self):
+        port = free_port()
+        with tempfile.TemporaryDirectory() as state_dir:
+            first = Daemon(port, state_dir)
+            self.addCleanup(first.kill_unless_stopped)
+            # Closed before the stop: entrokvd's drain waits seconds for an idle connection.
+            with entrokv.Client(f"127.0.0.1:{port}") as setup:
+                setup.register_model("m", layers=2, query_heads=4, kv_groups=2, head_dim=8,
+                                     capacity_bytes=1 << 20)
+                setup.open_sequence("m", "s", initial_tokens=64)
+            self.assertEqual(first.stop(), 0)
+
+            # Backoffs of 0.5, 1, 2 and 4 s: the restart below has seconds to finish.
+            client = entrokv.Client(f"127.0.0.1:{port}", timeout_s=60, max_attempts=5,
+                                    initial_backoff_s=0.5)
+            with client:
+                # The call starts with no daemon there; the restart waits until its first
+                # attempt has failed (the channel reports the refused connection).
+                refused = threading.Event()
+
+                def watch(state):
+                    if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                        refused.set()
+
+                client._channel.subscribe(watch, try_to_connect=False)
+                outcome = {}
+
+                def call():
+                    try:
+                        outcome["stats"] = client.pool_stats("m")
+                    except entrokv.EntrokvError as error:
+                        outcome["error"] = error
+
+                caller = threading.Thread(target=call)
+                caller.start()
+                self.assertTrue(refused.wait(timeout=30), "the first attempt never failed")
+                self.assertNotIn("stats", outcome)
+                second = Daemon(port, state_dir)
+                self.addCleanup(second.kill_unless_stopped)
+                caller.join(timeout=60)
+                client._channel.unsubscribe(watch)
+            self.assertEqual(second.stop(), 0)
+        self.assertNotIn("error", outcome)
+        # The answer is the restarted daemon's, from the recovered state: 64 tokens are 4
+        # pages in each of 2 layers x 2 groups.
+        stats = outcome["stats"]
+        self.assertEqual((stats.model_id, stats.sequences_active, stats.used_frames), ("m", 1, 16))
+
+
+class ReconnectTest(unittest.TestCase):
+    def test_the_channel_redials_on_the_retry_schedule(self):
+        # Every connection is accepted and dropped at once, so each attempt fails UNAVAILABLE.
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        dials = []
+
+        def accept():
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                except OSError:
+                    return
+                dials.append(time.monotonic())
+                connection.close()
+
+        acceptor = threading.Thread(target=accept, daemon=True)
+        acceptor.start()
+        port = listener.getsockname()[1]
+        # The defaults: 4 attempts, backoffs of 0.05, 0.1 and 0.2 s (0.35 s in all). gRPC's own
+        # reconnect backoff (1 s) would leave the channel failing fast through all of them,
+        # on one connection: a daemon back within the retries could never be reached.
+        with entrokv.Client(f"127.0.0.1:{port}") as client, \
+                self.assertRaises(entrokv.UnavailableError):
+            client.pool_stats("m")
+        listener.close()
+        self.assertGreaterEqual(len(dials), 2)
 
 
 if __name__ == "__main__":

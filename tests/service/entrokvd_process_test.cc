@@ -13,7 +13,6 @@
 #include <thread>
 #include <vector>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
@@ -144,8 +143,23 @@ TEST(EntrokvdProcessTest, HelpListsEveryFlag) {
 #undef ENTROKV_EXPECT_IN_HELP
 }
 
+// Layer `layer` of the Workload's sequence as one DecideStream message.
+v1::DecideLayerRequest StreamLayer(int layer, int64_t tokens) {
+  v1::DecideLayerRequest request;
+  request.set_model_id("m");
+  request.set_sequence_id("s");
+  request.mutable_budget()->set_fraction(0.5);
+  request.mutable_layer()->set_layer(layer);
+  *request.mutable_layer()->mutable_statistic() =
+      BytesStatistic(RandomStatistic(12, tokens, layer), 12, tokens, v1::DTYPE_BFLOAT16);
+  return request;
+}
+
+// The calls in flight are DecideStreams the test holds open, so the drain has work to wait for
+// for exactly as long as the test wants, whatever the machine's speed: each has had one layer
+// decided before SIGTERM, and ends only when the test writes to it or half-closes it.
 TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
-  DaemonProcess daemon(ENTROKVD_PATH, With({"--drain_timeout_ms=20000", "--worker_threads=1"}));
+  DaemonProcess daemon(ENTROKVD_PATH, With({"--drain_timeout_ms=60000"}));
   ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
   auto channel = MakeChannel("127.0.0.1:" + std::to_string(daemon.port()));
   EXPECT_EQ(HealthCheck(*channel, ""), 1);
@@ -153,64 +167,50 @@ TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
   EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
 
   auto stub = v1::CacheManager::NewStub(channel);
-  const v1::DecideRequest slow = Workload(*stub, 28, 65536);
-  // Several slow calls in flight, so draining has work to wait for.
-  constexpr int kInflight = 3;
-  grpc::ClientContext contexts[kInflight];
-  v1::DecideResponse responses[kInflight];
-  grpc::Status statuses[kInflight];
-  absl::Notification done[kInflight];
-  for (int i = 0; i < kInflight; ++i) {
-    stub->async()->Decide(&contexts[i], &slow, &responses[i], [&, i](grpc::Status status) {
-      statuses[i] = std::move(status);
-      done[i].Notify();
-    });
-  }
-  // SIGTERM once the first call is being decided (its statistic bytes are counted).
-  for (int i = 0; i < 400; ++i) {
-    const std::string text = HttpGet(daemon.metrics_port(), "/metrics").value_or("");
-    if (text.find("entrokv_stats_bytes_total{source=\"bytes\"} 0\n") == std::string::npos &&
-        text.find("entrokv_stats_bytes_total{source=\"bytes\"}") != std::string::npos) {
-      break;
-    }
-    absl::SleepFor(absl::Milliseconds(5));
-  }
+  constexpr int kTokens = 256;
+  (void)Workload(*stub, 4, kTokens);  // registers "m" and opens "s"
+  grpc::ClientContext finishing_context;
+  grpc::ClientContext refused_context;
+  auto finishing = stub->DecideStream(&finishing_context);  // half-closed during the drain
+  auto refused = stub->DecideStream(&refused_context);      // sends a layer during the drain
+  v1::LayerDecision decision;
+  ASSERT_TRUE(finishing->Write(StreamLayer(0, kTokens)));
+  ASSERT_TRUE(finishing->Read(&decision));
+  ASSERT_TRUE(refused->Write(StreamLayer(1, kTokens)));
+  ASSERT_TRUE(refused->Read(&decision));
+
   daemon.Signal(SIGTERM);
-  // Readiness flips at once; liveness stays; new calls are refused with UNAVAILABLE.
-  int readiness = 0;
-  for (int i = 0; i < 100 && readiness != 2; ++i) {
+  // Readiness flips at once (the daemon takes the signal on its own thread: wait for that);
+  // liveness stays.
+  int readiness = 1;
+  for (const absl::Time end = absl::Now() + absl::Seconds(20);
+       readiness == 1 && absl::Now() < end;) {
     readiness = HealthCheck(*channel, "");
-    if (readiness != 2) absl::SleepFor(absl::Milliseconds(5));
   }
-  const bool still_draining =
-      !(done[0].HasBeenNotified() && done[1].HasBeenNotified() && done[2].HasBeenNotified());
-  if (still_draining) {
-    EXPECT_EQ(readiness, 2);
-    EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
-    grpc::ClientContext late_context;
-    v1::GetPoolStatsRequest late;
-    late.set_model_id("m");
-    v1::PoolStats stats;
-    EXPECT_EQ(stub->GetPoolStats(&late_context, late, &stats).error_code(),
-              grpc::StatusCode::UNAVAILABLE);
-  }
-  // The call being decided (whichever of the three the daemon took first) finishes OK inside
-  // the grace period. The others finish OK too if the daemon had admitted them before the
-  // signal (eviction is idempotent), or were refused with UNAVAILABLE if they were still
-  // arriving.
-  int ok = 0;
-  for (int i = 0; i < kInflight; ++i) {
-    done[i].WaitForNotification();
-    if (statuses[i].ok()) {
-      ++ok;
-    } else {
-      EXPECT_EQ(statuses[i].error_code(), grpc::StatusCode::UNAVAILABLE)
-          << i << ": " << statuses[i].error_message();
-    }
-  }
-  EXPECT_GE(ok, 1);
+  EXPECT_EQ(readiness, 2);
+  EXPECT_EQ(HealthCheck(*channel, "entrokv.v1.CacheManager.liveness"), 1);
+  // New calls are refused with UNAVAILABLE (retry elsewhere).
+  grpc::ClientContext late_context;
+  v1::GetPoolStatsRequest late;
+  late.set_model_id("m");
+  v1::PoolStats stats;
+  EXPECT_EQ(stub->GetPoolStats(&late_context, late, &stats).error_code(),
+            grpc::StatusCode::UNAVAILABLE);
+  // So is further work on a stream that was open before the signal: it ends UNAVAILABLE.
+  ASSERT_TRUE(refused->Write(StreamLayer(2, kTokens)));
+  EXPECT_FALSE(refused->Read(&decision));
+  const grpc::Status refused_status = refused->Finish();
+  EXPECT_EQ(refused_status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << refused_status.error_message();
+  EXPECT_THAT(refused_status.error_message(), HasSubstr("draining"));
+  // The other stream is still in flight, so the daemon is still waiting for it...
+  EXPECT_EQ(daemon.WaitExit(500), -1) << "entrokvd exited with a call in flight";
+  // ...and the stream ends OK when the client half-closes it.
+  finishing->WritesDone();
+  const grpc::Status finished = finishing->Finish();
+  EXPECT_TRUE(finished.ok()) << finished.error_message();
+  // The drain ends with the last call, not at --drain_timeout_ms: exit 0 well within it.
   EXPECT_EQ(daemon.WaitExit(20000), 0) << daemon.Stderr();
-  if (!still_draining) GTEST_SKIP() << "the in-flight calls ended before the drain was seen";
 }
 
 // Runs a shell command, returns its exit code; output in *output.

@@ -1,9 +1,12 @@
 // Transport security and connection lifetime (RELIABILITY R8, R9): TLS refuses plaintext, mutual
 // TLS refuses clients without a certificate the CA signed, and a short max connection age
 // recycles connections without failing calls. Certificates are made here with openssl.
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -123,6 +126,9 @@ TEST_F(TlsTest, MutualTlsRejectsClientsWithoutACertificateTheCaSigned) {
   server->Shutdown(absl::Seconds(1));
 }
 
+// Event-driven, no sleeps: a watcher counts the channel's connections ending (the channel
+// leaving READY, as the server's GOAWAY at --max_connection_age_ms makes it) while calls run
+// back to back, until a call has succeeded after the third recycle; every call must succeed.
 TEST(ConnectionAgeTest, ShortMaxConnectionAgeRecyclesConnectionsWithoutFailingCalls) {
   ServerOptions options = LoopbackOptions();
   options.max_connection_age_ms = 1000;
@@ -130,19 +136,46 @@ TEST(ConnectionAgeTest, ShortMaxConnectionAgeRecyclesConnectionsWithoutFailingCa
   ASSERT_TRUE(server.ok()) << server.status();
   std::shared_ptr<grpc::Channel> channel = MakeChannel((*server)->address());
   auto stub = v1::CacheManager::NewStub(channel);
+  constexpr int kRecycles = 3;
+  std::atomic<int> recycled{0};
+  std::atomic<bool> stop{false};
+  std::thread watcher([&] {
+    grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/false);
+    while (!stop.load()) {
+      // True on any change from `state`; false at the deadline (to look at `stop` again).
+      if (!channel->WaitForStateChange(
+              state, std::chrono::system_clock::now() + std::chrono::milliseconds(100))) {
+        continue;
+      }
+      if (state == GRPC_CHANNEL_READY) recycled.fetch_add(1);
+      state = channel->GetState(/*try_to_connect=*/false);
+    }
+  });
+  // The connections (numbered by the recycles before them) on which a call ran from start to
+  // end and succeeded.
+  std::set<int> connections;
   int calls = 0;
-  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-  while (std::chrono::steady_clock::now() < end) {
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!connections.contains(kRecycles) && std::chrono::steady_clock::now() < give_up) {
+    const int connection = recycled.load();
     grpc::ClientContext context;
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
     context.set_wait_for_ready(true);  // a call made during the GOAWAY waits for the new one
     v1::ListModelsResponse response;
     const grpc::Status status = stub->ListModels(&context, v1::ListModelsRequest(), &response);
-    ASSERT_TRUE(status.ok()) << "call " << calls << ": " << status.error_message();
+    if (!status.ok()) {  // not ASSERT: the watcher must be stopped first
+      ADD_FAILURE() << "call " << calls << " on connection " << connection << ": "
+                    << status.error_message();
+      break;
+    }
     ++calls;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (recycled.load() == connection) connections.insert(connection);
   }
-  EXPECT_GE(calls, 30);  // about 50 calls across five connection lifetimes
+  stop.store(true);
+  watcher.join();
+  // The first connection and one after each recycle, each with a call; none failed.
+  EXPECT_EQ(connections, (std::set<int>{0, 1, 2, 3}))
+      << recycled.load() << " connections recycled within 60 s, " << calls << " calls";
   (*server)->Shutdown(absl::Seconds(1));
 }
 

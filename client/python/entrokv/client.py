@@ -34,21 +34,35 @@ _RETRIED_METHODS = ("RegisterModel", "GetModel", "ListModels", "OpenSequence", "
                     "Decide", "CloseSequence", "GetPoolStats", "ListSequences")
 
 
-def retry_service_config(max_attempts: int) -> str:
-    """The channel's service config: retry UNAVAILABLE only, with exponential backoff from 50 ms.
-    gRPC caps max_attempts at 5; 1 turns retries off."""
+def retry_service_config(max_attempts: int, initial_backoff_s: float = 0.05) -> str:
+    """The channel's service config: retry UNAVAILABLE only, with a backoff doubling from
+    initial_backoff_s (gRPC adds +-20% jitter). gRPC caps max_attempts at 5; 1 turns retries
+    off."""
     if max_attempts <= 1:
         return json.dumps({})
+    # Never reached before the fifth attempt: the backoff doubles as documented.
+    max_backoff_s = max(1.0, initial_backoff_s * 8)
     return json.dumps({"methodConfig": [{
         "name": [{"service": _SERVICE, "method": method} for method in _RETRIED_METHODS],
         "retryPolicy": {
             "maxAttempts": max_attempts,
-            "initialBackoff": "0.05s",
-            "maxBackoff": "1s",
+            "initialBackoff": f"{initial_backoff_s:g}s",
+            "maxBackoff": f"{max_backoff_s:g}s",
             "backoffMultiplier": 2,
             "retryableStatusCodes": ["UNAVAILABLE"],
         },
     }]})
+
+
+def _reconnect_options(initial_backoff_s: float) -> List[Tuple[str, int]]:
+    """The channel reconnects on the retries' schedule. gRPC's own reconnect backoff (1 s,
+    growing) would keep the channel failing fast for a second after a daemon restart, so every
+    retry of a call made while the daemon was down failed before it was back (the C++ client
+    ties its reconnects the same way)."""
+    backoff_ms = max(1, int(initial_backoff_s * 1000))
+    return [("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", max(backoff_ms * 8, 1000))]
 
 
 def _choice(field: str, value: str, choices: dict) -> Any:
@@ -117,15 +131,22 @@ def _layer_statistic(item: Any, dtype: Optional[str],
 
 class Client:
     """A connection to entrokvd. Unary calls retry on UNAVAILABLE only (the channel's
-    retryPolicy, up to max_attempts tries in all); DecideStream is not retried."""
+    retryPolicy, up to max_attempts tries in all, gRPC allowing 5 at most, the backoff doubling
+    from initial_backoff_s): a daemon restarting within the backoffs' sum (0.35 s at the
+    defaults) carries the call across. DecideStream is not retried. timeout_s bounds each call,
+    retries included."""
 
     def __init__(self, target: str = "127.0.0.1:50051", timeout_s: float = 10.0,
                  token: Optional[str] = None, max_attempts: int = 4,
-                 max_message_bytes: int = 256 << 20):
+                 max_message_bytes: int = 256 << 20, initial_backoff_s: float = 0.05):
+        if initial_backoff_s <= 0:
+            raise ValueError(f"initial_backoff_s: {initial_backoff_s} is not > 0")
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
-                   ("grpc.service_config", retry_service_config(max_attempts))]
+                   ("grpc.service_config",
+                    retry_service_config(max_attempts, initial_backoff_s))]
+        options += _reconnect_options(initial_backoff_s)
         self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.CacheManagerStub(self._channel)
         self._timeout_s = timeout_s
