@@ -244,7 +244,9 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
   request.page_size = geometry.page_size;
   request.tokens = tokens;
   if (!budget.allocator().empty()) {
-    absl::StatusOr<LayerAllocator> allocator = ParseLayerAllocator(budget.allocator());
+    // Parsed as echoed: a name cut by EchoInput is never an allocator's, and the message then
+    // repeats at most kMaxEchoedChars of it.
+    absl::StatusOr<LayerAllocator> allocator = ParseLayerAllocator(EchoInput(budget.allocator()));
     if (!allocator.ok()) return Invalid("budget.allocator", allocator.status().message());
     request.allocator = *allocator;
   }

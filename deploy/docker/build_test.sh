@@ -81,9 +81,12 @@ buildah umount "$ctr" >/dev/null
 
 echo "== running the image: entrokvd as $user, entrokv status from the image, SIGTERM"
 # One shell inside the container starts the daemon on a kernel-chosen loopback port, asks it for
-# its health with the image's own CLI, and stops it: the exit code is the daemon's.
+# its health with the image's own CLI, and stops it: the exit code is the daemon's. The
+# container's /dev/shm is 64 MiB (buildah's default, as Docker's), which the default 1 GiB pool
+# does not fit (entrokvd refuses to start then): a 16 MiB pool.
 buildah run --isolation chroot --user "$user" "$ctr" -- sh -c '
-  entrokvd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 >/tmp/daemon.out 2>&1 &
+  entrokvd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --pool_capacity_bytes=16777216 \
+    >/tmp/daemon.out 2>&1 &
   pid=$!
   for i in $(seq 1 200); do grep -q "listening on" /tmp/daemon.out && break; sleep 0.1; done
   server=$(sed -nE "s/.*listening on ([^ ]+).*/\1/p" /tmp/daemon.out)
