@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,10 @@ struct DamageCase {
   Damage damage;
   int64_t sync_ms;  // --state_sync_ms: 0 syncs each write (the log then ends with a real one)
 };
+
+void PrintTo(const DamageCase& c, std::ostream* out) {
+  *out << Name(c.damage) << " with --state_sync_ms=" << c.sync_ms;
+}
 
 class JournalDamageTest : public ::testing::TestWithParam<DamageCase> {};
 
