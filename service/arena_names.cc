@@ -166,6 +166,17 @@ int RemoveDeadDaemonArenas() {
   for (const std::string& lock : names) {
     absl::string_view stem = lock;
     stem.remove_prefix(std::strlen(kPrefix));
+    if (absl::StartsWith(stem, "d") && absl::EndsWith(stem, kLockSuffix) &&
+        !absl::StrContains(stem.substr(0, stem.size() - std::strlen(kLockSuffix)), '.')) {
+      // A --state_dir instance's lock left by a daemon that did not stop cleanly: the lock
+      // object only (its arenas wait for the instance's restart). Taking it from under a daemon
+      // about to lock it is harmless: that daemon finds the name gone or replaced and retries.
+      const int fd = OpenOwnLock(Path(lock));
+      if (fd < 0) continue;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0) removed += unlink(Path(lock).c_str()) == 0;
+      close(fd);
+      continue;
+    }
     if (!absl::StartsWith(stem, "e") ||
         !(absl::ConsumeSuffix(&stem, kLockSuffix) || absl::ConsumeSuffix(&stem, kNewLockSuffix)) ||
         absl::StrContains(stem, '.')) {

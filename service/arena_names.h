@@ -69,7 +69,8 @@ class ArenaNamer {
 };
 
 // Removes the arenas (and lock objects) of daemons without --state_dir that are no longer
-// running; returns how many objects went. Objects of other users are left alone.
+// running, and the lock objects (only) of --state_dir instances no daemon holds; returns how
+// many objects went. Objects of other users are left alone.
 int RemoveDeadDaemonArenas();
 
 }  // namespace entrokv::service

@@ -317,6 +317,40 @@ TEST(JournalGuardTest, ASecondDaemonOnACopyOfTheStateIsRefused) {
   shm_unlink(arena.c_str());
 }
 
+// A --state_dir daemon killed with -9 leaves its instance's lock object (0 bytes) in /dev/shm;
+// the next daemon to start removes it, and a restart of the instance takes it again.
+TEST(JournalGuardTest, AKilledDaemonsInstanceLockGoesWithTheNextStart) {
+  const std::string dir = FreshDir("journal_killed_lock");
+  std::string arena;
+  std::string lock;
+  {
+    Daemon daemon(dir);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    Register(daemon, "m", v1::FRAME_LAYOUT_GROUP);
+    arena = ArenaName(daemon, "m");  // "/entrokv.<stem>.m.<start>-<n>"
+    lock = absl::StrCat(arena.substr(0, arena.find(".m.")), ".lock");
+    ASSERT_TRUE(ShmExists(lock)) << lock;
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  EXPECT_TRUE(ShmExists(lock));
+  {
+    Daemon other("");
+    ASSERT_TRUE(other.listening()) << other.process().Stderr();
+    EXPECT_FALSE(ShmExists(lock));
+    EXPECT_TRUE(ShmExists(arena));  // kept for the instance's restart
+  }
+  Daemon restarted(dir);
+  ASSERT_TRUE(restarted.listening()) << restarted.process().Stderr();
+  EXPECT_TRUE(ShmExists(lock));
+  EXPECT_EQ(ArenaName(restarted, "m"), arena);
+  restarted.process().Signal(SIGTERM);
+  EXPECT_EQ(restarted.process().WaitExit(20000), 0);
+  EXPECT_FALSE(ShmExists(lock));  // a clean stop removes it
+  fs::remove_all(dir);
+  shm_unlink(arena.c_str());
+}
+
 // An arena handed to another user while the daemon was down is no longer the daemon's to
 // trust: not attached, its sequences lost, and the log says why.
 TEST(JournalGuardTest, AnArenaGivenToAnotherUserIsNotAttached) {
