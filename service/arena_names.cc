@@ -35,7 +35,7 @@ std::vector<std::string> ListShm() {
   return names;
 }
 
-// The lock object's descriptor when it is a regular file of ours, else -1.
+// The descriptor of a lock object or arena when it is a regular file of ours, else -1.
 int OpenOwnLock(const std::string& path) {
   const int fd = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
@@ -65,11 +65,50 @@ int64_t NowNanos() {
 
 }  // namespace
 
-ArenaNamer::ArenaNamer(std::string stem, int lock_fd)
-    : stem_(std::move(stem)), start_(absl::StrCat(absl::Hex(NowNanos()))), lock_fd_(lock_fd) {}
+ArenaNamer::ArenaNamer(std::string stem, int lock_fd, bool durable)
+    : stem_(std::move(stem)),
+      start_(absl::StrCat(absl::Hex(NowNanos()))),
+      lock_fd_(lock_fd),
+      durable_(durable) {}
 
-std::unique_ptr<ArenaNamer> ArenaNamer::ForState(absl::string_view instance) {
-  return std::unique_ptr<ArenaNamer>(new ArenaNamer(absl::StrCat("d", instance), -1));
+absl::StatusOr<std::unique_ptr<ArenaNamer>> ArenaNamer::ForState(absl::string_view instance) {
+  const std::string stem = absl::StrCat("d", instance);
+  const std::string path = Path(absl::StrCat(kPrefix, stem, kLockSuffix));
+  // A lock taken on an object the path no longer names (its daemon removed it on the way out,
+  // and another made a new one) means nothing: the inode check sends us round again.
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    const int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+    if (fd < 0) {
+      return absl::InternalError(
+          absl::StrCat("arena lock ", path, ": open: ", std::strerror(errno)));
+    }
+    struct stat held {};
+    if (fstat(fd, &held) != 0 || !S_ISREG(held.st_mode) || held.st_uid != geteuid()) {
+      close(fd);
+      return absl::InternalError(
+          absl::StrCat("arena lock ", path, ": not a regular file of this user"));
+    }
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int error = errno;
+      close(fd);
+      if (error != EWOULDBLOCK) {
+        return absl::InternalError(
+            absl::StrCat("arena lock ", path, ": flock: ", std::strerror(error)));
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "another running entrokvd holds this state's instance ", instance, " (lock ", path,
+          "): the directory is in use, or is a copy of a running daemon's state (a restored "
+          "backup, a volume snapshot); two daemons on one instance would hand out the same "
+          "frames. Stop the other daemon, or start this one on an empty directory"));
+    }
+    struct stat named {};
+    if (stat(path.c_str(), &named) == 0 && named.st_dev == held.st_dev &&
+        named.st_ino == held.st_ino) {
+      return std::unique_ptr<ArenaNamer>(new ArenaNamer(stem, fd, /*durable=*/true));
+    }
+    close(fd);  // replaced under us: lock the object the path names now
+  }
+  return absl::InternalError(absl::StrCat("arena lock ", path, ": keeps being replaced"));
 }
 
 absl::StatusOr<std::unique_ptr<ArenaNamer>> ArenaNamer::ForProcess() {
@@ -91,13 +130,12 @@ absl::StatusOr<std::unique_ptr<ArenaNamer>> ArenaNamer::ForProcess() {
       unlink(fresh.c_str());
       continue;
     }
-    return std::unique_ptr<ArenaNamer>(new ArenaNamer(stem, fd));
+    return std::unique_ptr<ArenaNamer>(new ArenaNamer(stem, fd, /*durable=*/false));
   }
   return absl::InternalError("arena lock: could not take a lock object in /dev/shm");
 }
 
 ArenaNamer::~ArenaNamer() {
-  if (lock_fd_ < 0) return;
   unlink(Path(absl::StrCat(kPrefix, stem_, kLockSuffix)).c_str());
   close(lock_fd_);
 }
@@ -113,7 +151,11 @@ int ArenaNamer::RemoveUnused(const absl::flat_hash_set<std::string>& in_use) con
   for (const std::string& name : ListShm()) {
     if (!absl::StartsWith(name, mine) || in_use.contains(absl::StrCat("/", name))) continue;
     if (absl::EndsWith(name, kLockSuffix) || absl::EndsWith(name, kNewLockSuffix)) continue;
-    removed += unlink(Path(name).c_str()) == 0;
+    // An arena some process holds (its flock) is in use whatever the journal says: kept.
+    const int fd = OpenOwnLock(Path(name));
+    if (fd < 0) continue;
+    if (flock(fd, LOCK_EX | LOCK_NB) == 0) removed += unlink(Path(name).c_str()) == 0;
+    close(fd);
   }
   return removed;
 }
@@ -124,6 +166,17 @@ int RemoveDeadDaemonArenas() {
   for (const std::string& lock : names) {
     absl::string_view stem = lock;
     stem.remove_prefix(std::strlen(kPrefix));
+    if (absl::StartsWith(stem, "d") && absl::EndsWith(stem, kLockSuffix) &&
+        !absl::StrContains(stem.substr(0, stem.size() - std::strlen(kLockSuffix)), '.')) {
+      // A --state_dir instance's lock left by a daemon that did not stop cleanly: the lock
+      // object only (its arenas wait for the instance's restart). Taking it from under a daemon
+      // about to lock it is harmless: that daemon finds the name gone or replaced and retries.
+      const int fd = OpenOwnLock(Path(lock));
+      if (fd < 0) continue;
+      if (flock(fd, LOCK_EX | LOCK_NB) == 0) removed += unlink(Path(lock).c_str()) == 0;
+      close(fd);
+      continue;
+    }
     if (!absl::StartsWith(stem, "e") ||
         !(absl::ConsumeSuffix(&stem, kLockSuffix) || absl::ConsumeSuffix(&stem, kNewLockSuffix)) ||
         absl::StrContains(stem, '.')) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/pool/geometry_bounds.h"
 #include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "proto/grpc_status.h"
@@ -156,7 +157,8 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       bearer_token_(bearer_token.empty() ? "" : absl::StrCat("Bearer ", bearer_token)),
       metrics_(metrics),
       workers_(workers),
-      registry_(options.pool_capacity_bytes, options.max_models, ToCacheLimits(options), metrics),
+      registry_(options.pool_capacity_bytes, options.max_models, options.max_bookkeeping_bytes,
+                ToCacheLimits(options), metrics),
       shm_(ShmReader::Access{
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
@@ -201,6 +203,7 @@ absl::StatusOr<std::shared_ptr<Model>> CacheManagerService::FindSequenceModel(
 absl::Status CacheManagerService::DoRegisterModel(const v1::RegisterModelRequest& request,
                                                   v1::RegisterModelResponse* response) {
   ASSIGN_OR_RETURN(const CacheOptions cache, wire::ResolvePool(request, wire_defaults_));
+  RETURN_IF_ERROR(ValidateFrameBounds(cache.geometry, cache.layout));
   // Tiny frames in a large arena cost bookkeeping per frame out of all proportion to the arena.
   const int64_t frames = cache.capacity_bytes / FrameBytes(cache.geometry, cache.layout);
   if (frames > options_.max_pool_frames) {

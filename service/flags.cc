@@ -108,8 +108,7 @@ ServerOptions OptionsFromFlags() {
   return options;
 }
 
-std::vector<std::string> ExpandConfigFlag(const std::vector<std::string>& argv) {
-  if (argv.empty()) return argv;
+std::vector<std::string> ConfigFiles(const std::vector<std::string>& argv) {
   std::vector<std::string> files;
   for (size_t i = 1; i < argv.size(); ++i) {
     absl::string_view arg = argv[i];
@@ -121,8 +120,13 @@ std::vector<std::string> ExpandConfigFlag(const std::vector<std::string>& argv) 
       files.emplace_back(arg);
     }
   }
+  return files;
+}
+
+std::vector<std::string> ExpandConfigFlag(const std::vector<std::string>& argv) {
+  if (argv.empty()) return argv;
   std::vector<std::string> expanded = {argv.front()};
-  for (const std::string& file : files) {
+  for (const std::string& file : ConfigFiles(argv)) {
     if (!file.empty()) expanded.push_back(absl::StrCat("--flagfile=", file));
   }
   expanded.insert(expanded.end(), argv.begin() + 1, argv.end());

@@ -24,6 +24,9 @@ namespace entrokv::service {
 // Every flag, copied into the options (ValidateServerOptions checks them).
 [[nodiscard]] ServerOptions OptionsFromFlags();
 
+// The files `--config=FILE` (or `--config FILE`) names in `argv`, in order; nothing after "--".
+[[nodiscard]] std::vector<std::string> ConfigFiles(const std::vector<std::string>& argv);
+
 // `argv` with `--config=FILE` (or `--config FILE`) turned into `--flagfile=FILE` placed right
 // after the program name, so the file is read first and every flag on the command line wins,
 // wherever it stands. The file is an Abseil flagfile: one `--name=value` per line, `#` lines

@@ -13,6 +13,7 @@
 #include "absl/time/time.h"
 #include "service/flags.h"
 #include "service/log.h"
+#include "service/options.h"
 #include "service/protobuf_log.h"
 #include "service/server.h"
 
@@ -21,9 +22,19 @@ int main(int argc, char** argv) {
   using entrokv::service::LogInfo;
   absl::SetProgramUsageMessage("entrokvd: the entrokv KV-cache manager daemon");
   entrokv::service::ConfigureFlagsUsage();
+  const std::vector<std::string> given(argv, argv + argc);
+  // Abseil reads a flagfile it cannot read (a directory) as an empty one: the daemon would
+  // start on its defaults. Each --config must be a readable regular file.
+  for (const std::string& file : entrokv::service::ConfigFiles(given)) {
+    if (file.empty()) continue;  // --config= alone reads nothing, as before
+    if (const absl::Status readable = entrokv::service::ReadOptionFile("config", file).status();
+        !readable.ok()) {
+      LogError(readable.message());
+      return 2;
+    }
+  }
   // --config FILE becomes a leading --flagfile=FILE: Abseil reads it, the command line wins.
-  std::vector<std::string> args =
-      entrokv::service::ExpandConfigFlag(std::vector<std::string>(argv, argv + argc));
+  std::vector<std::string> args = entrokv::service::ExpandConfigFlag(given);
   std::vector<char*> arg_pointers;
   for (std::string& arg : args) arg_pointers.push_back(arg.data());
   arg_pointers.push_back(nullptr);
@@ -48,10 +59,12 @@ int main(int argc, char** argv) {
       entrokv::service::Server::Start(options);
   if (!server.ok()) {
     LogError(server.status().message());
-    // Configuration the operator must fix, a damaged --state_dir included: 2.
+    // Configuration the operator must fix, a damaged or foreign --state_dir included: 2.
     const absl::StatusCode code = server.status().code();
-    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss ? 2
-                                                                                             : 1;
+    return code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kDataLoss ||
+                   code == absl::StatusCode::kFailedPrecondition
+               ? 2
+               : 1;
   }
   std::printf("%s\n", (*server)->ListeningLine().c_str());
   std::fflush(stdout);

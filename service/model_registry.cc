@@ -53,6 +53,7 @@ std::unique_ptr<CacheJournal> ModelRegistry::AttachJournal(const std::string& mo
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string& model_id,
                                                                const CacheOptions& requested) {
   CacheOptions options = requested;
+  options.limits.daemon = &bookkeeping_;
   {
     absl::MutexLock lock(&mu_);
     if (models_.contains(model_id) || pending_.contains(model_id)) {
@@ -156,8 +157,13 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   store::ModelRecord& record = recovered.model;
   const std::string& id = record.model_id;
   const auto fail = [&id](const absl::Status& status) {
-    return absl::Status(status.code(),
-                        absl::StrCat("--state_dir: model '", id, "': ", status.message()));
+    // A state that cannot be served as configured is the operator's to fix, as a bad flag is
+    // (entrokvd exits 2): too little room for its pools or their bookkeeping, or an arena
+    // another process holds.
+    absl::StatusCode code = status.code();
+    if (code == absl::StatusCode::kResourceExhausted) code = absl::StatusCode::kInvalidArgument;
+    if (code == absl::StatusCode::kUnavailable) code = absl::StatusCode::kFailedPrecondition;
+    return absl::Status(code, absl::StrCat("--state_dir: model '", id, "': ", status.message()));
   };
   CacheOptions options;
   options.geometry = record.geometry;
@@ -171,10 +177,13 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   if (record.backend == Backend::kHost) {
     options.host_arena = {.name = record.arena_name, .attach = true, .keep_name = true};
     state = CacheState::Create(options);
-    if (!state.ok() &&
-        (absl::IsNotFound(state.status()) || absl::IsFailedPrecondition(state.status()))) {
+    if (!state.ok() && absl::IsNotFound(state.status())) {
       lost_reason = absl::StrCat("its host arena did not survive (", state.status().message(),
                                  "; /dev/shm does not outlive a reboot)");
+    } else if (!state.ok() && absl::IsFailedPrecondition(state.status())) {
+      // Resized, damaged or handed to another user while the daemon was down: not trusted.
+      lost_reason = absl::StrCat("its host arena is not this pool's any more (",
+                                 state.status().message(), ")");
     } else if (!state.ok()) {
       return fail(state.status());
     }
@@ -292,6 +301,11 @@ absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bo
     if (model->backend() == Backend::kHost) ::shm_unlink(model->state().arena().name.c_str());
   }
   return closed;  // `model` lets go here; Release runs when the last call does too
+}
+
+int64_t ModelRegistry::reserved_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return reserved_bytes_;
 }
 
 bool ModelRegistry::IsArena(dev_t dev, ino_t ino) const {

@@ -77,12 +77,15 @@ class Model {
 class ModelRegistry {
  public:
   // `capacity_bytes` bounds the sum of every model's arena and `max_models` their number
-  // (models still being released count); `limits` bound what recovered models grow to (a
+  // (models still being released count); `max_bookkeeping_bytes` (<= 0: unbounded) the
+  // bookkeeping of every model together; `limits` bound what recovered models grow to (a
   // Register brings its own); `metrics` must outlive this.
-  ModelRegistry(int64_t capacity_bytes, int max_models, CacheLimits limits, ServiceMetrics* metrics)
+  ModelRegistry(int64_t capacity_bytes, int max_models, int64_t max_bookkeeping_bytes,
+                CacheLimits limits, ServiceMetrics* metrics)
       : capacity_bytes_(capacity_bytes),
         max_models_(max_models),
-        limits_(limits),
+        bookkeeping_(max_bookkeeping_bytes),
+        limits_(WithBudget(limits, &bookkeeping_)),
         metrics_(metrics) {}
   // Releases every model nobody else holds; the rest release themselves later (they must not
   // outlive the ServiceMetrics).
@@ -104,8 +107,10 @@ class ModelRegistry {
   [[nodiscard]] absl::Status Recover(std::vector<store::RecoveredModel> models);
 
   // Creates the model's pool. ALREADY_EXISTS for a registered id or one still being released;
-  // RESOURCE_EXHAUSTED naming max_models when that many exist, or capacity_bytes when the
-  // daemon's remaining capacity is smaller; the CacheState's errors.
+  // RESOURCE_EXHAUSTED naming max_models when that many exist, capacity_bytes when the
+  // daemon's remaining capacity is smaller, or max_bookkeeping_bytes when the pool's
+  // bookkeeping does not fit beside the other models' (before any arena is made); the
+  // CacheState's errors.
   // REQUIRES: the caller validated the id and geometry.
   [[nodiscard]] absl::StatusOr<std::shared_ptr<Model>> Register(const std::string& model_id,
                                                                 const CacheOptions& options);
@@ -122,8 +127,16 @@ class ModelRegistry {
   [[nodiscard]] int size() const;
   // True when (dev, ino) is the shared-memory file of a host arena this registry holds.
   [[nodiscard]] bool IsArena(dev_t dev, ino_t ino) const;
+  // Arena bytes handed out (or being made) so far, of --pool_capacity_bytes.
+  [[nodiscard]] int64_t reserved_bytes() const;
+  // The bookkeeping every model holds together, as bounded by max_bookkeeping_bytes.
+  [[nodiscard]] const BookkeepingBudget& bookkeeping() const { return bookkeeping_; }
 
  private:
+  static CacheLimits WithBudget(CacheLimits limits, BookkeepingBudget* budget) {
+    limits.daemon = budget;
+    return limits;
+  }
   // The model's journal wired to `state`; null without a store.
   [[nodiscard]] std::unique_ptr<CacheJournal> AttachJournal(const std::string& model_id,
                                                             CacheState& state) const;
@@ -139,6 +152,7 @@ class ModelRegistry {
 
   const int64_t capacity_bytes_;
   const int max_models_;
+  BookkeepingBudget bookkeeping_;  // outlives every model: they are released before it
   const CacheLimits limits_;
   ServiceMetrics* const metrics_;
   ArenaNamer* namer_ = nullptr;

@@ -37,8 +37,8 @@ store::RecoveredModel RecordedModel(const std::string& id, int64_t capacity_byte
 // negative and passed the --pool_capacity_bytes check).
 TEST(ModelRegistryTest, RecoveredCapacitiesThatOverflowAreRefused) {
   ServiceMetrics metrics;
-  ModelRegistry registry(/*capacity_bytes=*/int64_t{1} << 20, /*max_models=*/4, CacheLimits{},
-                         &metrics);
+  ModelRegistry registry(/*capacity_bytes=*/int64_t{1} << 20, /*max_models=*/4,
+                         /*max_bookkeeping_bytes=*/0, CacheLimits{}, &metrics);
   const int64_t half = std::numeric_limits<int64_t>::max() / 2 + 2;
   std::vector<store::RecoveredModel> models;
   models.push_back(RecordedModel("a", half));

@@ -67,6 +67,9 @@ std::string AbslUnparseFlag(const UidList& uids);
   X(int64_t, max_model_bookkeeping_bytes, int64_t{2} << 30,                                        \
     "Bookkeeping bytes one model may hold (its pool's and every open sequence's); calls "          \
     "beyond get RESOURCE_EXHAUSTED")                                                               \
+  X(int64_t, max_bookkeeping_bytes, int64_t{512} << 20,                                            \
+    "Bookkeeping bytes every model together may hold (pools and sequences); RegisterModel, "       \
+    "OpenSequence and AppendTokens beyond get RESOURCE_EXHAUSTED before allocating")               \
   X(int32_t, worker_threads, 0, "Scoring threads (0: one per hardware thread)")                    \
   X(int64_t, keepalive_ms, 30000, "Server keepalive ping interval in ms")                          \
   X(int64_t, max_connection_age_ms, 0, "Close connections older than this (0: never)")             \
@@ -75,7 +78,7 @@ std::string AbslUnparseFlag(const UidList& uids);
   X(std::string, tls_cert, "", "PEM server certificate (TLS on when set, with --tls_key)")         \
   X(std::string, tls_key, "", "PEM server private key")                                            \
   X(std::string, tls_ca, "", "PEM CA bundle: require client certificates it signed")               \
-  X(::entrokv::service::UidList, allowed_shm_uids, ::entrokv::service::UidList(),                   \
+  X(::entrokv::service::UidList, allowed_shm_uids, ::entrokv::service::UidList(),                  \
     "Comma-separated uids whose shared-memory segments may be read as statistics, besides "        \
     "the daemon's own")                                                                            \
   X(std::string, token_file, "", "File holding the bearer token clients must send")                \
@@ -83,6 +86,9 @@ std::string AbslUnparseFlag(const UidList& uids);
     "Directory of the crash-recovery journal (LevelDB); empty: nothing survives a restart")        \
   X(int64_t, state_sync_ms, 100,                                                                   \
     "Sync the journal to disk at most this many ms after a change (0: on every change)")           \
+  X(bool, state_accept_loss, false,                                                                \
+    "Start from a --state_dir journal that lost synced writes (refused otherwise), logging what "  \
+    "was lost")                                                                                    \
   X(std::string, log_level, "info", "Least severe log line written: info, warning or error")
 
 #endif  // ENTROKV_SERVICE_OPTION_TABLE_H_

@@ -160,7 +160,8 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   for (const auto& [name, value] :
        {std::pair<absl::string_view, int64_t>{"max_sequence_bookkeeping_bytes",
                                               options.max_sequence_bookkeeping_bytes},
-        {"max_model_bookkeeping_bytes", options.max_model_bookkeeping_bytes}}) {
+        {"max_model_bookkeeping_bytes", options.max_model_bookkeeping_bytes},
+        {"max_bookkeeping_bytes", options.max_bookkeeping_bytes}}) {
     if (value < 1) return Invalid(name, absl::StrCat("must be >= 1, got ", value));
   }
   if (options.worker_threads < 0 || options.worker_threads > 1024) {

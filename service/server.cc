@@ -1,5 +1,7 @@
 #include "service/server.h"
 
+#include <sys/statvfs.h>
+
 #include <algorithm>
 #include <chrono>
 #include <exception>
@@ -65,6 +67,26 @@ absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
 
 std::string Host(const std::string& address) { return address.substr(0, address.rfind(':')); }
 
+// Host arenas reserve their memory when they are made (core/pool/arena.h), so a /dev/shm
+// smaller than the pool would refuse registrations one by one long after start-up: the arenas
+// still to be made (the pool less what recovered arenas already hold) must fit in its free
+// space now. INVALID_ARGUMENT naming --pool_capacity_bytes otherwise. Each arena's trailer
+// (4 KiB) is left to registration's own reservation.
+absl::Status CheckShmRoom(int64_t pool_bytes, int64_t held_bytes) {
+  struct statvfs fs {};
+  if (::statvfs(kShmDirectory, &fs) != 0) return absl::OkStatus();  // the probe arena says why
+  const int64_t free_bytes = static_cast<int64_t>(fs.f_bavail) * static_cast<int64_t>(fs.f_frsize);
+  const int64_t size_bytes = static_cast<int64_t>(fs.f_blocks) * static_cast<int64_t>(fs.f_frsize);
+  const int64_t needed = pool_bytes - held_bytes;
+  if (needed <= free_bytes) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--pool_capacity_bytes: ", pool_bytes, " bytes of host arenas do not fit in ", kShmDirectory,
+      ": ", needed, " bytes are still to be reserved there and ", free_bytes, " of its ",
+      size_bytes, " bytes are free (", needed - free_bytes,
+      " short). Mount a larger /dev/shm (docker run --shm-size; in Kubernetes an emptyDir with "
+      "medium: Memory and a sizeLimit) or lower --pool_capacity_bytes"));
+}
+
 void SetReadiness(grpc::Server& server, bool serving) {
   grpc::HealthCheckServiceInterface* health = server.GetHealthCheckService();
   if (health == nullptr) return;
@@ -89,7 +111,16 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   if (!options.state_dir.empty()) {
     ASSIGN_OR_RETURN(
         server->store_,
-        store::StateStore::Open(options.state_dir, absl::Milliseconds(options.state_sync_ms)));
+        store::StateStore::Open(options.state_dir,
+                                {.sync_interval = absl::Milliseconds(options.state_sync_ms),
+                                 .accept_loss = options.state_accept_loss}));
+    if (const auto& rollback = server->store_->rolled_back(); rollback.has_value()) {
+      LogWarning(absl::StrCat(
+          "--state_dir: accepted a journal that lost synced writes (--state_accept_loss): ",
+          rollback->reason, "; starting from write ", rollback->journal_write,
+          ". What clients did after it is gone: their sequences are missing (NOT_FOUND) or "
+          "shorter, and frames they were given may be handed out again"));
+    }
     ASSIGN_OR_RETURN(recovered, store::LoadState(*server->store_));
   }
   if (const int removed = RemoveDeadDaemonArenas(); removed > 0) {
@@ -97,7 +128,13 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                          " shared-memory objects of entrokvd processes no longer running"));
   }
   if (server->store_ != nullptr) {
-    server->namer_ = ArenaNamer::ForState(server->store_->instance());
+    absl::StatusOr<std::unique_ptr<ArenaNamer>> namer =
+        ArenaNamer::ForState(server->store_->instance());
+    if (!namer.ok()) {
+      return absl::Status(namer.status().code(), absl::StrCat("--state_dir: ", options.state_dir,
+                                                              ": ", namer.status().message()));
+    }
+    server->namer_ = *std::move(namer);
   } else {
     ASSIGN_OR_RETURN(server->namer_, ArenaNamer::ForProcess());
   }
@@ -115,6 +152,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
     RETURN_IF_ERROR(registry.Recover(std::move(recovered)));
     LogInfo(absl::StrCat("--state_dir=", options.state_dir, ": journaling to ",
                          server->store_->path(), ", synced every ", options.state_sync_ms, " ms"));
+  }
+  if (options.backend == Backend::kHost) {
+    RETURN_IF_ERROR(CheckShmRoom(options.pool_capacity_bytes, registry.reserved_bytes()));
   }
 
   if (!options.metrics_listen.empty()) {
@@ -205,10 +245,15 @@ void Server::Shutdown(absl::Duration grace) {
   // call ended are then refused with UNAVAILABLE (retry elsewhere) by the service, instead of
   // being cancelled by the transport's shutdown.
   absl::SleepFor(std::max(absl::ZeroDuration(), std::min(kDrainLinger, deadline - absl::Now())));
+  // With no admitted call left there is nothing to wait for: gRPC's Shutdown would otherwise
+  // wait for clients to close their idle connections (one idle channel held the exit 4 s), so
+  // it gets the rest of the grace only while calls remain, and stops at once otherwise.
+  const bool idle = service_ == nullptr || service_->active_calls() == 0;
+  const absl::Duration left = idle ? absl::ZeroDuration() : deadline - absl::Now();
   if (server_ != nullptr) {
-    server_->Shutdown(std::chrono::system_clock::now() +
-                      std::chrono::microseconds(
-                          std::max<int64_t>(0, absl::ToInt64Microseconds(deadline - absl::Now()))));
+    server_->Shutdown(
+        std::chrono::system_clock::now() +
+        std::chrono::microseconds(std::max<int64_t>(0, absl::ToInt64Microseconds(left))));
   }
   if (workers_ != nullptr) workers_->WaitIdle();
   if (server_ != nullptr) server_->Wait();

@@ -13,27 +13,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
+#include "core/pool/arena.h"
 
 namespace entrokv::service {
-namespace {
-
-// "/entrokv.<pool>.<pid>.<n>", the host arenas' names (core/pool/arena.h).
-bool LooksLikeArena(absl::string_view name) {
-  if (!absl::StartsWith(name, "/entrokv.")) return false;
-  const std::vector<absl::string_view> parts = absl::StrSplit(name.substr(1), '.');
-  if (parts.size() < 4) return false;
-  for (const absl::string_view number : {parts[parts.size() - 2], parts.back()}) {
-    if (number.empty()) return false;
-    for (const char c : number) {
-      if (c < '0' || c > '9') return false;
-    }
-  }
-  return true;
-}
-
-}  // namespace
-
 absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, uint64_t offset,
                              uint64_t length, int* fd) const {
   *fd = -1;
@@ -69,7 +51,10 @@ absl::Status ShmReader::Open(absl::string_view field, absl::string_view name, ui
         absl::StrCat(field, ".segment: '", name, "' belongs to uid ", info.st_uid,
                      ", not the daemon's; --allowed_shm_uids lists the users it may read"));
   }
-  if (LooksLikeArena(name) || (access_.is_arena && access_.is_arena(info.st_dev, info.st_ino))) {
+  // By what it is, not by its name: any daemon's arena ends with the arena trailer (a link or a
+  // new name changes neither), and this daemon's own are known by device and inode.
+  if (HostArenaBytes(opened, info.st_size) > 0 ||
+      (access_.is_arena && access_.is_arena(info.st_dev, info.st_ino))) {
     ::close(opened);
     return absl::PermissionDeniedError(absl::StrCat(
         field, ".segment: '", name, "' is a pool arena, not a statistic; arenas are never read"));

@@ -23,9 +23,9 @@ class ShmReader {
  public:
   // Who may be read. A segment is refused when its owner is neither this process's effective
   // user nor in `allowed_uids` (a daemon running as root would otherwise read any user's 0600
-  // segment for whoever names it), when `is_arena` says it is a pool arena (dev, inode), or
-  // when its name follows the arena naming scheme "/entrokv.<pool>.<pid>.<n>": arenas hold
-  // other tenants' KV data and are never statistics.
+  // segment for whoever names it), and when it is a pool arena: one that ends with the host
+  // arena trailer (any daemon's, under any name or link; core/pool/arena.h) or that `is_arena`
+  // knows by (dev, inode). Arenas hold other tenants' KV data and are never statistics.
   struct Access {
     std::vector<uid_t> allowed_uids;
     std::function<bool(dev_t, ino_t)> is_arena;

@@ -5,6 +5,8 @@
 //
 //   "F"                                  format marker (kFormatValue)
 //   "I"                                  instance name (arena names, see StateStore::instance)
+//   "C"                                  the number of the last journal write (fixed64): every
+//                                        write sets it, so it ends where the journal ends
 //   "M" lp(model)                        ModelRecord
 //   "S" lp(model) lp(seq)                the sequence's length (fixed64)
 //   "T" lp(model) lp(seq) be32(layer) be32(chunk)
@@ -31,6 +33,8 @@ namespace entrokv::store {
 
 inline constexpr char kFormatKey[] = "F";
 inline constexpr char kInstanceKey[] = "I";
+// Compared at start-up with the sync mark beside the journal (store/sync_mark.h).
+inline constexpr char kWriteKey[] = "C";
 inline constexpr char kFormatValue[] = "entrokv-state-1";
 // Pages per block-table record: an append that opens a page rewrites one chunk per (layer),
 // not the whole table; a decision rewrites only the chunks it evicted in.

@@ -37,7 +37,7 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
   std::map<SequenceId, SequenceParts> sequences;
   std::map<SequenceId, std::string> lost;
   absl::Status scanned = scan([&](absl::string_view key, absl::string_view value) {
-    if (key == kFormatKey || key == kInstanceKey) return absl::OkStatus();
+    if (key == kFormatKey || key == kInstanceKey || key == kWriteKey) return absl::OkStatus();
     absl::StatusOr<ParsedKey> parsed = ParseKey(key);
     if (!parsed.ok()) return damaged(parsed.status().message());
     const SequenceId id(parsed->model_id, parsed->sequence_id);
@@ -49,6 +49,7 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
         // Bounded as RegisterModel bounds it: the tables below are sized by the geometry.
         absl::Status valid = ValidateGeometry(model->geometry);
         if (valid.ok()) valid = ValidateGeometryBounds(model->geometry);
+        if (valid.ok()) valid = ValidateFrameBounds(model->geometry, model->layout);
         if (!valid.ok()) {
           return damaged(absl::StrCat("model '", model->model_id, "': ", valid.message()));
         }

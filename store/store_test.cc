@@ -22,6 +22,7 @@
 #include "store/records.h"
 #include "store/recovery.h"
 #include "store/state_store.h"
+#include "store/sync_mark.h"
 
 namespace entrokv::store {
 namespace {
@@ -218,7 +219,7 @@ TEST(RecoveryTest, ClosedSequencesLeaveNoRecords) {
                               return absl::OkStatus();
                             }),
                 IsOk());
-    EXPECT_EQ(records, 3);  // format, instance, model
+    EXPECT_EQ(records, 4);  // format, instance, write number, model
     state->SetJournal(nullptr);
   }
 }
@@ -455,6 +456,143 @@ TEST(CorruptionTest, AGeometryBeyondRegistrationBoundsIsRefused) {
   EXPECT_THAT(LoadFrom({{ModelKey("m"), EncodeModel(model)},
                         {SequenceKey(RecordKind::kSequence, "m", "s"), EncodeInt64(0)}}),
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("geometry.layers")));
+}
+
+// A frame larger than one call may copy is refused at RegisterModel; a journal holding one is
+// damaged.
+TEST(CorruptionTest, AFrameBeyondTheBoundIsRefused) {
+  ModelRecord model = Model(FrameLayout::kLayer, 16);
+  model.geometry.head_dim = 65536;
+  model.geometry.page_size = 1024;  // 2 x 1024 x 65536 x 2 x 2 groups = 512 MiB a frame
+  EXPECT_THAT(LoadFrom({{ModelKey("m"), EncodeModel(model)}}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("frame")));
+}
+
+// `batches` numbered writes of one record each, through a store syncing every write.
+void NumberedWrites(const std::string& dir, int batches) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+  for (int i = 0; i < batches; ++i) {
+    leveldb::WriteBatch batch;
+    batch.Put(ModelKey(absl::StrCat("m", i)), "x");
+    ASSERT_THAT(store->Write(batch), IsOk());
+  }
+  EXPECT_EQ(store->last_write(), batches);
+  EXPECT_EQ(store->synced_write(), batches);
+}
+
+std::filesystem::path NewestLog(const std::string& dir) {
+  std::filesystem::path newest;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/journal")) {
+    if (entry.path().extension() == ".log" &&
+        (newest.empty() || entry.path().filename() > newest.filename())) {
+      newest = entry.path();
+    }
+  }
+  return newest;
+}
+
+// LevelDB reads a log cut anywhere in its last record as a torn tail and drops the record
+// without a word. The write it held had been synced (and the sync mark says so): the journal is
+// refused, again on the next try, and opens only when the loss is accepted, saying what it was.
+TEST(SyncMarkTest, ALogCutShortIsRefusedUnlessTheLossIsAccepted) {
+  const std::string dir = FreshDir("cut_log");
+  NumberedWrites(dir, 20);
+  const std::filesystem::path log = NewestLog(dir);
+  ASSERT_FALSE(log.empty());
+  std::filesystem::resize_file(log, std::filesystem::file_size(log) - 1);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    EXPECT_THAT(StateStore::Open(dir, absl::ZeroDuration()),
+                StatusIs(absl::StatusCode::kDataLoss,
+                         HasSubstr("ends at write 19, but write 20 had been synced")))
+        << attempt;
+  }
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(
+        auto store,
+        StateStore::Open(dir, {.sync_interval = absl::ZeroDuration(), .accept_loss = true}));
+    ASSERT_TRUE(store->rolled_back().has_value());
+    EXPECT_EQ(store->rolled_back()->journal_write, 19);
+    EXPECT_EQ(store->rolled_back()->mark_write, 20);
+    EXPECT_THAT(store->rolled_back()->reason, HasSubstr("1 changes after it"));
+    EXPECT_EQ(store->synced_write(), 19);
+    leveldb::WriteBatch batch;
+    batch.Put(ModelKey("after"), "x");
+    ASSERT_THAT(store->Write(batch), IsOk());
+    EXPECT_EQ(store->last_write(), 20);
+  }
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+  EXPECT_FALSE(store->rolled_back().has_value());
+  EXPECT_EQ(store->last_write(), 20);
+}
+
+// Without the mark nothing shows whether the journal is whole: a missing or unreadable mark
+// beside a journal that was written is refused like a loss.
+TEST(SyncMarkTest, AMissingOrDamagedMarkIsRefused) {
+  const std::string dir = FreshDir("no_mark");
+  NumberedWrites(dir, 3);
+  std::filesystem::remove(dir + "/journal.mark");
+  EXPECT_THAT(StateStore::Open(dir, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal.mark is missing")));
+  const std::string dir2 = FreshDir("bad_mark");
+  NumberedWrites(dir2, 3);
+  std::ofstream(dir2 + "/journal.mark", std::ios::binary | std::ios::trunc)
+      << std::string(128, 'x');
+  EXPECT_THAT(StateStore::Open(dir2, absl::ZeroDuration()),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("journal.mark is damaged")));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(
+      auto store,
+      StateStore::Open(dir2, {.sync_interval = absl::ZeroDuration(), .accept_loss = true}));
+  EXPECT_EQ(store->last_write(), 3);
+  EXPECT_EQ(store->synced_write(), 3);
+}
+
+// A mark torn by a crash leaves the slot before it, which still holds a true mark.
+TEST(SyncMarkTest, ATornSlotLeavesTheMarkBeforeIt) {
+  const std::string dir = FreshDir("torn_mark");
+  const std::string path = dir + "/mark";
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto mark, SyncMark::Create(path));
+    ASSERT_THAT(mark->Record(5), IsOk());
+    ASSERT_THAT(mark->Record(6), IsOk());  // the other slot
+  }
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto mark, SyncMark::Open(path));
+    EXPECT_EQ(mark->value().write, 6);
+  }
+  for (const int slot : {0, 1}) {  // 5 went to slot 0, 6 to slot 1
+    std::string bytes;
+    {
+      std::ifstream in(path, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::string torn = bytes;
+    torn[slot * 64 + 20] = static_cast<char>(torn[slot * 64 + 20] ^ 0x40);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << torn;
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto mark, SyncMark::Open(path));
+    EXPECT_EQ(mark->value().write, slot == 0 ? 6 : 5);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+  }
+}
+
+// A journal written before writes were numbered has neither the number nor a mark: it opens as
+// it always did, and from then on it is guarded.
+TEST(SyncMarkTest, AnOlderJournalWithoutAMarkOpensAndGetsOne) {
+  const std::string dir = FreshDir("older");
+  WriteSomeState(dir, /*reopen=*/false);
+  {
+    leveldb::DB* raw = nullptr;
+    ASSERT_TRUE(leveldb::DB::Open(leveldb::Options(), dir + "/journal", &raw).ok());
+    std::unique_ptr<leveldb::DB> db(raw);
+    ASSERT_TRUE(db->Delete({}, kWriteKey).ok());
+  }
+  std::filesystem::remove(dir + "/journal.mark");
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+    EXPECT_EQ(store->last_write(), 0);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<RecoveredModel> models, LoadState(*store));
+    EXPECT_EQ(models.size(), 1u);
+  }
+  EXPECT_TRUE(std::filesystem::exists(dir + "/journal.mark"));
 }
 
 }  // namespace

@@ -121,7 +121,9 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
   }
   LayerAllocator allocator = LayerAllocator::kUniform;
   if (!budget.allocator().empty()) {
-    absl::StatusOr<LayerAllocator> parsed = ParseLayerAllocator(budget.allocator());
+    // Parsed as echoed: a name cut by EchoInput is never an allocator's, and the message then
+    // repeats at most kMaxEchoedChars of it.
+    absl::StatusOr<LayerAllocator> parsed = ParseLayerAllocator(EchoInput(budget.allocator()));
     if (!parsed.ok()) return InvalidField("budget.allocator", parsed.status().message());
     allocator = *parsed;
   }

@@ -37,6 +37,16 @@ class MemoryArena {
                                           int64_t bytes) = 0;
 };
 
+// A host arena's shared-memory object is its frames (bytes 0 .. bytes()) followed by a trailer of
+// kHostArenaTrailerBytes whose last bytes say what the object is: a pool arena, never a worker's
+// segment, so no daemon reads it as a statistic whatever its name or link. Frame f stays at byte
+// f * frame_bytes; a worker maps the first bytes() bytes (HostArenaMapping does).
+inline constexpr int64_t kHostArenaTrailerBytes = 4096;
+
+// The frames' bytes when the open file `fd` of `file_bytes` bytes ends with a host arena's
+// trailer, else -1. One pread of the file's last bytes; the caller checked it is a regular file.
+[[nodiscard]] int64_t HostArenaBytes(int fd, int64_t file_bytes);
+
 // Where a host arena's shared memory comes from. The default (everything empty) makes a new
 // object named after the pool and unlinks it when the arena goes.
 struct HostArenaSource {
@@ -44,7 +54,8 @@ struct HostArenaSource {
   // next free n when one is already taken.
   std::string name;
   // Map the existing object `name` (crash recovery re-attaches the frames' bytes) instead of
-  // creating it.
+  // creating it. Only an arena of this process's user, of exactly this size, that no other
+  // process holds (see CreateHostArena) is attached.
   bool attach = false;
   // Leave the name linked when the arena goes, so a restarted daemon can attach it again.
   bool keep_name = false;
@@ -56,9 +67,14 @@ struct HostArenaSource {
 // RESOURCE_EXHAUSTED when the device is out of memory.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(
     Backend backend, absl::string_view name, int64_t bytes, const HostArenaSource& host = {});
-// As CreateArena for the host backend. With source.attach: NOT_FOUND when no object has that
-// name, FAILED_PRECONDITION when it is not a regular object of exactly `bytes` bytes.
-// ALREADY_EXISTS when creating an exact name that exists.
+// As CreateArena for the host backend. The arena's memory is reserved (posix_fallocate) before
+// it is handed out, so a full /dev/shm fails here with RESOURCE_EXHAUSTED naming the shortfall,
+// never later as SIGBUS on a page first touched; and the arena holds an exclusive flock on its
+// object for its whole life (the kernel drops it however the process ends).
+// With source.attach: NOT_FOUND when no object has that name; FAILED_PRECONDITION when it is
+// not a regular object of exactly `bytes` bytes with an arena's trailer, or belongs to another
+// user; UNAVAILABLE when another process holds its lock (the arena is in use, so two owners
+// would hand out the same frames). ALREADY_EXISTS when creating an exact name that exists.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(
     absl::string_view name, int64_t bytes, const HostArenaSource& source = {});
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
@@ -69,7 +85,8 @@ struct HostArenaSource {
 // stay valid until this mapping goes too. Not thread-safe.
 class HostArenaMapping {
  public:
-  // Maps the arena by its shared-memory name: NOT_FOUND when no such name exists.
+  // Maps the arena by its shared-memory name: NOT_FOUND when no such name exists. A host
+  // arena's trailer is left out: bytes() is its frames' bytes.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<HostArenaMapping>> OpenByName(
       absl::string_view name);
   // Maps the arena through a descriptor (one inherited or received); the descriptor is

@@ -4,6 +4,7 @@
 #include <limits>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/util/status_macros.h"
 
@@ -31,8 +32,24 @@ absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOption
   pool_options.capacity_frames = options.capacity_bytes / frame_bytes;
   pool_options.name = options.name;
   pool_options.host_arena = options.host_arena;
-  ASSIGN_OR_RETURN(std::unique_ptr<PagePool> pool, PagePool::Create(pool_options));
-  return std::unique_ptr<CacheState>(new CacheState(options, std::move(pool)));
+  // The pool's arrays are reserved in the daemon's budget before the arena or they exist (a
+  // count beyond a FrameId is PagePool::Create's INVALID_ARGUMENT, reserved nothing).
+  BookkeepingBudget* const daemon = options.limits.daemon;
+  int64_t reserved = 0;
+  if (daemon != nullptr && pool_options.capacity_frames <= std::numeric_limits<FrameId>::max()) {
+    reserved = PagePool::BookkeepingBytes(pool_options.capacity_frames, options.geometry.layers);
+    RETURN_IF_ERROR(daemon->Reserve(
+        reserved, absl::StrCat("a pool of ", pool_options.capacity_frames, " frames")));
+  }
+  absl::StatusOr<std::unique_ptr<PagePool>> pool = PagePool::Create(pool_options);
+  if (!pool.ok()) {
+    if (daemon != nullptr) daemon->Release(reserved);
+    return pool.status();
+  }
+  std::unique_ptr<CacheState> state(new CacheState(options, *std::move(pool)));
+  absl::MutexLock lock(&state->mu_);
+  state->daemon_reserved_bytes_ = reserved;
+  return state;
 }
 
 absl::Status CacheState::CheckLimits(const CacheOptions& options) {
@@ -76,8 +93,8 @@ absl::Status CacheState::CheckOneMore() const {
   return absl::OkStatus();
 }
 
-absl::Status CacheState::CheckGrowth(absl::string_view sequence_id, int64_t old_bytes,
-                                     int64_t new_bytes) const {
+absl::Status CacheState::ReserveGrowth(absl::string_view sequence_id, int64_t old_bytes,
+                                       int64_t new_bytes) {
   if (limits_.max_sequence_bookkeeping_bytes > 0 &&
       new_bytes > limits_.max_sequence_bookkeeping_bytes) {
     return absl::ResourceExhaustedError(
@@ -94,7 +111,23 @@ absl::Status CacheState::CheckGrowth(absl::string_view sequence_id, int64_t old_
                      " bytes, more than the limit of ", limits_.max_model_bookkeeping_bytes,
                      "; close sequences first (nothing changed)"));
   }
+  if (limits_.daemon != nullptr && new_bytes > old_bytes) {
+    RETURN_IF_ERROR(limits_.daemon->Reserve(new_bytes - old_bytes,
+                                            absl::StrCat("sequence \"", sequence_id, "\"")));
+    daemon_reserved_bytes_ += new_bytes - old_bytes;
+  }
   return absl::OkStatus();
+}
+
+void CacheState::SettleDaemon() {
+  if (limits_.daemon == nullptr) return;
+  const int64_t accounted = pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_;
+  if (daemon_reserved_bytes_ > accounted) {
+    limits_.daemon->Release(daemon_reserved_bytes_ - accounted);
+  } else if (daemon_reserved_bytes_ < accounted) {
+    limits_.daemon->Force(accounted - daemon_reserved_bytes_);
+  }
+  daemon_reserved_bytes_ = accounted;
 }
 
 CacheState::CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool)
@@ -112,6 +145,7 @@ CacheState::~CacheState() {
   // Drop the references before the pool (and its arena) goes.
   for (auto& [id, sequence] : sequences_) sequence.Release(*pool_).IgnoreError();
   sequences_.clear();
+  if (limits_.daemon != nullptr) limits_.daemon->Release(daemon_reserved_bytes_);
 }
 
 absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t initial_tokens) {
@@ -127,11 +161,12 @@ absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t ini
   RETURN_IF_ERROR(CheckOneMore());
   Sequence sequence(std::string(sequence_id), geometry_, layout_);
   LimitTableGrowth(sequence);
+  const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (initial_tokens <= kMaxSequenceTokens) {  // beyond: Append's INVALID_ARGUMENT
     RETURN_IF_ERROR(
-        CheckGrowth(sequence_id, 0,
-                    Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
-                                               sequence.TableCapacityAfter(initial_tokens))));
+        ReserveGrowth(sequence_id, 0,
+                      Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
+                                                 sequence.TableCapacityAfter(initial_tokens))));
   }
   ASSIGN_OR_RETURN(const AppendResult appended, sequence.Append(initial_tokens, *pool_));
   (void)appended;
@@ -153,8 +188,9 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   const auto parent = sequences_.find(parent_id);
   if (parent == sequences_.end()) return Missing("parent sequence", parent_id);
   RETURN_IF_ERROR(CheckOneMore());
+  const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (prefix_pages >= 0 && prefix_pages <= parent->second.page_count()) {
-    RETURN_IF_ERROR(CheckGrowth(
+    RETURN_IF_ERROR(ReserveGrowth(
         sequence_id, 0, Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages)));
   }
   ASSIGN_OR_RETURN(Sequence child,
@@ -174,10 +210,11 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
   Sequence& sequence = it->second;
   const int64_t old_bytes = sequence.bookkeeping_bytes();
+  const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (tokens >= 0 && tokens <= kMaxSequenceTokens - sequence.length()) {
-    RETURN_IF_ERROR(CheckGrowth(sequence_id, old_bytes,
-                                Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
-                                                           sequence.TableCapacityAfter(tokens))));
+    RETURN_IF_ERROR(ReserveGrowth(sequence_id, old_bytes,
+                                  Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
+                                                             sequence.TableCapacityAfter(tokens))));
   }
   ASSIGN_OR_RETURN(AppendResult result, sequence.Append(tokens, *pool_));
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
@@ -301,6 +338,7 @@ absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
   }
   if (journal_ != nullptr) journal_->SequenceClosed(it->second);
   sequence_bookkeeping_bytes_ -= it->second.bookkeeping_bytes();
+  SettleDaemon();
   const absl::Status released = it->second.Release(*pool_);
   sequences_.erase(it);
   return released;
@@ -387,6 +425,7 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
     LimitTableGrowth(sequence);
     sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes();
   }
+  SettleDaemon();
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "core/pool/arena.h"
+#include "core/pool/bookkeeping_budget.h"
 #include "core/pool/cache_journal.h"
 #include "core/pool/geometry.h"
 #include "core/pool/page_pool.h"
@@ -29,6 +30,10 @@ struct CacheLimits {
   int64_t max_sequences_per_model = 0;         // open sequences
   int64_t max_sequence_bookkeeping_bytes = 0;  // one sequence's (Sequence::bookkeeping_bytes)
   int64_t max_model_bookkeeping_bytes = 0;     // the pool's plus every sequence's
+  // Every model's bookkeeping together: the model reserves there what it accounts, before it
+  // allocates (its pool's arrays before the arena exists). Not owned; must outlive the
+  // CacheState. Null: no daemon-wide bound.
+  BookkeepingBudget* daemon = nullptr;
 };
 
 struct CacheOptions {
@@ -107,8 +112,10 @@ struct PoolStats {
 // that page a fresh frame; appending into a tail page shared by a fork copies it first.
 class CacheState {
  public:
-  // INVALID_ARGUMENT for a bad geometry or when capacity_bytes holds 0 frames; the backend's
-  // error when the arena cannot be made (UNIMPLEMENTED for cuda not built in).
+  // INVALID_ARGUMENT for a bad geometry or when capacity_bytes holds 0 frames;
+  // RESOURCE_EXHAUSTED naming max_bookkeeping_bytes when limits.daemon has no room for the
+  // pool's bookkeeping (checked before the arena is made); the backend's error when the arena
+  // cannot be made (UNIMPLEMENTED for cuda not built in).
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<CacheState>> Create(
       const CacheOptions& options);
 
@@ -222,10 +229,13 @@ class CacheState {
   [[nodiscard]] absl::Status Missing(absl::string_view what, absl::string_view id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // RESOURCE_EXHAUSTED naming the bound when a sequence (`sequence_id`) going from
-  // `old_bytes` to `new_bytes` of bookkeeping passes a CacheLimits bound.
-  [[nodiscard]] absl::Status CheckGrowth(absl::string_view sequence_id, int64_t old_bytes,
-                                         int64_t new_bytes) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `old_bytes` to `new_bytes` of bookkeeping passes a CacheLimits bound; otherwise the growth
+  // is reserved in limits.daemon. Every caller settles (SettleDaemon) once it changed or failed.
+  [[nodiscard]] absl::Status ReserveGrowth(absl::string_view sequence_id, int64_t old_bytes,
+                                           int64_t new_bytes) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Makes what limits.daemon holds for this model equal to what the model accounts: gives back
+  // a reservation a failed or smaller change did not use, takes what recovery restored.
+  void SettleDaemon() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Caps the table growth of `sequence` at what max_sequence_bookkeeping_bytes leaves room for.
   void LimitTableGrowth(Sequence& sequence) const;
   // RESOURCE_EXHAUSTED naming max_sequences_per_model when one more sequence is one too many.
@@ -250,6 +260,7 @@ class CacheState {
   int64_t decisions_total_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t pool_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t sequence_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum over sequences_
+  int64_t daemon_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;       // held in limits_.daemon
   std::function<void()> decision_hook_ ABSL_GUARDED_BY(mu_);
 };
 

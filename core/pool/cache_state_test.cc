@@ -416,5 +416,45 @@ TEST(CacheStateTest, ListSequencePagesAreBoundedByTableEntries) {
   EXPECT_THAT(state->ListSequencePage(list), IsOk());
 }
 
+// Every model of a daemon reserves its bookkeeping in one budget before it allocates: a pool
+// that does not fit beside the others is refused before its arena exists, a sequence that does
+// not fit is refused with nothing changed, and closing and destroying give the bytes back.
+TEST(CacheStateTest, ModelsShareTheDaemonsBookkeepingBudget) {
+  CacheOptions options = Options(FrameLayout::kGroup, 64);
+  const int64_t pool_bytes = PagePool::BookkeepingBytes(64, options.geometry.layers);
+  BookkeepingBudget budget(2 * pool_bytes + 2000);
+  options.limits.daemon = &budget;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto first, CacheState::Create(options));
+  EXPECT_EQ(budget.used_bytes(), pool_bytes);
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto second, CacheState::Create(options));
+    EXPECT_EQ(budget.used_bytes(), 2 * pool_bytes);
+    CacheOptions third = options;
+    third.capacity_bytes *= 8;  // its 512 frames need more than the 2000 bytes left
+    EXPECT_THAT(CacheState::Create(third),
+                StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_bookkeeping_bytes")));
+    EXPECT_EQ(budget.used_bytes(), 2 * pool_bytes);
+  }
+  EXPECT_EQ(budget.used_bytes(), pool_bytes);  // the second's share came back
+  budget.Force(pool_bytes);                    // someone else takes it again
+  int opened = 0;
+  absl::Status refused;
+  while (refused.ok() && opened < 64) {
+    refused = first->OpenSequence(absl::StrCat("s", opened), 4);
+    if (refused.ok()) ++opened;
+  }
+  EXPECT_THAT(refused,
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_bookkeeping_bytes")));
+  EXPECT_GT(opened, 0);
+  EXPECT_EQ(first->Stats().sequences_active, opened);
+  EXPECT_EQ(budget.used_bytes(), pool_bytes + first->Stats().bookkeeping_bytes);
+  EXPECT_LE(budget.used_bytes(), budget.limit_bytes());
+  for (int i = 0; i < opened; ++i) ASSERT_THAT(first->CloseSequence(absl::StrCat("s", i)), IsOk());
+  EXPECT_EQ(budget.used_bytes(), 2 * pool_bytes);
+  first.reset();
+  EXPECT_EQ(budget.used_bytes(), pool_bytes);
+  budget.Release(pool_bytes);
+}
+
 }  // namespace
 }  // namespace entrokv

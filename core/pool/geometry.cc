@@ -66,6 +66,20 @@ absl::Status ValidateGeometryBounds(const ModelGeometry& geometry) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateFrameBounds(const ModelGeometry& geometry, FrameLayout layout) {
+  const int64_t frame_bytes = FrameBytes(geometry, layout);
+  if (frame_bytes > kMaxFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "geometry: a ", FrameLayoutName(layout), "-layout frame of 2 x page_size ",
+        geometry.page_size, " x head_dim ", geometry.head_dim, " x element_bytes ",
+        geometry.element_bytes,
+        layout == FrameLayout::kLayer ? absl::StrCat(" x kv_groups ", geometry.kv_groups) : "",
+        " is ", frame_bytes, " bytes, more than ", kMaxFrameBytes,
+        " (a copy-on-write append copies whole frames)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<FrameLayout> ParseFrameLayout(absl::string_view name) {
   if (name == "group") return FrameLayout::kGroup;
   if (name == "layer") return FrameLayout::kLayer;

@@ -155,6 +155,81 @@ TEST(HostArenaTest, TakenGeneratedNamesAreSkippedAndLeftAlone) {
   }
 }
 
+std::string UniqueName(absl::string_view what) {
+  static int counter = 0;
+  return absl::StrCat("/entrokv-arena-test-", what, "-", getpid(), "-", counter++);
+}
+
+// Two owners of one arena would hand out the same frames: while one process (or arena object)
+// holds it, attaching it again is refused; once it is gone, the kept name attaches.
+TEST(HostArenaTest, AnArenaInUseIsNotAttachedAgain) {
+  const std::string name = UniqueName("held");
+  const absl::Cleanup unlink_name = [&] { shm_unlink(name.c_str()); };
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(
+        auto held, CreateHostArena("held", kBytes, {.name = name, .keep_name = true}));
+    EXPECT_THAT(CreateHostArena("held", kBytes, {.name = name, .attach = true}),
+                StatusIs(absl::StatusCode::kUnavailable, HasSubstr("another running process")));
+    // Another process cannot either.
+    EXPECT_EQ(
+        RunInChild([&] {
+          return CreateHostArena("held", kBytes, {.name = name, .attach = true}).status().code() ==
+                         absl::StatusCode::kUnavailable
+                     ? 0
+                     : 1;
+        }),
+        0);
+  }
+  EXPECT_TRUE(
+      CreateHostArena("held", kBytes, {.name = name, .attach = true, .keep_name = true}).ok());
+}
+
+// The object says what it is: its trailer, whatever its name or link. A worker's segment of the
+// same size does not, and a mapping shows only the frames.
+TEST(HostArenaTest, TheTrailerTellsAnArenaFromASegment) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("trailer", kBytes));
+  struct stat st {};
+  ASSERT_EQ(fstat(arena->info().fd, &st), 0);
+  EXPECT_EQ(st.st_size, kBytes + kHostArenaTrailerBytes);
+  EXPECT_EQ(HostArenaBytes(arena->info().fd, st.st_size), kBytes);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto mapping, HostArenaMapping::OpenByName(arena->info().name));
+  EXPECT_EQ(mapping->bytes(), kBytes);
+
+  const std::string segment = UniqueName("segment");
+  const absl::Cleanup unlink_segment = [&] { shm_unlink(segment.c_str()); };
+  const int fd = shm_open(segment.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, kBytes + kHostArenaTrailerBytes), 0);
+  EXPECT_EQ(HostArenaBytes(fd, kBytes + kHostArenaTrailerBytes), -1);
+  close(fd);
+  // An object of the pool's size without the trailer (what an older daemon left) is no arena.
+  EXPECT_THAT(CreateHostArena("trailer", kBytes, {.name = segment, .attach = true}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("trailer")));
+}
+
+// tmpfs commits a page when it is first touched; a page first touched after /dev/shm filled up
+// kills the process with SIGBUS. The arena's pages are reserved when it is made.
+TEST(HostArenaTest, TheArenasMemoryIsReservedWhenItIsMade) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto arena, CreateHostArena("reserved", kBytes));
+  struct stat st {};
+  ASSERT_EQ(fstat(arena->info().fd, &st), 0);
+  EXPECT_GE(static_cast<int64_t>(st.st_blocks) * 512, kBytes + kHostArenaTrailerBytes);
+}
+
+// An arena handed to another user (while its daemon was down) is not attached.
+TEST(HostArenaTest, AnArenaOfAnotherUserIsNotAttached) {
+  if (geteuid() != 0) GTEST_SKIP() << "needs root to give an arena to another uid";
+  const std::string name = UniqueName("foreign");
+  const absl::Cleanup unlink_name = [&] { shm_unlink(name.c_str()); };
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(
+        auto arena, CreateHostArena("foreign", kBytes, {.name = name, .keep_name = true}));
+    ASSERT_EQ(fchown(arena->info().fd, 65534, 65534), 0);
+  }
+  EXPECT_THAT(CreateHostArena("foreign", kBytes, {.name = name, .attach = true}),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("owned by uid 65534")));
+}
+
 TEST(HostArenaTest, RejectsBadInput) {
   EXPECT_THAT(CreateHostArena("x", 0),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("bytes")));

@@ -83,8 +83,11 @@ echo "== running the image: entrokvd as $user, entrokv status from the image, SI
 # One shell inside the container starts the daemon on a kernel-chosen loopback port, asks it for
 # its health with the image's own CLI, and stops it: the exit code is the daemon's. The image's
 # /bin/sh reads the start-up line with the same function as demo.sh (deploy/entrokvd_line.sh).
+# The container's /dev/shm is 64 MiB (buildah's default, as Docker's), which the default 1 GiB
+# pool does not fit (entrokvd refuses to start then): a 16 MiB pool.
 buildah run --isolation chroot --user "$user" "$ctr" -- sh -c "$(cat deploy/entrokvd_line.sh)"'
-  entrokvd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 >/tmp/daemon.out 2>&1 &
+  entrokvd --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 --pool_capacity_bytes=16777216 \
+    >/tmp/daemon.out 2>&1 &
   pid=$!
   entrokvd_wait /tmp/daemon.out "$pid" 200 || { cat /tmp/daemon.out; exit 1; }
   server=$(entrokvd_address /tmp/daemon.out grpc)

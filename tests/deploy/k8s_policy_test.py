@@ -9,7 +9,8 @@ Checks, per rendered object:
   * the entrokvd container: gRPC startup/readiness/liveness probes on the health service names
     the daemon serves, on a declared port; a native sidecar (restartPolicy: Always) when it is an
     init container; terminationGracePeriodSeconds > preStop + drain_timeout_ms + shutdown margin;
-    a host pool that fits its memory limit and its /dev/shm;
+    a host pool (and its arena trailers) that fits its /dev/shm, and a memory limit holding that
+    /dev/shm, the daemon-wide bookkeeping bound and the process;
   * the config file (ConfigMap) parses with the real daemon (`entrokvd --config`, started and
     stopped), and the Secret it names is mounted, never rendered: no Secret object, no literal
     env value that looks like a credential;
@@ -44,6 +45,11 @@ KUSTOMIZATIONS = ["base"] + WORKLOADS + [
 # After drain_timeout_ms the daemon lingers <= 250 ms, stops the server and exits; 5 s covers
 # that and the process teardown with a wide margin.
 SHUTDOWN_MARGIN_S = 5
+# A host arena's object is its frames and a 4 KiB trailer (core/pool/arena.h).
+ARENA_TRAILER_BYTES = 4096
+# entrokvd's own memory besides its arenas and bookkeeping: code, gRPC buffers, one message in
+# flight per worker thread (measured RSS of an idle daemon: about 20 MiB).
+PROCESS_BYTES = 256 * 2**20
 HEALTH_READY = "entrokv.v1.CacheManager"
 HEALTH_LIVE = "entrokv.v1.CacheManager.liveness"
 GPU_RESOURCES = ("nvidia.com/gpu", "amd.com/gpu")
@@ -217,17 +223,30 @@ class Checker:
             self.check(ports.get(int(port)) == port_name, where,
                        f"{address}'s port is not the container port named {port_name}")
         if config.get("backend", "host") == "host":
+            # Host arenas reserve their memory in /dev/shm when they are made (and the daemon
+            # refuses to start when the pool cannot fit there): /dev/shm must hold the pool and
+            # an arena trailer per model; the memory limit that, the daemon-wide bookkeeping
+            # bound and the process itself.
             pool = int(config.get("pool_capacity_bytes", 2**30))
+            models = int(config.get("max_models", 256))
+            bookkeeping = int(config.get("max_bookkeeping_bytes", 512 * 2**20))
             limit = quantity_bytes(c["resources"]["limits"]["memory"])
-            self.check(limit >= pool, where, f"memory limit {limit:.0f} < host pool {pool}")
             shm = [m for m in c.get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
             self.check(bool(shm), where, "host pool without a /dev/shm volume")
+            shm_bytes = pool + models * ARENA_TRAILER_BYTES
             if shm:
                 empty_dir = volumes[shm[0]["name"]].get("emptyDir", {})
                 self.check(empty_dir.get("medium") == "Memory", where,
                            "/dev/shm is not a memory-backed emptyDir")
-                self.check(quantity_bytes(empty_dir.get("sizeLimit", "0")) >= pool, where,
-                           "/dev/shm sizeLimit is smaller than the host pool")
+                shm_bytes = max(shm_bytes, quantity_bytes(empty_dir.get("sizeLimit", "0")))
+                self.check(quantity_bytes(empty_dir.get("sizeLimit", "0")) >=
+                           pool + models * ARENA_TRAILER_BYTES, where,
+                           f"/dev/shm sizeLimit is smaller than the host pool ({pool}) and "
+                           f"{models} arena trailers")
+            needed = shm_bytes + bookkeeping + PROCESS_BYTES
+            self.check(limit >= needed, where,
+                       f"memory limit {limit:.0f} < /dev/shm {shm_bytes:.0f} + "
+                       f"max_bookkeeping_bytes {bookkeeping} + process {PROCESS_BYTES}")
         self.check("token_file" in config, where, "no token_file: the daemon accepts anyone")
         for option in ("token_file", "tls_cert", "tls_key", "tls_ca"):
             path = config.get(option)
@@ -391,6 +410,10 @@ def mutations():
         spec = daemon_of(r, "overlays/daemonset")[0]
         [v for v in spec["volumes"] if v["name"] == "shm"][0]["emptyDir"]["sizeLimit"] = "1Gi"
 
+    def no_room_for_bookkeeping(r):
+        container = daemon_of(r, "overlays/cpu-only")[1]
+        container["resources"]["limits"]["memory"] = "1600Mi"
+
     def bad_port(r):
         policy = [o for o in r["overlays/daemonset"] if o["kind"] == "NetworkPolicy"][0]
         policy["spec"]["ingress"][0]["ports"][0]["port"] = "gprc"
@@ -403,6 +426,7 @@ def mutations():
             ("a wrong liveness service", wrong_probe), ("a sidecar that is not native", not_native),
             ("a Service selecting no pod", bad_selector), ("an inlined Secret", inline_secret),
             ("a GPU in requests", gpu_request), ("/dev/shm smaller than the pool", small_shm),
+            ("a memory limit without room for bookkeeping", no_room_for_bookkeeping),
             ("a NetworkPolicy port name typo", bad_port), ("a PrometheusRule drift", rule_drift),
             ("state_dir on the read-only root", no_state_volume)]
 

@@ -18,90 +18,27 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/e2e/cli_runner.h"
+#include "tests/e2e/daemon_runner.h"
 #include "tests/service/test_support.h"
 
 namespace entrokv::service {
 namespace {
 
+using ::entrokv::service::testing::Append;
+using ::entrokv::service::testing::ArenaName;
+using ::entrokv::service::testing::Args;
 using ::entrokv::service::testing::BytesStatistic;
+using ::entrokv::service::testing::Close;
+using ::entrokv::service::testing::Daemon;
 using ::entrokv::service::testing::DaemonProcess;
+using ::entrokv::service::testing::FreshDir;
 using ::entrokv::service::testing::MakeChannel;
+using ::entrokv::service::testing::Open;
 using ::entrokv::service::testing::RandomStatistic;
+using ::entrokv::service::testing::Register;
 using ::entrokv::service::testing::RegisterRequest;
+using ::entrokv::service::testing::ShmExists;
 using ::testing::HasSubstr;
-
-std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/", name, ".", getpid());
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
-}
-
-std::vector<std::string> Args(const std::string& state_dir) {
-  std::vector<std::string> args = {"--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0",
-                                   "--worker_threads=2"};
-  if (!state_dir.empty()) args.push_back("--state_dir=" + state_dir);
-  return args;
-}
-
-bool ShmExists(const std::string& name) {
-  struct stat info {};
-  return ::stat(absl::StrCat("/dev/shm", name).c_str(), &info) == 0;
-}
-
-class Daemon {
- public:
-  explicit Daemon(const std::string& state_dir) : process_(ENTROKVD_PATH, Args(state_dir)) {
-    listening_ = process_.WaitListening(20000);
-    if (listening_) {
-      address_ = absl::StrCat("127.0.0.1:", process_.port());
-      stub_ = v1::CacheManager::NewStub(MakeChannel(address_));
-    }
-  }
-  [[nodiscard]] bool listening() const { return listening_; }
-  DaemonProcess& process() { return process_; }
-  v1::CacheManager::Stub& stub() { return *stub_; }
-  const std::string& address() const { return address_; }
-
- private:
-  DaemonProcess process_;
-  bool listening_ = false;
-  std::string address_;
-  std::unique_ptr<v1::CacheManager::Stub> stub_;
-};
-
-grpc::Status Open(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
-                  int64_t tokens, const std::string& parent = "", int64_t prefix_pages = 0) {
-  grpc::ClientContext context;
-  v1::OpenSequenceRequest request;
-  request.set_model_id(model);
-  request.set_sequence_id(id);
-  request.set_initial_tokens(tokens);
-  request.set_parent_sequence_id(parent);
-  request.set_prefix_pages(prefix_pages);
-  v1::OpenSequenceResponse response;
-  return stub.OpenSequence(&context, request, &response);
-}
-
-grpc::Status Append(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
-                    int64_t tokens) {
-  grpc::ClientContext context;
-  v1::AppendTokensRequest request;
-  request.set_model_id(model);
-  request.set_sequence_id(id);
-  request.set_tokens(tokens);
-  v1::AppendTokensResponse response;
-  return stub.AppendTokens(&context, request, &response);
-}
-
-grpc::Status Close(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id) {
-  grpc::ClientContext context;
-  v1::CloseSequenceRequest request;
-  request.set_model_id(model);
-  request.set_sequence_id(id);
-  v1::CloseSequenceResponse response;
-  return stub.CloseSequence(&context, request, &response);
-}
 
 grpc::Status Decide(v1::CacheManager::Stub& stub, const std::string& model, const std::string& id,
                     int layers, int heads, int64_t tokens, uint32_t seed) {
@@ -157,29 +94,12 @@ Snapshot Take(Daemon& daemon) {
   return snapshot;
 }
 
-std::string ArenaName(Daemon& daemon, const std::string& model) {
-  grpc::ClientContext context;
-  v1::GetModelRequest request;
-  request.set_model_id(model);
-  v1::GetModelResponse response;
-  EXPECT_TRUE(daemon.stub().GetModel(&context, request, &response).ok());
-  return response.pool().arena_name();
-}
-
 std::string ArenaBytes(const std::string& name) {
   absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping = HostArenaMapping::OpenByName(name);
   EXPECT_TRUE(mapping.ok()) << mapping.status();
   if (!mapping.ok()) return "";
   return std::string(static_cast<const char*>((*mapping)->data()),
                      static_cast<size_t>((*mapping)->bytes()));
-}
-
-void Register(Daemon& daemon, const std::string& model, v1::FrameLayout layout) {
-  grpc::ClientContext context;
-  v1::RegisterModelRequest request = RegisterRequest(model, 3, 8, 2, uint64_t{4} << 20);
-  request.set_frame_layout(layout);
-  v1::RegisterModelResponse response;
-  ASSERT_TRUE(daemon.stub().RegisterModel(&context, request, &response).ok());
 }
 
 // Opens, forks, appends, decides (caching head weights) and closes on two models; then writes

@@ -64,7 +64,7 @@ def npy_seeds():
 
 
 # ---- shm: selector, offset u64, length u64, [name] ----------------------------------------------
-REGULAR, EMPTY, FIFO, FOLDER, LINK, ARENA_NAME, ARENA_INODE, MISSING, RAW = range(9)
+REGULAR, EMPTY, FIFO, FOLDER, LINK, ARENA_TRAILER, ARENA_INODE, MISSING, RAW = range(9)
 
 
 def shm(selector, offset, length, name=b""):
@@ -81,7 +81,7 @@ def shm_seeds():
     write("shm", "fifo", shm(FIFO, 0, 0))
     write("shm", "folder", shm(FOLDER, 0, 0))
     write("shm", "symlink", shm(LINK, 0, 16))
-    write("shm", "arena-name", shm(ARENA_NAME, 0, 16))
+    write("shm", "arena-trailer", shm(ARENA_TRAILER, 0, 16))
     write("shm", "arena-inode", shm(ARENA_INODE, 0, 16))
     write("shm", "missing", shm(MISSING, 0, 16))
     write("shm", "raw-no-prefix", shm(RAW, 0, 4, b"/dev/zero"))

@@ -13,11 +13,10 @@
 #include <utility>
 #include <vector>
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <unistd.h>
-#include "absl/strings/str_cat.h"
 
+#include "absl/strings/str_cat.h"
+#include "core/pool/arena.h"
 #include "core/pool/cache_state.h"
 #include "service/arena_names.h"
 #include "service/metrics.h"
@@ -48,11 +47,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   // Rebuilt as entrokvd does at start-up, under a small --pool_capacity_bytes (the arenas are
   // real memory) and a namer of this process's own, whose arenas go with each input.
   static const std::string instance = absl::StrCat("f", getpid());
-  std::unique_ptr<service::ArenaNamer> namer = service::ArenaNamer::ForState(instance);
+  absl::StatusOr<std::unique_ptr<service::ArenaNamer>> locked =
+      service::ArenaNamer::ForState(instance);
+  FUZZ_CHECK(locked.ok(), locked.status().ToString());
+  std::unique_ptr<service::ArenaNamer> namer = *std::move(locked);
   {
     service::ServiceMetrics metrics;
     service::ModelRegistry registry(/*capacity_bytes=*/int64_t{1} << 20, /*max_models=*/16,
-                                    CacheLimits{}, &metrics);
+                                    /*max_bookkeeping_bytes=*/0, CacheLimits{}, &metrics);
     registry.UseArenaNames(namer.get());
     // A host model whose arena_name is "$arena" finds its arena there (a fresh one of exactly
     // its size, as a restart finds the arena it left): its sequences are then restored, not
@@ -64,11 +66,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           record.capacity_bytes <= 0 || record.capacity_bytes > (int64_t{1} << 20)) {
         continue;
       }
+      // The arena's frames are whole frames of the capacity, as the pool sizes them.
+      const int64_t frame_bytes = FrameBytes(record.geometry, record.layout);
+      if (frame_bytes <= 0 || record.capacity_bytes < frame_bytes) continue;
       const std::string name = namer->Next(record.model_id);
-      const int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-      if (fd < 0) continue;  // an id no name can hold: the arena stays missing
-      if (::ftruncate(fd, record.capacity_bytes) == 0) record.arena_name = name;
-      ::close(fd);
+      absl::StatusOr<std::unique_ptr<MemoryArena>> arena =
+          CreateHostArena(name, record.capacity_bytes / frame_bytes * frame_bytes,
+                          {.name = name, .keep_name = true});
+      if (arena.ok()) record.arena_name = name;  // else an id no name can hold: it stays missing
     }
     const absl::Status recovered = registry.Recover(*std::move(models));
     if (recovered.ok()) {

@@ -183,7 +183,11 @@ std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
 // The service every input starts from: model "m" (2 layers, 4 query heads in 2 KV groups,
 // 4-token pages, 2048 frames) with sequence "s" of 10 tokens.
 struct World {
-  World() : namer(service::ArenaNamer::ForState(absl::StrCat("f", ::getpid()))) {
+  World() {
+    absl::StatusOr<std::unique_ptr<service::ArenaNamer>> locked =
+        service::ArenaNamer::ForState(absl::StrCat("f", ::getpid()));
+    FUZZ_CHECK(locked.ok(), locked.status().ToString());
+    namer = *std::move(locked);
     options.pool_capacity_bytes = int64_t{1} << 20;
     options.max_models = 4;
     options.max_sequences_per_model = 64;

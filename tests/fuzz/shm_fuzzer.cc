@@ -1,10 +1,10 @@
 // The shared-memory reference checks (ShmReader::Check and Copy): segment name, kind of file,
 // owner, arena refusal, and the [offset, offset + length) range, against segments this target
 // makes once per process: a regular one of known bytes, an empty one, a FIFO, a folder, a
-// symbolic link, one named like an arena, one that ShmReader::Access says is an arena, and a
-// name that does not exist. Input: segment selector, offset (u64), length (u64); for selector
-// values past the fixed segments, the rest of the input is the name itself.
-// Not covered here: a segment changing while it is read (that is a race, tested in
+// symbolic link, a host arena (its trailer says so) under a name no arena has, one that
+// ShmReader::Access says is an arena, and a name that does not exist. Input: segment selector,
+// offset (u64), length (u64); for selector values past the fixed segments, the rest of the input is
+// the name itself. Not covered here: a segment changing while it is read (that is a race, tested in
 // tests/service).
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -18,6 +18,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "core/pool/arena.h"
 #include "service/shm_reader.h"
 #include "tests/fuzz/fuzz_check.h"
 #include "tests/fuzz/fuzz_input.h"
@@ -35,7 +36,7 @@ enum Kind : uint8_t {
   kFifo,
   kFolder,
   kLink,
-  kArenaName,
+  kArenaTrailer,
   kArenaInode,
   kMissing,
   kKinds
@@ -67,12 +68,17 @@ const Segments& TheSegments() {
     s->names[kFifo] = base + ".fifo";
     s->names[kFolder] = base + ".folder";
     s->names[kLink] = base + ".link";
-    s->names[kArenaName] = absl::StrCat("/entrokv.fuzz.", ::getpid(), ".1");
+    s->names[kArenaTrailer] = base + ".trailer";
     s->names[kArenaInode] = base + ".arena";
     s->names[kMissing] = base + ".missing";
     MakeSegment(s->names[kRegular], kSegmentBytes, true);
     MakeSegment(s->names[kEmpty], 0, false);
-    MakeSegment(s->names[kArenaName], kSegmentBytes, true);
+    // A real arena's object, left behind as a stopped --state_dir daemon leaves it.
+    if (!CreateHostArena("fuzz", kSegmentBytes,
+                         {.name = s->names[kArenaTrailer], .keep_name = true})
+             .ok()) {
+      std::abort();
+    }
     MakeSegment(s->names[kArenaInode], kSegmentBytes, true);
     const std::string dir = "/dev/shm";
     if (::mkfifo((dir + s->names[kFifo]).c_str(), 0600) != 0 ||
@@ -86,7 +92,7 @@ const Segments& TheSegments() {
     s->arena_ino = info.st_ino;
     std::atexit([] {
       const Segments& s = TheSegments();
-      for (const Kind kind : {kRegular, kEmpty, kArenaName, kArenaInode}) {
+      for (const Kind kind : {kRegular, kEmpty, kArenaTrailer, kArenaInode}) {
         ::shm_unlink(s.names[kind].c_str());
       }
       ::unlink(("/dev/shm" + s.names[kFifo]).c_str());
@@ -114,7 +120,7 @@ absl::StatusCode Expected(Kind kind, uint64_t offset, uint64_t length) {
     case kLink:  // shm_open does not follow links
     case kMissing:
       return absl::StatusCode::kNotFound;
-    case kArenaName:
+    case kArenaTrailer:
     case kArenaInode:
       return absl::StatusCode::kPermissionDenied;
     case kKinds:

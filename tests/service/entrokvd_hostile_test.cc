@@ -162,6 +162,41 @@ TEST_F(HostileClientTest, AFifoNamedAsASegmentIsRefusedWithoutBlocking) {
   EXPECT_EQ(daemon_->WaitExit(15000), 0);
 }
 
+// Another daemon's arena named as a statistic, under its own name or a hard link of a
+// worker's kind: the check matched only an old arena name form, so this daemon read the other
+// one's KV bytes and answered OK. Arenas are known by what they hold, whatever the name.
+TEST_F(HostileClientTest, AnotherDaemonsArenaIsNeverReadAsAStatistic) {
+  constexpr int64_t kTokens = 64;
+  DaemonProcess other(ENTROKVD_PATH, {"--listen=127.0.0.1:0", "--metrics_listen="});
+  ASSERT_TRUE(other.WaitListening(10000)) << other.Stderr();
+  auto other_stub =
+      v1::CacheManager::NewStub(MakeChannel("127.0.0.1:" + std::to_string(other.port())));
+  std::string arena;
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    ASSERT_TRUE(
+        other_stub
+            ->RegisterModel(&context, RegisterRequest("victim", 1, kHeads, 2, 1 << 20), &response)
+            .ok());
+    arena = response.pool().arena_name();
+  }
+  const std::string link = "/entrokv-stat-link-" + std::to_string(::getpid());
+  ::unlink(("/dev/shm" + link).c_str());
+  ASSERT_EQ(::link(("/dev/shm" + arena).c_str(), ("/dev/shm" + link).c_str()), 0);
+  RegisterAndOpen(kTokens);
+  for (const std::string& name : {arena, link}) {
+    const grpc::Status status = Decide(ShmDecide(name, kTokens));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED)
+        << name << ": " << status.error_message();
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("arena"));
+  }
+  ::unlink(("/dev/shm" + link).c_str());
+  EXPECT_TRUE(Answers());
+  other.Signal(SIGTERM);
+  EXPECT_EQ(other.WaitExit(15000), 0);
+}
+
 // Issue 12 #8: a directory as --token_file or --tls_cert aborted (rc 134), garbage TLS material
 // exited 1 blaming --listen after binding the metrics port, a huge --drain_timeout_ms overflowed
 // at SIGTERM. Each must exit 2 naming the option, with no port bound.
@@ -184,6 +219,8 @@ TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {
       {{"--tls_cert=" + garbage, "--tls_key=" + garbage}, "--tls_cert"},
       {{"--drain_timeout_ms=9223372036854775807"}, "--drain_timeout_ms"},
       {{"--keepalive_ms=4294967296"}, "--keepalive_ms"},
+      // Abseil reads a directory as an empty flagfile: the daemon started on its defaults.
+      {{"--config=" + dir}, "--config"},
   };
   for (const Case& c : cases) {
     std::vector<std::string> args = c.args;

@@ -259,6 +259,31 @@ TEST_F(HardeningTest, ErrorMessagesEchoABoundedPartOfTheInput) {
   EXPECT_LT(status.error_message().size(), 1000u);
 }
 
+// budget.allocator came back whole: 2,018 characters of a 2,000-character name.
+TEST_F(HardeningTest, AnUnknownAllocatorIsEchoedWithinTheLimit) {
+  Register("m");
+  Open("m", "s", 100);
+  v1::DecideRequest request = DecideAll("m", "s", 100, 2, 3);
+  request.mutable_budget()->set_fraction(0.5);  // the allocator spreads a fraction over layers
+  request.mutable_budget()->set_allocator(std::string(2000, 'a'));
+  grpc::ClientContext context;
+  v1::DecideResponse response;
+  const grpc::Status status = stub_->Decide(&context, request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("budget.allocator"));
+  EXPECT_THAT(status.error_message(), HasSubstr(std::string(200, 'a') + "..."));
+  EXPECT_THAT(status.error_message(), ::testing::Not(HasSubstr(std::string(201, 'a'))));
+  // A short unknown name is echoed whole, and the known ones still work.
+  request.mutable_budget()->set_allocator("adaptive");
+  grpc::ClientContext short_context;
+  const grpc::Status unknown = stub_->Decide(&short_context, request, &response);
+  EXPECT_THAT(unknown.error_message(), HasSubstr("'adaptive' is not one of uniform, pyramid"));
+  request.mutable_budget()->set_allocator("pyramid");
+  grpc::ClientContext known_context;
+  const grpc::Status known = stub_->Decide(&known_context, request, &response);
+  EXPECT_TRUE(known.ok()) << known.error_message();
+}
+
 // Issue 12 #9: an unparsable message in the middle of a DecideStream was dropped and the
 // stream ended OK.
 TEST_F(HardeningTest, AnUnparsableStreamMessageEndsTheStreamWithInvalidArgument) {

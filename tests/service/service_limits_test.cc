@@ -141,6 +141,110 @@ TEST_F(LimitsTest, BookkeepingIsExportedAndBounded) {
   ExpectInvariants("m");
 }
 
+// A RegisterModel of 2-byte frames (one layer, one head of one dimension, one-token pages,
+// 1-byte elements): the most bookkeeping per arena byte a model can ask for.
+v1::RegisterModelRequest TinyFrames(const std::string& model_id, uint64_t capacity_bytes) {
+  v1::RegisterModelRequest request;
+  request.set_model_id(model_id);
+  v1::ModelGeometry* g = request.mutable_geometry();
+  g->set_layers(1);
+  g->set_query_heads(1);
+  g->set_kv_groups(1);
+  g->set_head_dim(1);
+  g->set_page_size(1);
+  g->set_element_bytes(1);
+  request.set_capacity_bytes(capacity_bytes);
+  return request;
+}
+
+// Every model may hold up to --max_model_bookkeeping_bytes, and up to --max_models of them may
+// exist: with default flags a few pools of tiny frames took a daemon from 17 MiB to 6 GiB of
+// memory for 1 GiB of arenas. The daemon-wide bound (--max_bookkeeping_bytes, 512 MiB by
+// default) refuses the pool that would pass it before its arena or its bookkeeping exists, and
+// an unregistered model gives its share back.
+TEST_F(LimitsTest, DefaultFlagsBoundTheBookkeepingOfAllModelsTogether) {
+  const int64_t limit = ServerOptions().max_bookkeeping_bytes;
+  // 16M frames each (--max_pool_frames): 192 MiB of bookkeeping for a 32 MiB arena.
+  const uint64_t capacity = uint64_t{32} << 20;
+  std::vector<std::string> registered;
+  grpc::Status refused;
+  for (int i = 0; i < 4 && refused.ok(); ++i) {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    const std::string id = absl::StrCat("tiny", i);
+    refused = stub_->RegisterModel(&context, TinyFrames(id, capacity), &response);
+    if (refused.ok()) registered.push_back(id);
+  }
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("max_bookkeeping_bytes"));
+  EXPECT_EQ(registered.size(), 2u);
+  EXPECT_EQ(server_->service().registry().size(), static_cast<int>(registered.size()));
+  int64_t total = 0;
+  for (const std::string& id : registered) total += Stats(id).bookkeeping_bytes();
+  EXPECT_LE(total, limit);
+  EXPECT_EQ(server_->service().registry().bookkeeping().used_bytes(), total);
+  // Sequences count against the same bound, and give it back when they close.
+  ASSERT_FALSE(registered.empty());
+  Open(registered[0], "s", 1000);
+  const int64_t with_sequence = Stats(registered[0]).bookkeeping_bytes();
+  EXPECT_GT(with_sequence, Stats(registered[1]).bookkeeping_bytes());
+  EXPECT_EQ(server_->service().registry().bookkeeping().used_bytes(),
+            with_sequence + Stats(registered[1]).bookkeeping_bytes());
+  {
+    grpc::ClientContext context;
+    v1::CloseSequenceRequest request;
+    request.set_model_id(registered[0]);
+    request.set_sequence_id("s");
+    v1::CloseSequenceResponse response;
+    ASSERT_TRUE(stub_->CloseSequence(&context, request, &response).ok());
+  }
+  EXPECT_EQ(server_->service().registry().bookkeeping().used_bytes(), total);
+  // Unregistering gives the share back: the refused registration now fits.
+  {
+    grpc::ClientContext context;
+    v1::UnregisterModelRequest request;
+    request.set_model_id(registered[0]);
+    v1::UnregisterModelResponse response;
+    ASSERT_TRUE(stub_->UnregisterModel(&context, request, &response).ok());
+  }
+  grpc::ClientContext context;
+  v1::RegisterModelResponse response;
+  const grpc::Status again =
+      stub_->RegisterModel(&context, TinyFrames("again", capacity), &response);
+  EXPECT_TRUE(again.ok()) << again.error_message();
+}
+
+// A legal 2 GiB frame made one AppendTokens copy 2 GiB (12 s, 4.4 GB of memory) on
+// copy-on-write: frames are bounded at 64 MiB, each way of reaching the bound named.
+TEST_F(LimitsTest, FramesLargerThanWhatOneCallMayCopyAreRefused) {
+  ServerOptions options = LoopbackOptions();
+  options.pool_capacity_bytes = int64_t{4} << 30;
+  Restart(options);
+  v1::RegisterModelRequest request = TinyFrames("huge_frames", uint64_t{2} << 30);
+  request.mutable_geometry()->set_head_dim(65536);
+  request.mutable_geometry()->set_page_size(16384);  // 2 x 16384 x 65536 x 1 bytes = 2 GiB
+  {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse response;
+    const grpc::Status status = stub_->RegisterModel(&context, request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("geometry"));
+    EXPECT_THAT(status.error_message(), HasSubstr("2147483648 bytes"));
+  }
+  EXPECT_EQ(server_->service().registry().size(), 0);
+  // 64 MiB exactly is allowed: 2 x 8192 x 2048 x 2 bytes.
+  request.set_model_id("largest_frames");
+  request.mutable_geometry()->set_head_dim(2048);
+  request.mutable_geometry()->set_page_size(8192);
+  request.mutable_geometry()->set_element_bytes(2);
+  request.set_capacity_bytes(uint64_t{64} << 20);
+  grpc::ClientContext context;
+  v1::RegisterModelResponse response;
+  const grpc::Status largest = stub_->RegisterModel(&context, request, &response);
+  EXPECT_TRUE(largest.ok()) << largest.error_message();
+  EXPECT_EQ(response.pool().frame_bytes(), uint64_t{64} << 20);
+}
+
 // Issue 12 #4: ListSequences had no paging; one reply held every sequence.
 TEST_F(LimitsTest, ListSequencesPagesFollowTheToken) {
   Register("m", 16 << 20);
