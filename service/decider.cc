@@ -23,6 +23,7 @@
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
+#include "wire/pressure.h"
 #include "wire/resolve.h"
 
 namespace entrokv::service {
@@ -62,6 +63,8 @@ struct Decider::Job {
   SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
   std::vector<LayerWork> layers;
+  std::optional<double> auto_floor;  // budget.auto_budget: the pool's quota decides
+  PressureReport pressure;           // after the decision
 };
 
 namespace {
@@ -190,6 +193,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
                                            job.tokens, work.quota_pages);
     request.scope = job.scope;
+    request.page_scores = job.auto_floor.has_value();
+    // Measured against what the scorer keeps, which for a server-chosen budget is every page
+    // (the quota decides later): not measured there rather than measured wrong.
+    if (job.auto_floor.has_value()) request.measure = false;
     request.cancelled = cancelled;  // polled between the layer's groups too
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
     // A decision after earlier ones selects among the pages still held (issue 14 #4).
@@ -220,16 +227,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // Step 3: apply every layer at once, all or nothing under the pool's lock: a racing
   // AppendTokens or CloseSequence then lands wholly before (nothing applied) or after (every
   // layer applied and reported), never between two layers.
-  std::vector<LayerKeep> keeps(job.layers.size());
-  for (size_t i = 0; i < job.layers.size(); ++i) {
-    keeps[i].layer = job.layers[i].layer;
-    for (const GroupDecision& group : job.layers[i].decision.groups) {
-      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
-    }
-  }
   auto start = Clock::now();
   absl::StatusOr<std::vector<ApplyResult>> applied =
-      model.state().ApplyDecisions(job.sequence_id, job.tokens, keeps);
+      job.auto_floor.has_value() ? ApplyAuto(model, job) : ApplyFixed(model, job);
   metrics_->ObservePhase(Phase::kApply, SecondsSince(start));
   if (!applied.ok()) return applied.status();
 
@@ -274,8 +274,69 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     RecordDecision(model, *job.policy.policy, model.state().layout(), out);
     metrics_->ObservePhase(Phase::kSelect, SecondsSince(start));
   }
+  absl::StatusOr<PressureReport> pressure = model.state().Pressure(job.sequence_id);
+  if (pressure.ok()) job.pressure = *pressure;
   model.RefreshOccupancy();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyFixed(Model& model, const Job& job) const {
+  std::vector<LayerKeep> keeps(job.layers.size());
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    keeps[i].layer = job.layers[i].layer;
+    for (const GroupDecision& group : job.layers[i].decision.groups) {
+      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
+    }
+  }
+  return model.state().ApplyDecisions(job.sequence_id, job.tokens, keeps);
+}
+
+absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyAuto(Model& model, Job& job) const {
+  // The scorer kept every live page and ranked them; the pool's quota decides what goes.
+  std::vector<AutoLayer> layers(job.layers.size());
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    layers[i].layer = job.layers[i].layer;
+    for (GroupDecision& group : job.layers[i].decision.groups) {
+      if (group.page_scores.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "budget.auto_budget: policy ", job.policy.policy->name(),
+            " ranks no pages; a server-chosen budget needs a pooling policy (page_entrokv, mean, "
+            "max, raw_entropy, h2o, snapkv)"));
+      }
+      layers[i].page_scores.push_back(std::move(group.page_scores));
+    }
+  }
+  const Protections& protections = job.policy.options.protections;
+  AutoTerms terms;
+  terms.floor_fraction = job.auto_floor;
+  terms.protect_tail = protections.tail_page;
+  terms.sink_pages = protections.sink_pages ? SinkPageCount(job.policy.options, job.tokens) : 0;
+  terms.recent_pages = protections.recent_pages;
+  ASSIGN_OR_RETURN(AutoResult result,
+                   model.state().ApplyAutoDecision(job.sequence_id, job.tokens, layers, terms));
+  job.pressure.reclaimed_frames = result.reclaimed_frames;
+  // What each group keeps is what it held, less what the quota took.
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    LayerDecision& decision = job.layers[i].decision;
+    const ApplyResult& applied = result.layers[i];
+    for (size_t g = 0; g < decision.groups.size(); ++g) {
+      std::vector<int32_t>& kept = decision.groups[g].kept_pages;
+      if (g >= applied.evicted_pages_per_group.size()) continue;
+      const std::vector<int64_t>& evicted = applied.evicted_pages_per_group[g];
+      kept.erase(std::remove_if(kept.begin(), kept.end(),
+                                [&evicted](int32_t page) {
+                                  return std::binary_search(evicted.begin(), evicted.end(),
+                                                            static_cast<int64_t>(page));
+                                }),
+                 kept.end());
+    }
+    decision.quota_pages = 0;  // K as kept: the groups may keep different counts
+    for (const GroupDecision& group : decision.groups) {
+      decision.quota_pages =
+          std::max(decision.quota_pages, static_cast<int64_t>(group.kept_pages.size()));
+    }
+  }
+  return std::move(result.layers);
 }
 
 namespace {
@@ -285,7 +346,8 @@ namespace {
 template <typename Request>
 absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaults& defaults,
                         std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
-                        SelectionScope* scope, ResolvedBudget* quotas) {
+                        SelectionScope* scope, ResolvedBudget* quotas,
+                        std::optional<double>* auto_floor) {
   RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
   *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
@@ -299,6 +361,7 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
   }
   ASSIGN_OR_RETURN(*quotas,
                    wire::ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
+  *auto_floor = quotas->auto_floor;
   return absl::OkStatus();
 }
 
@@ -334,7 +397,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas));
+                             &job.scope, &quotas, &job.auto_floor));
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -356,6 +419,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   v1::DecideResponse staged;
   for (int i = 0; i < request.layers_size(); ++i) outputs.push_back(staged.add_layers());
   RETURN_IF_ERROR(Run(model, job, cancelled, outputs));
+  *staged.mutable_pressure() = wire::ToProto(job.pressure);
   *response = std::move(staged);
   return absl::OkStatus();
 }
@@ -367,7 +431,7 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas));
+                             &job.scope, &quotas, &job.auto_floor));
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
@@ -375,7 +439,9 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
                                job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
   std::vector<v1::LayerDecision*> outputs = {response};
-  return Run(model, job, cancelled, outputs);
+  RETURN_IF_ERROR(Run(model, job, cancelled, outputs));
+  *response->mutable_pressure() = wire::ToProto(job.pressure);
+  return absl::OkStatus();
 }
 
 }  // namespace entrokv::service

@@ -50,6 +50,12 @@ class Decider {
   struct Job;
   [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                                  std::vector<v1::LayerDecision*>& outputs) const;
+  // Step 3 for an explicit budget: the scorer's kept pages, every layer at once.
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyFixed(Model& model,
+                                                                    const Job& job) const;
+  // Step 3 for budget.auto_budget: the layers' page scores to the pool, which evicts down to
+  // the sequence's quota; the job's kept pages and pressure follow what it did.
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyAuto(Model& model, Job& job) const;
 
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;

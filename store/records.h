@@ -14,6 +14,13 @@
 //                                        frame ids (fixed32), [group][page - chunk*kChunkPages]
 //   "W" lp(model) lp(seq) be32(layer)    cached head weights: query_heads doubles
 //   "L" lp(model) lp(seq)                a sequence lost at recovery: the reason
+//   "P" lp(model) lp(seq)                pool pressure: the sequence's terms (tenant, priority,
+//                                        server-chosen budget, quota, preemption mark); absent
+//                                        for a sequence with the default terms
+//   "R" lp(model) lp(seq) be32(layer)    the layer's page shares (server-chosen budgets):
+//                                        kv_groups lists of float32
+//   "X" lp(model) lp(seq)                a swapped-out sequence (instead of its S, T and W
+//                                        records): length, slot tables, weights, swap arena
 //
 // lp(s) is s's length as big-endian 32 bits, then s: keys of one model (or sequence) share a
 // prefix, and no id can pose as another's prefix.
@@ -28,6 +35,7 @@
 #include "absl/strings/string_view.h"
 #include "core/pool/cache_state.h"
 #include "core/pool/geometry.h"
+#include "core/pool/pressure.h"
 
 namespace entrokv::store {
 
@@ -46,6 +54,9 @@ enum class RecordKind : char {
   kTableChunk = 'T',
   kWeights = 'W',
   kLost = 'L',
+  kTerms = 'P',
+  kShares = 'R',
+  kSwapped = 'X',
 };
 
 // [0-9a-f-]+, at most 40 characters: it becomes part of shared-memory names.
@@ -74,7 +85,11 @@ struct ModelRecord {
 [[nodiscard]] std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id,
                                      int32_t layer);
 
-// A parsed key. layer and chunk are set for kTableChunk (chunk) and kWeights (layer only).
+[[nodiscard]] std::string SharesKey(absl::string_view model_id, absl::string_view sequence_id,
+                                    int32_t layer);
+
+// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights and kShares (layer
+// only).
 struct ParsedKey {
   RecordKind kind = RecordKind::kModel;
   std::string model_id;
@@ -96,6 +111,22 @@ struct ParsedKey {
                                                                             int64_t pages);
 [[nodiscard]] std::string EncodeDoubles(const std::vector<double>& values);
 [[nodiscard]] absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes);
+
+// Pool pressure. A sequence's terms without its shares (those are per layer, below); DATA_LOSS
+// for bytes that are not such a record or hold a value out of range.
+[[nodiscard]] std::string EncodeTerms(const SequencePressure& terms);
+[[nodiscard]] absl::StatusOr<SequencePressure> DecodeTerms(absl::string_view bytes);
+// The page shares of `layer`'s kv_groups groups (terms.shares); DATA_LOSS unless the bytes hold
+// `kv_groups` lists of shares in [0, 1] or kUnscored, each of at most `max_pages`.
+[[nodiscard]] std::string EncodeShares(const SequencePressure& terms, int32_t layer,
+                                       int32_t kv_groups);
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> DecodeShares(absl::string_view bytes,
+                                                                           int32_t kv_groups,
+                                                                           int64_t max_pages);
+// A swapped-out sequence without its terms (snapshot.pressure is not written). DATA_LOSS for
+// bytes that are not one; the shapes are CacheState::Restore's to check.
+[[nodiscard]] std::string EncodeSwapped(const SwappedSnapshot& snapshot);
+[[nodiscard]] absl::StatusOr<SwappedSnapshot> DecodeSwapped(absl::string_view bytes);
 
 }  // namespace entrokv::store
 

@@ -222,6 +222,13 @@ int64_t CacheState::OwedFrames() const {
 int64_t CacheState::PlanQuotas(int64_t demand, ReclaimReason reason) {
   const int64_t owed = OwedFrames();
   if (demand - owed <= 0) return owed;
+  // Without a scored sequence with a server-chosen budget there is nothing to plan: a pool of
+  // fixed budgets pays one pass over its terms, never a walk of its block tables.
+  if (std::none_of(terms_.begin(), terms_.end(), [](const auto& entry) {
+        return entry.second.auto_budget && !entry.second.shares.empty();
+      })) {
+    return owed;
+  }
   // Tenants: the configured ones in order, then the default tenant "".
   const std::vector<TenantShare>& configured = pressure_options_.tenants;
   std::vector<ReclaimTenant> tenants(configured.size() + 1);
@@ -246,10 +253,12 @@ int64_t CacheState::PlanQuotas(int64_t demand, ReclaimReason reason) {
   for (const auto& [id, sequence_ptr] : resident) {
     const Sequence& sequence = *sequence_ptr;
     SequencePressure& terms = TermsOf(id);
+    const bool reclaimable = terms.auto_budget && !terms.shares.empty();
+    if (!reclaimable && configured.empty()) continue;  // one tenant: its holding is the pool's
     const int64_t live = sequence.live_frames();
     const int tenant = tenant_index(terms.tenant);
     tenants[static_cast<size_t>(tenant)].used_frames += live;
-    if (!terms.auto_budget || terms.shares.empty()) continue;
+    if (!reclaimable) continue;
     const int64_t kept = terms.quota_frames > 0 ? std::min(terms.quota_frames, live) : live;
     const int64_t room = kept - FloorOf(sequence, terms);
     if (room <= 0) continue;
@@ -266,7 +275,7 @@ int64_t CacheState::PlanQuotas(int64_t demand, ReclaimReason reason) {
     candidates.push_back(std::move(candidate));
     effective.push_back(kept);
   }
-  // Frames already owed come back first: they count against each tenant's holding.
+  if (configured.empty()) tenants.back().used_frames = pool_->used_frames();
   const ReclaimPlan plan = PlanReclaim(tenants, candidates, demand - owed);
   for (size_t c = 0; c < candidates.size(); ++c) {
     if (plan.frames[c] == 0) continue;
@@ -357,10 +366,12 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
     for (const auto& [id, sequence] : sequences_) {
       if (id == sequence_id) continue;
       const SequencePressure& terms = TermsOf(id);
-      victims.push_back({.id = id,
-                         .priority = terms.priority,
-                         .admitted = terms.admitted,
-                         .frees = sequence.live_frames()});
+      // Counted exactly for sequences with server-chosen budgets (their tables may be sparse);
+      // for the others, their uncompressed frames (a bound, and O(1)).
+      const int64_t frees = terms.auto_budget ? sequence.live_frames()
+                                              : UncompressedFrames(sequence.page_count());
+      victims.push_back(
+          {.id = id, .priority = terms.priority, .admitted = terms.admitted, .frees = frees});
     }
     out.preempt = ChooseVictims(victims, priority, order,
                                 out.missing_frames - out.reclaiming_frames);
@@ -417,7 +428,9 @@ PressureReport CacheState::ReportOf(const Sequence* sequence,
                                     const SequencePressure& terms) const {
   PressureReport report;
   report.quota_frames = terms.quota_frames;
-  if (sequence != nullptr) {
+  // Counting live frames walks the block tables: done for sequences with a server-chosen
+  // budget only, so a decode step of a long fixed-budget sequence stays O(1) here.
+  if (sequence != nullptr && terms.auto_budget) {
     report.live_frames = sequence->live_frames();
     report.floor_frames = FloorOf(*sequence, terms);
   }
@@ -624,7 +637,9 @@ SequenceInfo CacheState::DescribeWithTerms(const Sequence& sequence, bool with_b
   if (const auto terms = terms_.find(sequence.id()); terms != terms_.end()) {
     info.tenant = terms->second.tenant;
     info.priority = terms->second.priority;
-    info.pressure = ReportOf(&sequence, terms->second);
+    info.pressure = ReportOf(nullptr, terms->second);
+    info.pressure.live_frames = info.live_frames;  // counted by Describe already
+    info.pressure.floor_frames = FloorOf(sequence, terms->second);
   }
   return info;
 }

@@ -42,6 +42,11 @@ absl::Status ValidatePressureOptions(const PressureOptions& options) {
           absl::StrCat("tenant_share: tenant '", tenant.name.substr(0, kMaxTenantName),
                        "' must be 1..64 characters of [A-Za-z0-9_.-]"));
     }
+    if (tenant.name == kDefaultTenantLabel) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant_share: '", kDefaultTenantLabel,
+          "' names the default tenant \"\" in the metrics; choose another name"));
+    }
     if (!seen.insert(tenant.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tenant_share: tenant '", tenant.name, "' is named twice"));

@@ -21,6 +21,8 @@ namespace entrokv {
 // Tenants a daemon may name (--tenant_share), besides the default tenant "": the tenant label
 // of the metrics is bounded by it.
 inline constexpr int kMaxTenants = 16;
+// The default tenant "" as a metric label; no configured tenant may take the name.
+inline constexpr char kDefaultTenantLabel[] = "default";
 // OpenSequenceRequest.priority: higher keeps its frames longer.
 inline constexpr int32_t kMinPriority = 0;
 inline constexpr int32_t kMaxPriority = 9;
