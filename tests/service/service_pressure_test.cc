@@ -34,17 +34,19 @@ class PressureServiceTest : public ServiceTest {
     if (floor.has_value()) request.mutable_auto_budget()->set_floor_fraction(*floor);
     return stub_->OpenSequence(&context, request, response);
   }
-  // A decision of every layer with a server-chosen budget, the first page of each layer holding
-  // almost all the mass.
+  // A decision of every layer with a server-chosen budget: the first page of each layer holding
+  // almost all the mass (`concentrated`), or every token alike.
   grpc::Status DecideAuto(const std::string& model, const std::string& sequence, int64_t tokens,
-                          double floor, v1::DecideResponse* response) {
+                          double floor, v1::DecideResponse* response, bool concentrated = true) {
     v1::DecideRequest request;
     request.set_model_id(model);
     request.set_sequence_id(sequence);
     request.mutable_budget()->mutable_auto_budget()->set_floor_fraction(floor);
     std::vector<float> values(static_cast<size_t>(kHeads * tokens));
     for (int h = 0; h < kHeads; ++h) {
-      for (int64_t t = 0; t < tokens; ++t) values[h * tokens + t] = t < 16 ? 1.0f : 0.001f;
+      for (int64_t t = 0; t < tokens; ++t) {
+        values[h * tokens + t] = t < 16 || !concentrated ? 1.0f : 0.001f;
+      }
     }
     for (int layer = 0; layer < kLayers; ++layer) {
       v1::LayerStatistic* in = request.add_layers();
@@ -69,7 +71,102 @@ class PressureServiceTest : public ServiceTest {
     if (!series.has_value()) return -1;
     return family.ends_with("_total") ? series->counter.value : series->gauge.value;
   }
+  // The pressure of `sequence` as ListSequences reports it.
+  v1::PressureInfo Listed(const std::string& model, const std::string& sequence) {
+    grpc::ClientContext context;
+    v1::ListSequencesRequest request;
+    request.set_model_id(model);
+    v1::ListSequencesResponse listed;
+    EXPECT_TRUE(stub_->ListSequences(&context, request, &listed).ok());
+    for (const v1::SequenceInfo& info : listed.sequences()) {
+      if (info.sequence_id() == sequence) return info.pressure();
+    }
+    ADD_FAILURE() << sequence << " is not listed";
+    return v1::PressureInfo();
+  }
 };
+
+// Above --target_occupancy the daemon sets a quota on the sequence with a server-chosen budget at
+// once, and its owner's next call applies it (reason "target"); well under the target again, with
+// nothing waiting, the quota is lifted.
+TEST_F(PressureServiceTest, AboveTheTargetTheOwnersNextCallGivesTheFrames) {
+  ServerOptions options = LoopbackOptions();
+  options.target_occupancy = 0.5;
+  Restart(options);
+  Register("m", 80 * kFrameBytes);
+  v1::OpenSequenceResponse opened;
+  ASSERT_TRUE(OpenWith("m", "a", 60, "", 0, 0.25, &opened).ok());  // 32 frames
+  EXPECT_DOUBLE_EQ(opened.pressure().target_occupancy(), 0.5);
+  v1::DecideResponse decided;
+  ASSERT_TRUE(DecideAuto("m", "a", 60, 0.25, &decided).ok());
+  EXPECT_EQ(decided.pressure().quota_frames(), 0);  // 32 of 80: under the target
+  Open("m", "b", 60);  // 64 of 80 frames: 24 over the target
+  EXPECT_EQ(Stats("m").used_frames(), 64);  // nothing moves before a's own call
+  const v1::PressureInfo listed = Listed("m", "a");
+  EXPECT_EQ(listed.quota_frames(), 8);  // a's floor: 25% of its 32 frames
+  v1::AppendTokensResponse grown;
+  ASSERT_TRUE(Append("m", "a", 1, &grown).ok());
+  int evicted = 0;
+  for (const v1::GroupEviction& group : grown.evicted()) {
+    EXPECT_THAT(group.pages(), ::testing::Not(::testing::Contains(3)));  // the tail
+    evicted += group.pages_size();
+  }
+  EXPECT_EQ(grown.pressure().reclaimed_frames(), evicted);
+  EXPECT_EQ(evicted, 24);
+  EXPECT_EQ(grown.pressure().live_frames(), 8);
+  EXPECT_DOUBLE_EQ(grown.pressure().occupancy(), 40.0 / 80.0);
+  v1::PoolStats stats = Stats("m");
+  EXPECT_EQ(stats.used_frames(), 40);
+  EXPECT_EQ(stats.frames_reclaimed_target_total(), 24);
+  EXPECT_EQ(stats.frames_reclaimed_admission_total(), 0);
+  EXPECT_EQ(Metric("entrokv_frames_reclaimed_total", {{"pool", "m"}, {"reason", "target"}}), 24);
+  // b goes: 8 of 80 frames, far under the target, nothing waiting: the quota is lifted.
+  grpc::ClientContext context;
+  v1::CloseSequenceRequest close;
+  close.set_model_id("m");
+  close.set_sequence_id("b");
+  v1::CloseSequenceResponse closed;
+  ASSERT_TRUE(stub_->CloseSequence(&context, close, &closed).ok());
+  EXPECT_EQ(Listed("m", "a").quota_frames(), 0);
+  ExpectInvariants("m");
+}
+
+// Tenants over loopback gRPC: a tenant above its guaranteed share gives first, even where another
+// tenant's pages are worth less.
+TEST_F(PressureServiceTest, ATenantAboveItsShareGivesBeforeCheaperPagesOfOneWithinIt) {
+  ServerOptions options = LoopbackOptions();
+  options.tenant_share = {{"gold", 0.5}, {"silver", 0.5}};
+  options.target_occupancy = 1.0;
+  Restart(options);
+  Register("m", 96 * kFrameBytes);  // 48 frames guaranteed to each tenant
+  v1::OpenSequenceResponse opened;
+  v1::DecideResponse decided;
+  ASSERT_TRUE(OpenWith("m", "g", 60, "gold", 0, 0.25, &opened).ok());
+  ASSERT_TRUE(DecideAuto("m", "g", 60, 0.25, &decided, /*concentrated=*/false).ok());
+  ASSERT_TRUE(OpenWith("m", "g2", 60, "gold", 0, std::nullopt, &opened).ok());  // gold: 64
+  ASSERT_TRUE(OpenWith("m", "s", 60, "silver", 0, 0.25, &opened).ok());  // silver: 32
+  ASSERT_TRUE(DecideAuto("m", "s", 60, 0.25, &decided, /*concentrated=*/true).ok());
+  // The pool is full; silver asks for one page (8 frames).
+  const grpc::Status status = OpenWith("m", "z", 16, "silver", 0, std::nullopt, &opened);
+  ASSERT_EQ(status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  const std::optional<v1::AdmissionHint> hint = wire::AdmissionHintOf(FromGrpcStatus(status));
+  ASSERT_TRUE(hint.has_value());
+  EXPECT_EQ(hint->outcome(), v1::AdmissionHint::OUTCOME_DELAYED);
+  EXPECT_EQ(hint->missing_frames(), 8);
+  // s's light pages are worth far less than g's, but silver holds less than its share.
+  EXPECT_EQ(Listed("m", "s").quota_frames(), 0);
+  EXPECT_EQ(Listed("m", "g").quota_frames(), 24);
+  v1::AppendTokensResponse grown;
+  ASSERT_TRUE(Append("m", "g", 1, &grown).ok());
+  EXPECT_EQ(grown.pressure().reclaimed_frames(), 8);
+  ASSERT_TRUE(OpenWith("m", "z", 16, "silver", 0, std::nullopt, &opened).ok());
+  const v1::PoolStats stats = Stats("m");
+  ASSERT_EQ(stats.tenants_size(), 3);
+  EXPECT_EQ(stats.tenants(0).used_frames(), 56);  // gold
+  EXPECT_EQ(stats.tenants(1).used_frames(), 40);  // silver
+  EXPECT_EQ(Metric("entrokv_tenant_used_frames", {{"pool", "m"}, {"tenant", "gold"}}), 56);
+  ExpectInvariants("m");
+}
 
 TEST_F(PressureServiceTest, AnAdmissionThatDoesNotFitCarriesItsHintAndWaitsForTheOwnersCall) {
   Register("m", 80 * kFrameBytes);
