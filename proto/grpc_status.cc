@@ -40,8 +40,7 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
   }
   details.set_code(code);
   details.set_message(message);
-  return grpc::Status(static_cast<grpc::StatusCode>(code), message,
-                      details.SerializeAsString());
+  return grpc::Status(static_cast<grpc::StatusCode>(code), message, details.SerializeAsString());
 }
 
 std::string StatusCodeName(grpc::StatusCode code) {

@@ -282,9 +282,9 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   }
   if (request.initial_tokens() > 0) {
     AdmissionRefusal refusal;
-    absl::StatusOr<AppendResult> appended = state.AppendTokens(
-        request.sequence_id(), request.initial_tokens(),
-        AppendOptions{.admission = true, .refusal = &refusal});
+    absl::StatusOr<AppendResult> appended =
+        state.AppendTokens(request.sequence_id(), request.initial_tokens(),
+                           AppendOptions{.admission = true, .refusal = &refusal});
     if (!appended.ok()) {
       // All or nothing: the sequence goes again (its only frames are the shared prefix's).
       (void)state.CloseSequence(request.sequence_id());
@@ -333,8 +333,9 @@ absl::Status CacheManagerService::DoAppendTokens(const v1::AppendTokensRequest& 
                                  PageCount(length + request.tokens(), page_size),
                                  options_.max_message_bytes, "tokens"));
   AdmissionRefusal refusal;
-  absl::StatusOr<AppendResult> appended = model->state().AppendTokens(
-      request.sequence_id(), request.tokens(), AppendOptions{.admission = false, .refusal = &refusal});
+  absl::StatusOr<AppendResult> appended =
+      model->state().AppendTokens(request.sequence_id(), request.tokens(),
+                                  AppendOptions{.admission = false, .refusal = &refusal});
   model->RefreshOccupancy();
   if (!appended.ok()) return WithRefusal(appended.status(), refusal);
   response->set_length_tokens(appended->length);
@@ -475,8 +476,8 @@ grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(grpc::CallbackServer
 grpc::ServerUnaryReactor* CacheManagerService::SwapOutSequence(
     grpc::CallbackServerContext* context, const v1::SwapOutSequenceRequest* request,
     v1::SwapOutSequenceResponse* response) {
-  return Serve(context, Method::kSwapOutSequence, &CacheManagerService::DoSwapOutSequence,
-               request, response);
+  return Serve(context, Method::kSwapOutSequence, &CacheManagerService::DoSwapOutSequence, request,
+               response);
 }
 
 grpc::ServerUnaryReactor* CacheManagerService::ResumeSequence(

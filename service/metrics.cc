@@ -10,9 +10,9 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",     "OpenSequence",   "AppendTokens",
-    "Decide",        "DecideStream", "CloseSequence",  "GetPoolStats",
-    "ListSequences", "ListModels",   "UnregisterModel", "SwapOutSequence", "ResumeSequence"};
+    "RegisterModel",   "GetModel",        "OpenSequence",  "AppendTokens",  "Decide",
+    "DecideStream",    "CloseSequence",   "GetPoolStats",  "ListSequences", "ListModels",
+    "UnregisterModel", "SwapOutSequence", "ResumeSequence"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 
@@ -149,10 +149,11 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
                        .Help("RPC handling time by method")
                        .Register(*registry_);
 
-  target_occupancy_ = &prometheus::BuildGauge()
-                           .Name("entrokv_pool_target_occupancy")
-                           .Help("The pool's target occupancy (--target_occupancy), a share of its frames")
-                           .Register(*registry_);
+  target_occupancy_ =
+      &prometheus::BuildGauge()
+           .Name("entrokv_pool_target_occupancy")
+           .Help("The pool's target occupancy (--target_occupancy), a share of its frames")
+           .Register(*registry_);
   frames_reclaimed_ =
       &prometheus::BuildCounter()
            .Name("entrokv_frames_reclaimed_total")
@@ -179,11 +180,12 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
                             .Name("entrokv_sequences_swapped")
                             .Help("Sequences of the pool swapped out to host memory")
                             .Register(*registry_);
-  tenant_used_frames_ =
-      &prometheus::BuildGauge()
-           .Name("entrokv_tenant_used_frames")
-           .Help("Frames a tenant's sequences hold in the pool (tenant=\"default\": the default tenant)")
-           .Register(*registry_);
+  tenant_used_frames_ = &prometheus::BuildGauge()
+                             .Name("entrokv_tenant_used_frames")
+                             .Help(
+                                 "Frames a tenant's sequences hold in the pool "
+                                 "(tenant=\"default\": the default tenant)")
+                             .Register(*registry_);
   tenant_guaranteed_frames_ =
       &prometheus::BuildGauge()
            .Name("entrokv_tenant_guaranteed_frames")
@@ -250,7 +252,8 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   std::vector<std::string> tenants = tenants_;
   tenants.push_back(kDefaultTenantLabel);
   for (const std::string& tenant : tenants) {
-    metrics->tenant_used_.push_back(&tenant_used_frames_->Add({{"pool", pool}, {"tenant", tenant}}));
+    metrics->tenant_used_.push_back(
+        &tenant_used_frames_->Add({{"pool", pool}, {"tenant", tenant}}));
     metrics->tenant_guaranteed_.push_back(
         &tenant_guaranteed_frames_->Add({{"pool", pool}, {"tenant", tenant}}));
   }

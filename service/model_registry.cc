@@ -55,8 +55,8 @@ PressureOptions ModelRegistry::PressureFor(const std::string& model_id) const {
   if (namer_ != nullptr) {
     ArenaNamer* namer = namer_;
     pressure.swap_arena = [namer, model_id] {
-      return HostArenaSource{.name = namer->Next(model_id), .attach = false,
-                             .keep_name = namer->durable()};
+      return HostArenaSource{
+          .name = namer->Next(model_id), .attach = false, .keep_name = namer->durable()};
     };
   }
   return pressure;

@@ -214,8 +214,7 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
       !pressure.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--", pressure.message()));
   }
-  RETURN_IF_ERROR(
-      ValidateMillis("admission_hold_ms", options.admission_hold_ms, 0, 3600 * 1000));
+  RETURN_IF_ERROR(ValidateMillis("admission_hold_ms", options.admission_hold_ms, 0, 3600 * 1000));
   if (options.max_swap_bytes < 0) {
     return Invalid("max_swap_bytes", absl::StrCat("must be >= 0, got ", options.max_swap_bytes));
   }

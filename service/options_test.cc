@@ -43,8 +43,14 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
       {[](ServerOptions& o) { o.state_sync_ms = -1; }, "--state_sync_ms"},
       {[](ServerOptions& o) { o.target_occupancy = 0; }, "--target_occupancy"},
       {[](ServerOptions& o) { o.target_occupancy = 1.01; }, "--target_occupancy"},
-      {[](ServerOptions& o) { o.tenant_share = {{"a", 0.7}, {"b", 0.7}}; }, "--tenant_share"},
-      {[](ServerOptions& o) { o.tenant_share = {{"default", 0.1}}; }, "--tenant_share"},
+      {[](ServerOptions& o) {
+         o.tenant_share = {{"a", 0.7}, {"b", 0.7}};
+       },
+       "--tenant_share"},
+      {[](ServerOptions& o) {
+         o.tenant_share = {{"default", 0.1}};
+       },
+       "--tenant_share"},
       {[](ServerOptions& o) { o.admission_hold_ms = -1; }, "--admission_hold_ms"},
       {[](ServerOptions& o) { o.max_swap_bytes = -1; }, "--max_swap_bytes"},
   };

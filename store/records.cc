@@ -357,8 +357,7 @@ std::string EncodeShares(const SequencePressure& terms, int32_t layer, int32_t k
 }
 
 absl::StatusOr<std::vector<std::vector<float>>> DecodeShares(absl::string_view bytes,
-                                                             int32_t kv_groups,
-                                                             int64_t max_pages) {
+                                                             int32_t kv_groups, int64_t max_pages) {
   Reader reader(bytes);
   uint64_t groups = 0;
   if (!reader.Le(4, &groups) || groups != static_cast<uint64_t>(kv_groups)) {

@@ -444,8 +444,7 @@ TEST(RecoveryTest, PressureTermsSharesAndSwappedSequencesSurvive) {
   ASSERT_EQ(models[0].swapped.size(), 1u);
   EXPECT_EQ(models[0].swapped[0].arena_name, swap_name);
   std::unique_ptr<CacheState> state = NewState(model, pressure);
-  ASSERT_THAT(state->Restore(std::move(models[0].sequences), std::move(models[0].swapped)),
-              IsOk());
+  ASSERT_THAT(state->Restore(std::move(models[0].sequences), std::move(models[0].swapped)), IsOk());
   const SequenceInfo a = *state->GetSequence("a", false);
   EXPECT_EQ(a.tenant, "gold");
   EXPECT_EQ(a.priority, 3);

@@ -116,8 +116,8 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
   }
   ResolvedBudget resolved;
   if (budget.kind_case() == v1::Budget::kAutoBudget) {
-    RETURN_IF_ERROR(ValidateFloor("budget.auto_budget.floor_fraction",
-                                  budget.auto_budget().floor_fraction()));
+    RETURN_IF_ERROR(
+        ValidateFloor("budget.auto_budget.floor_fraction", budget.auto_budget().floor_fraction()));
     // Every page is a candidate: the scorer ranks them all, the pool's quota decides.
     resolved.pages_per_layer.assign(geometry.layers,
                                     std::max<int64_t>(1, PageCount(tokens, geometry.page_size)));

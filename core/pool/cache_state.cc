@@ -349,8 +349,8 @@ absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
 
 absl::Status CacheState::Missing(absl::string_view what, absl::string_view id) const {
   if (swapped_.contains(id)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        what, " \"", id, "\" is swapped out; ResumeSequence it first (or close it)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " \"", id, "\" is swapped out; ResumeSequence it first (or close it)"));
   }
   if (const auto lost = lost_.find(id); lost != lost_.end()) {
     return absl::FailedPreconditionError(

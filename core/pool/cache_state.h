@@ -368,7 +368,9 @@ class CacheState {
     int64_t frames_freed = 0;  // those whose frame returns to the free list
   };
   // Frame units per (layer, page): kv_groups in kGroup, 1 in kLayer.
-  [[nodiscard]] int UnitGroups() const { return layout_ == FrameLayout::kGroup ? 1 : geometry_.kv_groups; }
+  [[nodiscard]] int UnitGroups() const {
+    return layout_ == FrameLayout::kGroup ? 1 : geometry_.kv_groups;
+  }
   [[nodiscard]] int64_t UncompressedFrames(int64_t pages) const;
   [[nodiscard]] int64_t FloorOf(const Sequence& sequence, const SequencePressure& terms) const;
   // The units a quota of `quota` takes from the sequence now (limited to `layers` when not
@@ -379,8 +381,9 @@ class CacheState {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Applies it (journaled; counted under the quota's reason); returns one ApplyResult per
   // touched layer, in `touched` order.
-  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyEviction(
-      Sequence& sequence, SequencePressure& terms, const Eviction& eviction)
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyEviction(Sequence& sequence,
+                                                                       SequencePressure& terms,
+                                                                       const Eviction& eviction)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets quotas on sequences with server-chosen budgets so that `demand` more frames come back
   // (beyond those already owed); returns the frames owed in all after planning.

@@ -130,8 +130,9 @@ CacheState::Eviction CacheState::PlanEviction(const Sequence& sequence,
                                               const SequencePressure& terms, int64_t quota,
                                               std::span<const int32_t> layers) const {
   Eviction eviction;
-  eviction.pages.assign(static_cast<size_t>(geometry_.layers),
-                        std::vector<std::vector<int32_t>>(static_cast<size_t>(geometry_.kv_groups)));
+  eviction.pages.assign(
+      static_cast<size_t>(geometry_.layers),
+      std::vector<std::vector<int32_t>>(static_cast<size_t>(geometry_.kv_groups)));
   if (!terms.auto_budget || quota <= 0) return eviction;
   std::vector<bool> in_layers;
   if (!layers.empty()) {
@@ -331,8 +332,8 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
   out.missing_frames = need - std::max<int64_t>(available, 0);
   const int64_t free = pool_->free_frames();
   const int64_t held = free - available;
-  std::string why = absl::StrCat("pool exhausted: \"", sequence_id, "\" needs ", need,
-                                 " frames, ", free, " free of ", pool_->capacity_frames());
+  std::string why = absl::StrCat("pool exhausted: \"", sequence_id, "\" needs ", need, " frames, ",
+                                 free, " free of ", pool_->capacity_frames());
   if (held > 0) absl::StrAppend(&why, " (", held, " held for older admissions)");
   if (need > pool_->capacity_frames()) {
     // Nothing the pool could do would fit it: no quotas, no place kept, nobody preempted.
@@ -368,13 +369,13 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
       const SequencePressure& terms = TermsOf(id);
       // Counted exactly for sequences with server-chosen budgets (their tables may be sparse);
       // for the others, their uncompressed frames (a bound, and O(1)).
-      const int64_t frees = terms.auto_budget ? sequence.live_frames()
-                                              : UncompressedFrames(sequence.page_count());
+      const int64_t frees =
+          terms.auto_budget ? sequence.live_frames() : UncompressedFrames(sequence.page_count());
       victims.push_back(
           {.id = id, .priority = terms.priority, .admitted = terms.admitted, .frees = frees});
     }
-    out.preempt = ChooseVictims(victims, priority, order,
-                                out.missing_frames - out.reclaiming_frames);
+    out.preempt =
+        ChooseVictims(victims, priority, order, out.missing_frames - out.reclaiming_frames);
     std::sort(out.preempt.begin(), out.preempt.end());
     for (const std::string& id : out.preempt) {
       SequencePressure& terms = TermsOf(id);
@@ -424,8 +425,7 @@ void CacheState::Rebalance() {
   }
 }
 
-PressureReport CacheState::ReportOf(const Sequence* sequence,
-                                    const SequencePressure& terms) const {
+PressureReport CacheState::ReportOf(const Sequence* sequence, const SequencePressure& terms) const {
   PressureReport report;
   report.quota_frames = terms.quota_frames;
   // Counting live frames walks the block tables: done for sequences with a server-chosen
@@ -434,8 +434,8 @@ PressureReport CacheState::ReportOf(const Sequence* sequence,
     report.live_frames = sequence->live_frames();
     report.floor_frames = FloorOf(*sequence, terms);
   }
-  report.occupancy = static_cast<double>(pool_->used_frames()) /
-                     static_cast<double>(pool_->capacity_frames());
+  report.occupancy =
+      static_cast<double>(pool_->used_frames()) / static_cast<double>(pool_->capacity_frames());
   report.target_occupancy = pressure_options_.target_occupancy;
   report.preempt = terms.preempt;
   return report;
@@ -465,8 +465,7 @@ void CacheState::AdoptTerms(absl::string_view sequence_id, const SequenceTerms& 
   }
 }
 
-absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence_id,
-                                                      int64_t tokens,
+absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence_id, int64_t tokens,
                                                       const AppendOptions& options) {
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
@@ -553,15 +552,15 @@ absl::StatusOr<AutoResult> CacheState::ApplyAutoDecision(absl::string_view seque
     }
     seen[static_cast<size_t>(layer.layer)] = true;
     if (layer.page_scores.size() != static_cast<size_t>(geometry_.kv_groups)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "layer ", layer.layer, ": page scores of ", layer.page_scores.size(), " groups, the model has ",
-          geometry_.kv_groups, " (the policy must rank pages: a pooling policy)"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("layer ", layer.layer, ": page scores of ", layer.page_scores.size(),
+                       " groups, the model has ", geometry_.kv_groups,
+                       " (the policy must rank pages: a pooling policy)"));
     }
     for (const std::vector<float>& scores : layer.page_scores) {
       if (static_cast<int64_t>(scores.size()) != pages) {
-        return absl::FailedPreconditionError(absl::StrCat("layer ", layer.layer, ": ",
-                                                          scores.size(), " page scores for ",
-                                                          pages, " pages"));
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", layer.layer, ": ", scores.size(), " page scores for ", pages, " pages"));
       }
     }
   }
@@ -570,9 +569,9 @@ absl::StatusOr<AutoResult> CacheState::ApplyAutoDecision(absl::string_view seque
   // The shares' bookkeeping, reserved before they grow.
   const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   const int64_t old_bytes = SharesBytes(terms);
-  const int64_t new_bytes = std::max(
-      old_bytes, static_cast<int64_t>(geometry_.layers) * geometry_.kv_groups * pages *
-                     static_cast<int64_t>(sizeof(float)));
+  const int64_t new_bytes =
+      std::max(old_bytes, static_cast<int64_t>(geometry_.layers) * geometry_.kv_groups * pages *
+                              static_cast<int64_t>(sizeof(float)));
   if (limits_.daemon != nullptr && new_bytes > old_bytes) {
     RETURN_IF_ERROR(limits_.daemon->Reserve(new_bytes - old_bytes,
                                             absl::StrCat("sequence \"", sequence_id, "\"")));

@@ -68,10 +68,10 @@ absl::StatusOr<SwapOutResult> CacheState::SwapOut(absl::string_view sequence_id)
   const int64_t frame_bytes = pool_->frame_bytes();
   const int64_t bytes = swapped.slot_count * frame_bytes;
   if (swapped_bytes_ + bytes > pressure_options_.max_swap_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "max_swap_bytes: swapping out \"", sequence_id, "\" takes ", bytes, " bytes, ",
-        swapped_bytes_, " are swapped out already and --max_swap_bytes is ",
-        pressure_options_.max_swap_bytes, "; close it instead (nothing changed)"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("max_swap_bytes: swapping out \"", sequence_id, "\" takes ", bytes, " bytes, ",
+                     swapped_bytes_, " are swapped out already and --max_swap_bytes is ",
+                     pressure_options_.max_swap_bytes, "; close it instead (nothing changed)"));
   }
   const HostArenaSource source =
       pressure_options_.swap_arena ? pressure_options_.swap_arena() : HostArenaSource();
@@ -120,9 +120,8 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
   const auto it = swapped_.find(sequence_id);
   if (it == swapped_.end()) {
     if (sequences_.contains(sequence_id)) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("sequence_id: \"", sequence_id,
-                       "\" is resident; only a swapped-out sequence resumes"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          "sequence_id: \"", sequence_id, "\" is resident; only a swapped-out sequence resumes"));
     }
     return Missing("sequence", sequence_id);
   }
@@ -172,10 +171,10 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
                                    .frame = frame});
     }
   }
-  ASSIGN_OR_RETURN(Sequence sequence,
-                   Sequence::FromSnapshot(std::string(sequence_id), geometry_, layout_,
-                                          swapped.length, std::move(tables),
-                                          std::move(swapped.head_weights)));
+  ASSIGN_OR_RETURN(
+      Sequence sequence,
+      Sequence::FromSnapshot(std::string(sequence_id), geometry_, layout_, swapped.length,
+                             std::move(tables), std::move(swapped.head_weights)));
   LimitTableGrowth(sequence);
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - swapped.bookkeeping_bytes;
   SettleDaemon();
@@ -237,7 +236,8 @@ absl::Status CacheState::CheckSwapped(
       return absl::DataLossError(
           absl::StrCat("swapped-out sequence \"", snapshot.id, "\": ", what));
     };
-    if (snapshot.id.empty() || resident.contains(snapshot.id) || !seen.emplace(snapshot.id, true).second) {
+    if (snapshot.id.empty() || resident.contains(snapshot.id) ||
+        !seen.emplace(snapshot.id, true).second) {
       return fail("empty, repeated or also resident");
     }
     if (snapshot.length < 0 || snapshot.length > kMaxSequenceTokens) {
@@ -270,12 +270,12 @@ void CacheState::RestoreSwapped(std::vector<SwappedSnapshot> swapped) {
   const int64_t frame_bytes = pool_->frame_bytes();
   for (SwappedSnapshot& snapshot : swapped) {
     const HostArenaSource source{.name = snapshot.arena_name, .attach = true, .keep_name = true};
-    absl::StatusOr<std::unique_ptr<MemoryArena>> arena = CreateHostArena(
-        absl::StrCat(name_, ".swap"), std::max(snapshot.slot_count * frame_bytes, frame_bytes),
-        source);
+    absl::StatusOr<std::unique_ptr<MemoryArena>> arena =
+        CreateHostArena(absl::StrCat(name_, ".swap"),
+                        std::max(snapshot.slot_count * frame_bytes, frame_bytes), source);
     if (!arena.ok()) {
-      lost_[snapshot.id] = absl::StrCat("its swapped-out bytes did not survive (",
-                                        arena.status().message(), ")");
+      lost_[snapshot.id] =
+          absl::StrCat("its swapped-out bytes did not survive (", arena.status().message(), ")");
       continue;
     }
     Swapped entry;

@@ -27,12 +27,12 @@ bool PlainName(absl::string_view name) {
 
 absl::Status ValidatePressureOptions(const PressureOptions& options) {
   if (!(options.target_occupancy > 0.0 && options.target_occupancy <= 1.0)) {
-    return absl::InvalidArgumentError(absl::StrCat("target_occupancy: must be in (0, 1], got ",
-                                                   options.target_occupancy));
+    return absl::InvalidArgumentError(
+        absl::StrCat("target_occupancy: must be in (0, 1], got ", options.target_occupancy));
   }
   if (options.tenants.size() > static_cast<size_t>(kMaxTenants)) {
-    return absl::InvalidArgumentError(absl::StrCat("tenant_share: ", options.tenants.size(),
-                                                   " tenants, at most ", kMaxTenants));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tenant_share: ", options.tenants.size(), " tenants, at most ", kMaxTenants));
   }
   absl::flat_hash_set<std::string> seen;
   double total = 0.0;
@@ -43,18 +43,17 @@ absl::Status ValidatePressureOptions(const PressureOptions& options) {
                        "' must be 1..64 characters of [A-Za-z0-9_.-]"));
     }
     if (tenant.name == kDefaultTenantLabel) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tenant_share: '", kDefaultTenantLabel,
-          "' names the default tenant \"\" in the metrics; choose another name"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tenant_share: '", kDefaultTenantLabel,
+                       "' names the default tenant \"\" in the metrics; choose another name"));
     }
     if (!seen.insert(tenant.name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tenant_share: tenant '", tenant.name, "' is named twice"));
     }
     if (!(tenant.share >= 0.0 && tenant.share <= 1.0)) {
-      return absl::InvalidArgumentError(absl::StrCat("tenant_share: tenant '", tenant.name,
-                                                     "' has share ", tenant.share,
-                                                     ", not in [0, 1]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tenant_share: tenant '", tenant.name, "' has share ", tenant.share, ", not in [0, 1]"));
     }
     total += tenant.share;
   }

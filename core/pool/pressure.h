@@ -61,9 +61,9 @@ inline constexpr double kQuotaHysteresis = 0.05;
 
 // What OpenSequence asks for a new sequence.
 struct SequenceTerms {
-  std::string tenant;                 // a configured tenant or "" (the default)
-  int32_t priority = kMinPriority;    // [kMinPriority, kMaxPriority]
-  std::optional<double> auto_floor;   // set: a server-chosen budget with this floor, (0, 1]
+  std::string tenant;                // a configured tenant or "" (the default)
+  int32_t priority = kMinPriority;   // [kMinPriority, kMaxPriority]
+  std::optional<double> auto_floor;  // set: a server-chosen budget with this floor, (0, 1]
 };
 
 // INVALID_ARGUMENT naming "tenant" (not configured: the message lists the tenants),

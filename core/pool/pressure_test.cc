@@ -135,8 +135,9 @@ TEST(PressureTest, BadTermsAreRefusedNamingTheFieldAndChangeNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("tenant: 'silver' is not a tenant of this daemon (--tenant_share: "
                                  "gold")));
-  EXPECT_THAT(state->OpenSequence("s", 8, Priority(10)),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("priority: must be in [0, 9]")));
+  EXPECT_THAT(
+      state->OpenSequence("s", 8, Priority(10)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("priority: must be in [0, 9]")));
   EXPECT_THAT(state->OpenSequence("s", 8, Auto(0.0)),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        HasSubstr("auto_budget.floor_fraction: must be in (0, 1], got 0")));
@@ -144,12 +145,11 @@ TEST(PressureTest, BadTermsAreRefusedNamingTheFieldAndChangeNothing) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("floor_fraction")));
   EXPECT_EQ(state->Stats().sequences_active, 0);
   EXPECT_EQ(state->Stats().used_frames, 0);
-  ASSERT_THAT(state->OpenSequence("s", 30, Terms("gold", 9)),
-              IsOk());
+  ASSERT_THAT(state->OpenSequence("s", 30, Terms("gold", 9)), IsOk());
   const std::vector<AutoLayer> layers = {{.layer = 0, .page_scores = Flat(8)}};
-  EXPECT_THAT(state->ApplyAutoDecision("s", 30, layers, FloorTerms(0.0)),
-              StatusIs(absl::StatusCode::kInvalidArgument,
-                       HasSubstr("budget.auto_budget.floor_fraction")));
+  EXPECT_THAT(
+      state->ApplyAutoDecision("s", 30, layers, FloorTerms(0.0)),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("budget.auto_budget.floor_fraction")));
   const std::vector<AutoLayer> short_scores = {{.layer = 0, .page_scores = Flat(7)}};
   EXPECT_THAT(state->ApplyAutoDecision("s", 30, short_scores, AutoTerms()),
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("7 page scores")));

@@ -38,9 +38,8 @@ ReclaimPlan PlanReclaim(std::span<const ReclaimTenant> tenants,
   std::vector<int64_t> taken_from_tenant(tenants.size(), 0);
   const auto tier = [&](int tenant) {
     const ReclaimTenant& t = tenants[static_cast<size_t>(tenant)];
-    return t.used_frames - taken_from_tenant[static_cast<size_t>(tenant)] > t.guaranteed_frames
-               ? 0
-               : 1;
+    return t.used_frames - taken_from_tenant[static_cast<size_t>(tenant)] > t.guaranteed_frames ? 0
+                                                                                                : 1;
   };
   // (tier, priority, value, candidate): the smallest comes first.
   using Entry = std::tuple<int, int, float, size_t>;

@@ -48,8 +48,7 @@ struct ReclaimPlan {
 // higher, and within those the least valuable unit goes first. Deterministic; O(planned log n).
 // REQUIRES: every candidate's tenant indexes `tenants`; values ascending.
 [[nodiscard]] ReclaimPlan PlanReclaim(std::span<const ReclaimTenant> tenants,
-                                      std::span<const ReclaimCandidate> candidates,
-                                      int64_t demand);
+                                      std::span<const ReclaimCandidate> candidates, int64_t demand);
 
 }  // namespace entrokv
 

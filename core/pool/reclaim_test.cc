@@ -118,8 +118,7 @@ std::vector<int64_t> Reference(const std::vector<ReclaimTenant>& tenants,
     for (size_t c = 0; c < candidates.size(); ++c) {
       const ReclaimCandidate& candidate = candidates[c];
       if (taken[c] >= static_cast<int64_t>(candidate.values.size())) continue;
-      const int tier =
-          used[candidate.tenant] > tenants[candidate.tenant].guaranteed_frames ? 0 : 1;
+      const int tier = used[candidate.tenant] > tenants[candidate.tenant].guaranteed_frames ? 0 : 1;
       const auto key = std::make_tuple(tier, candidate.priority, candidate.values[taken[c]]);
       if (best < 0 || key < best_key) {
         best = static_cast<int>(c);

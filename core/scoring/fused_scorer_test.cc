@@ -229,9 +229,9 @@ TEST(FusedScorerTest, PageScoresAreThePooledPageMaximaOnlyWhenAsked) {
   request.page_scores = true;
   for (const bool fused : {false, true}) {
     FusedScorer scorer(options);
-    ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision decision,
-                                 fused ? scorer.DecideLayer(policy, request)
-                                       : DecideLayer(policy, options, request));
+    ENTROKV_ASSERT_OK_AND_ASSIGN(
+        LayerDecision decision,
+        fused ? scorer.DecideLayer(policy, request) : DecideLayer(policy, options, request));
     // Means per token: .2 .2 .2 .4 | .6 .1 .05 .05 | .25
     EXPECT_THAT(decision.groups[0].page_scores,
                 ::testing::Pointwise(::testing::FloatEq(), std::vector<float>{0.4f, 0.6f, 0.25f}))

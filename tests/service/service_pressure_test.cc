@@ -22,8 +22,8 @@ constexpr uint64_t kFrameBytes = 2 * 16 * 8 * 2;  // the fixture's geometry, gro
 class PressureServiceTest : public ServiceTest {
  protected:
   grpc::Status OpenWith(const std::string& model, const std::string& sequence, int64_t tokens,
-                        const std::string& tenant, int32_t priority,
-                        std::optional<double> floor, v1::OpenSequenceResponse* response) {
+                        const std::string& tenant, int32_t priority, std::optional<double> floor,
+                        v1::OpenSequenceResponse* response) {
     grpc::ClientContext context;
     v1::OpenSequenceRequest request;
     request.set_model_id(model);
@@ -100,8 +100,8 @@ TEST_F(PressureServiceTest, AboveTheTargetTheOwnersNextCallGivesTheFrames) {
   v1::DecideResponse decided;
   ASSERT_TRUE(DecideAuto("m", "a", 60, 0.25, &decided).ok());
   EXPECT_EQ(decided.pressure().quota_frames(), 0);  // 32 of 80: under the target
-  Open("m", "b", 60);  // 64 of 80 frames: 24 over the target
-  EXPECT_EQ(Stats("m").used_frames(), 64);  // nothing moves before a's own call
+  Open("m", "b", 60);                               // 64 of 80 frames: 24 over the target
+  EXPECT_EQ(Stats("m").used_frames(), 64);          // nothing moves before a's own call
   const v1::PressureInfo listed = Listed("m", "a");
   EXPECT_EQ(listed.quota_frames(), 8);  // a's floor: 25% of its 32 frames
   v1::AppendTokensResponse grown;
@@ -144,7 +144,7 @@ TEST_F(PressureServiceTest, ATenantAboveItsShareGivesBeforeCheaperPagesOfOneWith
   ASSERT_TRUE(OpenWith("m", "g", 60, "gold", 0, 0.25, &opened).ok());
   ASSERT_TRUE(DecideAuto("m", "g", 60, 0.25, &decided, /*concentrated=*/false).ok());
   ASSERT_TRUE(OpenWith("m", "g2", 60, "gold", 0, std::nullopt, &opened).ok());  // gold: 64
-  ASSERT_TRUE(OpenWith("m", "s", 60, "silver", 0, 0.25, &opened).ok());  // silver: 32
+  ASSERT_TRUE(OpenWith("m", "s", 60, "silver", 0, 0.25, &opened).ok());         // silver: 32
   ASSERT_TRUE(DecideAuto("m", "s", 60, 0.25, &decided, /*concentrated=*/true).ok());
   // The pool is full; silver asks for one page (8 frames).
   const grpc::Status status = OpenWith("m", "z", 16, "silver", 0, std::nullopt, &opened);
@@ -220,8 +220,7 @@ TEST_F(PressureServiceTest, AnAdmissionThatDoesNotFitCarriesItsHintAndWaitsForTh
   stats = Stats("m");
   EXPECT_EQ(stats.used_frames() + stats.free_frames(), stats.capacity_frames());
   EXPECT_GE(stats.frames_reclaimed_admission_total(), 16);
-  EXPECT_GE(Metric("entrokv_frames_reclaimed_total", {{"pool", "m"}, {"reason", "admission"}}),
-            16);
+  EXPECT_GE(Metric("entrokv_frames_reclaimed_total", {{"pool", "m"}, {"reason", "admission"}}), 16);
   EXPECT_EQ(Metric("entrokv_admissions_total", {{"pool", "m"}, {"outcome", "delayed"}}), 1);
   EXPECT_DOUBLE_EQ(Metric("entrokv_pool_target_occupancy", {{"pool", "m"}}), 0.9);
   ExpectInvariants("m");
@@ -377,7 +376,8 @@ TEST_F(PressureServiceTest, TenantsComeFromTheFlagAndTheirSeriesAreBounded) {
   EXPECT_EQ(Metric("entrokv_tenant_guaranteed_frames", {{"pool", "m"}, {"tenant", "silver"}}), 20);
   int series = 0;
   for (const prometheus::MetricFamily& family : server_->metrics().registry()->Collect()) {
-    if (family.name == "entrokv_tenant_used_frames") series += static_cast<int>(family.metric.size());
+    if (family.name == "entrokv_tenant_used_frames")
+      series += static_cast<int>(family.metric.size());
   }
   EXPECT_EQ(series, 3);  // the configured tenants and the default one, whatever is asked
   const grpc::Status status = OpenWith("m", "x", 16, "bronze", 0, std::nullopt, &opened);
