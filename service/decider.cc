@@ -192,7 +192,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     request.scope = job.scope;
     request.cancelled = cancelled;  // polled between the layer's groups too
     if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
-    // A decision after earlier ones selects among the pages still held (issue 14 #4).
+    // A decision after earlier ones selects among the pages still held: an evicted page is
+    // never kept again, so each group keeps exactly min(K, live pages).
     absl::StatusOr<std::vector<uint8_t>> live =
         model.state().LivePages(job.sequence_id, work.layer);
     if (!live.ok()) return Annotate(live.status(), work.field);

@@ -1,4 +1,5 @@
-// The Prometheus metrics of ARCHITECTURE §6, created once and then only updated.
+// The Prometheus metrics (docs/architecture.md §6, docs/service.md "Metrics"), created once and
+// then only updated.
 #ifndef ENTROKV_SERVICE_METRICS_H_
 #define ENTROKV_SERVICE_METRICS_H_
 

@@ -1,10 +1,9 @@
 #include "store/model_journal.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::store {
@@ -29,11 +28,8 @@ void ModelJournal::PutChunks(leveldb::WriteBatch& batch, const Sequence& sequenc
 void ModelJournal::Commit(leveldb::WriteBatch& batch) const {
   const absl::Status written = store_->Write(batch);
   if (written.ok()) return;
-  std::fprintf(stderr,
-               "entrokvd fatal: model '%s': %s; stopping so that a restart recovers exactly what "
-               "clients were told\n",
-               model_id_.c_str(), std::string(written.message()).c_str());
-  std::abort();
+  LogFatal(absl::StrCat("model '", model_id_, "': ", written.message(),
+                        "; stopping so that a restart recovers exactly what clients were told"));
 }
 
 void ModelJournal::SequenceOpened(const Sequence& sequence) {

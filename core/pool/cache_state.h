@@ -78,11 +78,12 @@ struct SequencePage {
   bool more = false;                    // sequences sort after the last one listed
 };
 
-// Maps 1:1 to ARCHITECTURE §6: entrokv_pool_frames{state="used|free"} = used_frames /
-// free_frames, entrokv_pool_capacity_bytes = capacity_bytes, entrokv_sequences_active =
-// sequences_active, entrokv_pages_evicted_total = pages_evicted_total (block-table entries
-// evicted, one per (layer, group, page)); frames_freed_total counts frames actually returned
-// by evictions (fewer when shared or, in kLayer, while another group keeps the page).
+// Maps 1:1 to the daemon's metrics (docs/architecture.md §6):
+// entrokv_pool_frames{state="used|free"} = used_frames / free_frames, entrokv_pool_capacity_bytes =
+// capacity_bytes, entrokv_sequences_active = sequences_active, entrokv_pages_evicted_total =
+// pages_evicted_total (block-table entries evicted, one per (layer, group, page));
+// frames_freed_total counts frames actually returned by evictions (fewer when shared or, in kLayer,
+// while another group keeps the page).
 struct PoolStats {
   int64_t capacity_frames = 0;
   int64_t used_frames = 0;

@@ -244,7 +244,7 @@ TEST(CacheStateTest, ConcurrentCallersKeepTheInvariant) {
 namespace entrokv {
 namespace {
 
-// Issue 12 #4: the accounted bookkeeping is the pool's plus each sequence's, follows every
+// The accounted bookkeeping is the pool's plus each sequence's, follows every
 // open, append, fork and close, and comes back to the pool's alone.
 TEST(CacheStateTest, BookkeepingIsAccountedForEverySequence) {
   CacheOptions options = Options(FrameLayout::kGroup, 256);
@@ -265,8 +265,8 @@ TEST(CacheStateTest, BookkeepingIsAccountedForEverySequence) {
   EXPECT_EQ(state->Stats().bookkeeping_bytes, pool);
 }
 
-// Issue 12 #4: a model of 4096 layers x 4096 groups made every OpenSequence(0) allocate ~390
-// MB of empty block tables. Such a geometry is refused before any arena exists.
+// A model of 4096 layers x 4096 groups used to make every OpenSequence(0) allocate
+// ~390 MB of empty block tables. Such a geometry is refused before any arena exists.
 TEST(CacheStateTest, CheckLimitsRefusesGeometriesWhoseEmptySequenceIsTooLarge) {
   CacheOptions options;
   options.geometry = {.layers = 4096,
@@ -287,7 +287,7 @@ TEST(CacheStateTest, CheckLimitsRefusesGeometriesWhoseEmptySequenceIsTooLarge) {
   EXPECT_THAT(CacheState::CheckLimits(Options(FrameLayout::kGroup, 8)), IsOk());
 }
 
-// Issue 12 #4: one sequence's block tables and the model's total are bounded; a call past
+// One sequence's block tables and the model's total are bounded; a call past
 // either is refused naming it, and nothing changes.
 TEST(CacheStateTest, BookkeepingLimitsRefuseGrowthAndChangeNothing) {
   CacheOptions options = Options(FrameLayout::kGroup, 4096);
@@ -327,7 +327,7 @@ TEST(CacheStateTest, BookkeepingLimitsRefuseGrowthAndChangeNothing) {
   EXPECT_THAT(state->CheckInvariants(), IsOk());
 }
 
-// Issue 12 #4: the sequences-per-model bound was checked outside the pool's lock, so opens
+// The sequences-per-model bound used to be checked outside the pool's lock, so opens
 // racing each other could pass it together. Under the lock exactly the bound gets in.
 TEST(CacheStateTest, ConcurrentOpensNeverPassTheSequenceBound) {
   CacheOptions options = Options(FrameLayout::kGroup, 1024);
@@ -366,7 +366,7 @@ std::vector<std::string> Ids(const SequencePage& page) {
   return ids;
 }
 
-// Issue 12 #4: ListSequences built every sequence's block tables at once. A page describes
+// ListSequences used to build every sequence's block tables at once. A page describes
 // only its own sequences; resuming after the last id is stable under opens and closes.
 TEST(CacheStateTest, ListSequencePagesResumeAfterTheLastIdListed) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 1024)));

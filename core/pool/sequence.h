@@ -146,7 +146,7 @@ class Sequence {
   [[nodiscard]] absl::Status Release(PagePool& pool);
   [[nodiscard]] bool released() const { return released_; }
 
-  // Head weights computed at prefill (ARCHITECTURE §3.4), kept per layer for decode-time
+  // Head weights computed at prefill (docs/architecture.md §3.4), kept per layer for decode-time
   // decisions: query_heads values, group g's heads at [g * r, (g + 1) * r). A fork inherits the
   // parent's. FAILED_PRECONDITION for a layer outside the geometry; INVALID_ARGUMENT when the
   // count is not query_heads.

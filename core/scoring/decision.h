@@ -28,7 +28,8 @@ struct LayerRequest {
   // layer scope the candidates are the pages every group still holds.
   std::span<const uint8_t> live_pages;
   bool measure = true;  // compute the shadow UOR, disagreement, mass
-  // One page set per (layer, group), or one per layer shared by every group (§3.9).
+  // One page set per (layer, group), or one per layer shared by every group
+  // (docs/architecture.md §3.9).
   SelectionScope scope = SelectionScope::kGroup;
   LayerCombine combine = kDefaultLayerCombine;  // how layer scope combines the groups' scores
   // Polled before each group is scored (empty: never): once it returns true the decision stops

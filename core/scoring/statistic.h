@@ -12,7 +12,7 @@
 
 namespace entrokv {
 
-// What the worker measured (ARCHITECTURE §3.1). Scoring treats all kinds alike; the kind is
+// What the worker measured (docs/architecture.md §3.1). Scoring treats all kinds alike; the kind is
 // carried so that reports and policies (h2o expects ACCUMULATED) can say what they were given.
 enum class StatisticKind : uint8_t { kLastRow, kWindowMean, kAccumulated };
 

@@ -4,7 +4,7 @@
 The worker registers the model, opens a sequence per prompt and writes every layer's K and V of
 every token into the frames of the daemon's host arena that the sequence's block tables name (the
 arena mapped by its shared-memory name, numpy views of its frames). During prefill it measures
-each layer's attention statistic (ARCHITECTURE 3.1) and sends it with DecideStream; from then on
+each layer's attention statistic (docs/architecture.md §3.1) and sends it with DecideStream; from then on
 each (layer, group) attends only to the pages its block table still names, read from the pool.
 Evicted frames are back on the daemon's free list and other sequences reuse them: the tests
 poison them to prove the worker never reads them. Decoding is greedy, one AppendTokens per token.

@@ -1,5 +1,6 @@
 // entrokv::Client against a real entrokvd process: retries on UNAVAILABLE only, with backoff.
-// (Deadlines are covered by the service tests, R3.) No sleeps: the retry hook orders events.
+// (Deadlines are covered by the service tests: docs/reliability.md, "Deadlines".) No sleeps: the
+// retry hook orders events.
 #include <chrono>
 #include <memory>
 #include <string>

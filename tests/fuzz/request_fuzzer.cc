@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "entrokv/v1/cache_manager.pb.h"
 #include "service/arena_names.h"
 #include "service/cache_manager_service.h"
-#include "service/log.h"
 #include "service/metrics.h"
 #include "service/options.h"
 #include "service/worker_pool.h"
@@ -231,7 +231,7 @@ struct World {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace entrokv;
   static const bool quiet = [] {
-    service::SetMinLogLevel(service::LogLevel::kError);  // registrations log at INFO
+    SetMinLogLevel(LogLevel::kError);  // registrations log at INFO
     return true;
   }();
   (void)quiet;

@@ -76,7 +76,7 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
     """One layer's [query_heads, tokens] array as a Statistic (bytes, no float lists).
 
     kind: how the worker measured it, "last_row" (default), "window_mean" or "accumulated"
-    (ARCHITECTURE 3.1); informational to the daemon."""
+    (docs/architecture.md §3.1); informational to the daemon."""
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError(f"statistic: expected [query_heads, tokens], got shape {array.shape}")
