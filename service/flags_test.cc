@@ -53,6 +53,7 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"max_sequences_per_model", "65536"},
       {"max_sequence_bookkeeping_bytes", "268435456"},
       {"max_model_bookkeeping_bytes", "2147483648"},
+      {"max_bookkeeping_bytes", "536870912"},
       {"worker_threads", "0"},
       {"keepalive_ms", "30000"},
       {"max_connection_age_ms", "0"},
@@ -65,6 +66,7 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"token_file", ""},
       {"state_dir", ""},
       {"state_sync_ms", "100"},
+      {"state_accept_loss", "false"},
       {"log_level", "info"},
   };
   return *defaults;
