@@ -434,6 +434,16 @@ class PoolWorker:
         kv.length = length
         kv.assign(rows)
 
+    def truncate(self, kv: PoolKV, tokens: int) -> int:
+        """Rolls back the last `tokens` tokens (speculative drafts the target model rejected):
+        TruncateSequence, then the tables as the pool holds them. The rolled-back positions are
+        unreadable until written again; returns the frames the pool freed."""
+        length, freed = self.client.truncate_sequence(self.model_id, kv.sequence_id, tokens)
+        kv.length = length
+        kv.valid[:, :, length:] = False
+        self._fetch_tables(kv)
+        return freed
+
     def decode(self, kv: PoolKV, max_new: int,
                eos: int = tasks.EOS) -> Tuple[List[int], np.ndarray]:
         """Greedy decoding from the prefill's last logits: each token is appended to the
