@@ -438,8 +438,16 @@ class ClientTest(unittest.TestCase):
             capture_output=True, text=True, timeout=120,
             env=dict(os.environ))
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("layer 3: kept", result.stdout)
-        self.assertRegex(result.stdout, r"pool: \d+ used \+ \d+ free = \d+ frames")
+        # The steps of docs/integrating.md: chunked prefill decisions, decode-time decisions
+        # on cached weights, speculative drafts rolled back, close.
+        self.assertIn("prefill chunk 0-512: 4 layers kept [16] pages per group of 32, freed 128 "
+                      "frames", result.stdout)
+        self.assertRegex(result.stdout, r"decode step 8: 4 layers kept \[16\] pages per group "
+                                        r"of 3\d, freed \d+ frames")
+        self.assertRegex(result.stdout, r"decode step \d+: \d of 4 drafts accepted, truncated "
+                                        r"to \d+ tokens")
+        self.assertRegex(result.stdout, r"pool: 128 used \+ \d+ free = \d+ frames")
+        self.assertIn("closed: 128 frames released; decisions gone without: 0", result.stdout)
 
 
 if __name__ == "__main__":
