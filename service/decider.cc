@@ -214,8 +214,7 @@ void Decider::RecordScoringTime(int64_t values, double seconds) const {
   const double sample = seconds / static_cast<double>(values);
   absl::MutexLock lock(&estimate_mu_);
   // Recent decisions weigh most: the machine's load, not the history, decides the next one.
-  seconds_per_value_ =
-      seconds_per_value_ == 0.0 ? sample : 0.7 * seconds_per_value_ + 0.3 * sample;
+  seconds_per_value_ = seconds_per_value_ == 0.0 ? sample : 0.7 * seconds_per_value_ + 0.3 * sample;
 }
 
 absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
@@ -302,9 +301,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       metrics_->ObservePhase(Phase::kScore, SecondsSince(score_start));
       if (absl::IsCancelled(decision.status())) {
         if (cancelled()) {
-          return absl::CancelledError(absl::StrCat("call cancelled or past its deadline: ",
-                                                   work.field, ": ", decision.status().message(),
-                                                   "; nothing was applied"));
+          return absl::CancelledError(
+              absl::StrCat("call cancelled or past its deadline: ", work.field, ": ",
+                           decision.status().message(), "; nothing was applied"));
         }
         if (!job.degrade) return past_budget(absl::StrCat("while ", work.field, " was scored"));
         degrading = true;  // this layer ran late: it and the rest are decided by position
@@ -315,8 +314,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       }
     }
     if (degrading) {
-      LayerRequest request = LayerRequestFor(std::nullopt, geometry.query_heads,
-                                             geometry.kv_groups, job.tokens, work.quota_pages);
+      LayerRequest request = LayerRequestFor(std::nullopt, geometry.query_heads, geometry.kv_groups,
+                                             job.tokens, work.quota_pages);
       request.scope = job.scope;
       request.measure = false;
       request.live_pages = work.live_pages;
@@ -444,9 +443,9 @@ void PrepareDeadline(const Request& request, const CallTiming& timing,
   // Kept back for deciding the rest by position and sending the reply: a tenth of the time the
   // request had, within [1 ms, 20 ms].
   if (deadline->has_value()) {
-    *reserve = std::clamp<Clock::duration>((**deadline - timing.received) / 10,
-                                           std::chrono::milliseconds(1),
-                                           std::chrono::milliseconds(20));
+    *reserve =
+        std::clamp<Clock::duration>((**deadline - timing.received) / 10,
+                                    std::chrono::milliseconds(1), std::chrono::milliseconds(20));
   }
 }
 

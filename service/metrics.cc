@@ -10,8 +10,8 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",     "OpenSequence",   "AppendTokens",
-    "Decide",        "DecideStream", "CloseSequence",  "GetPoolStats",
+    "RegisterModel", "GetModel",     "OpenSequence",    "AppendTokens",
+    "Decide",        "DecideStream", "CloseSequence",   "GetPoolStats",
     "ListSequences", "ListModels",   "UnregisterModel", "TruncateSequence"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};

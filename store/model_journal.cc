@@ -156,7 +156,7 @@ absl::Status RecordModel(StateStore& store, const ModelRecord& model) {
 absl::Status DeleteModel(StateStore& store, absl::string_view model_id) {
   std::vector<std::string> prefixes = {ModelKey(model_id)};
   for (const RecordKind kind : {RecordKind::kSequence, RecordKind::kTableChunk,
-                               RecordKind::kWeights, RecordKind::kRunningSum, RecordKind::kLost}) {
+                                RecordKind::kWeights, RecordKind::kRunningSum, RecordKind::kLost}) {
     prefixes.push_back(ModelPrefix(kind, model_id));
   }
   RETURN_IF_ERROR(store.DeletePrefixes(prefixes));
@@ -167,7 +167,7 @@ absl::Status RecordLoss(StateStore& store, const ModelRecord& model,
                         const std::vector<std::string>& lost_ids, absl::string_view reason) {
   leveldb::WriteBatch batch;
   for (const RecordKind kind : {RecordKind::kSequence, RecordKind::kTableChunk,
-                               RecordKind::kWeights, RecordKind::kRunningSum}) {
+                                RecordKind::kWeights, RecordKind::kRunningSum}) {
     RETURN_IF_ERROR(store.Scan(ModelPrefix(kind, model.model_id),
                                [&batch](absl::string_view key, absl::string_view) {
                                  batch.Delete(leveldb::Slice(key.data(), key.size()));

@@ -498,13 +498,12 @@ TEST(CorruptionTest, RunningSumsThatDoNotFitTheSequenceAreRefused) {
     ASSERT_TRUE(leveldb::DB::Open(options, dir + "/journal", &raw).ok());
     std::unique_ptr<leveldb::DB> db(raw);
     // An empty sequence (no chunks expected) with a running sum of layer 9.
-    ASSERT_TRUE(
-        db->Put({}, SequenceKey(RecordKind::kSequence, "m", "ghost"), EncodeInt64(0)).ok());
+    ASSERT_TRUE(db->Put({}, SequenceKey(RecordKind::kSequence, "m", "ghost"), EncodeInt64(0)).ok());
     ASSERT_TRUE(db->Put({}, RunningSumKey("m", "ghost", 9), std::string(16, '\0')).ok());
   }
-  EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss,
-                                         AllOf(HasSubstr("--state_dir"),
-                                               HasSubstr("running sum of layer 9"))));
+  EXPECT_THAT(OpenAndLoad(dir),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("--state_dir"), HasSubstr("running sum of layer 9"))));
 }
 
 TEST(RecordsTest, ModelRoundTripsAndGarbageIsRefused) {

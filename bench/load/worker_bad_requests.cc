@@ -588,8 +588,8 @@ void Worker::BadTruncate() {
     request.set_sequence_id(sequence->id);
     request.set_tokens(tokens);
     v1::TruncateSequenceResponse response;
-    (void)ExpectRefusal(Call("TruncateSequence", &v1::CacheManager::Stub::TruncateSequence,
-                             request, &response, "truncate_range"),
+    (void)ExpectRefusal(Call("TruncateSequence", &v1::CacheManager::Stub::TruncateSequence, request,
+                             &response, "truncate_range"),
                         refusal, absl::StrCat("TruncateSequence tokens=", tokens));
   });
 }

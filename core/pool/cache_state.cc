@@ -97,12 +97,11 @@ absl::Status CacheState::ReserveGrowth(absl::string_view sequence_id, int64_t ol
                                        int64_t new_bytes) {
   if (limits_.max_sequence_bookkeeping_bytes > 0 &&
       new_bytes > limits_.max_sequence_bookkeeping_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_sequence_bookkeeping_bytes: sequence \"", sequence_id, "\" would hold ",
-                     new_bytes, " bytes of bookkeeping (block tables of ", geometry_.layers,
-                     " layers x ", geometry_.kv_groups,
-                     " KV groups, head weights, running sums), more than the limit of ",
-                     limits_.max_sequence_bookkeeping_bytes, "; nothing changed"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_sequence_bookkeeping_bytes: sequence \"", sequence_id, "\" would hold ", new_bytes,
+        " bytes of bookkeeping (block tables of ", geometry_.layers, " layers x ",
+        geometry_.kv_groups, " KV groups, head weights, running sums), more than the limit of ",
+        limits_.max_sequence_bookkeeping_bytes, "; nothing changed"));
   }
   const int64_t total =
       pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_ - old_bytes + new_bytes;
@@ -193,10 +192,10 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   if (prefix_pages >= 0 && prefix_pages <= parent->second.page_count()) {
     const int64_t child_length =
         std::min(parent->second.length(), prefix_pages * int64_t{geometry_.page_size});
-    RETURN_IF_ERROR(ReserveGrowth(
-        sequence_id, 0,
-        Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages) +
-            parent->second.RunningSumBytesUpTo(child_length)));
+    RETURN_IF_ERROR(
+        ReserveGrowth(sequence_id, 0,
+                      Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages) +
+                          parent->second.RunningSumBytesUpTo(child_length)));
   }
   ASSIGN_OR_RETURN(Sequence child,
                    Sequence::Fork(std::string(sequence_id), parent->second, prefix_pages, *pool_));
@@ -217,9 +216,9 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   const int64_t old_bytes = sequence.bookkeeping_bytes();
   const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (tokens >= 0 && tokens <= kMaxSequenceTokens - sequence.length()) {
-    RETURN_IF_ERROR(ReserveGrowth(
-        sequence_id, old_bytes,
-        sequence.BookkeepingBytesWithCapacity(sequence.TableCapacityAfter(tokens))));
+    RETURN_IF_ERROR(
+        ReserveGrowth(sequence_id, old_bytes,
+                      sequence.BookkeepingBytesWithCapacity(sequence.TableCapacityAfter(tokens))));
   }
   ASSIGN_OR_RETURN(AppendResult result, sequence.Append(tokens, *pool_));
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
@@ -289,9 +288,9 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(absl::string
       }
       seen[keep.layer] = true;
       if (sum != nullptr) {
-        running_delta += static_cast<int64_t>(sum->size() * sizeof(float)) -
-                         static_cast<int64_t>(sequence.running_sum(keep.layer).size() *
-                                              sizeof(float));
+        running_delta +=
+            static_cast<int64_t>(sum->size() * sizeof(float)) -
+            static_cast<int64_t>(sequence.running_sum(keep.layer).size() * sizeof(float));
         if (first_sum) {
           running_delta += static_cast<int64_t>(geometry_.layers * sizeof(std::vector<float>));
           first_sum = false;
@@ -441,8 +440,7 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
     ASSIGN_OR_RETURN(
         Sequence sequence,
         Sequence::FromSnapshot(id, geometry_, layout_, snapshot.length, std::move(snapshot.tables),
-                               std::move(snapshot.head_weights),
-                               std::move(snapshot.running_sums)));
+                               std::move(snapshot.head_weights), std::move(snapshot.running_sums)));
     for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
       for (int64_t page = 0; page < sequence.page_count(); ++page) {
         FrameId unit_frame = kNoFrame;

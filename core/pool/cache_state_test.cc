@@ -55,15 +55,17 @@ TEST(CacheStateTest, ApplyDecisionsIsAllOrNothing) {
   ASSERT_THAT(state->OpenSequence("a", 9), IsOk());  // 3 pages x 3 layers x 2 groups
   const PoolStats before = state->Stats();
   // Layer 2's page 7 does not exist: layers 0 and 1, though valid, must not be applied.
-  EXPECT_THAT(state->ApplyDecisions("a", 9,
-                                    {{.layer = 0, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
-                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
-                                     {.layer = 2, .kept_pages_per_group = {{7}, {2}}, .running_sum = {}}}),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 2")));
-  EXPECT_THAT(state->ApplyDecisions("a", 9,
-                                    {{.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
-                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 9,
+                            {{.layer = 0, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 2, .kept_pages_per_group = {{7}, {2}}, .running_sum = {}}}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 2")));
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 9,
+                            {{.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
   EXPECT_THAT(state->ApplyDecisions("a", 9, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one layer")));
   EXPECT_EQ(state->Stats().used_frames, before.used_frames);
@@ -382,9 +384,9 @@ TEST(CacheStateTest, RunningSumsAreBoundedWithTheirDecision) {
     two[layer].kept_pages_per_group = {{0}, {0}};
     two[layer].running_sum = std::vector<float>(8 * 20, 1.0f);
   }
-  EXPECT_THAT(state->ApplyDecisions("a", 20, two),
-              StatusIs(absl::StatusCode::kResourceExhausted,
-                       HasSubstr("max_sequence_bookkeeping_bytes")));
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 20, two),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sequence_bookkeeping_bytes")));
   EXPECT_EQ(state->Stats().used_frames, before.used_frames);
   EXPECT_EQ(state->Stats().bookkeeping_bytes, before.bookkeeping_bytes);
   ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<float> none, state->RunningSum("a", 0));

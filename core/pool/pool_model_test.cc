@@ -1,5 +1,6 @@
 // Seeded model-based test: thousands of random operations (open, fork, append, decide with
-// every policy, truncate, close) against a reference model that knows nothing of frames or refcounts.
+// every policy, truncate, close) against a reference model that knows nothing of frames or
+// refcounts.
 //
 // The model names the data of every live block-table entry by a "content id": a fresh id when
 // the engine writes a new page, the same id when a fork shares it, a new id on copy-on-write.

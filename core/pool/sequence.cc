@@ -367,9 +367,9 @@ absl::Status Sequence::CheckDecision(int32_t layer, int64_t decided_tokens,
   }
   if (running_sum != nullptr &&
       static_cast<int64_t>(running_sum->size()) != length_ * geometry_.query_heads) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("running sum of ", running_sum->size(), " values, expected ",
-                     geometry_.query_heads, " heads x ", length_, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat("running sum of ", running_sum->size(),
+                                                   " values, expected ", geometry_.query_heads,
+                                                   " heads x ", length_, " tokens"));
   }
   return absl::OkStatus();
 }

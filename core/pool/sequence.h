@@ -227,7 +227,7 @@ class Sequence {
   std::vector<std::vector<double>> head_weights_;  // [layer][query head], empty if not cached
   // [layer][head * tokens + token]; empty until a layer gets one (see running_sum).
   std::vector<std::vector<float>> running_sums_;
-  int64_t table_capacity_ = 0;                     // reserved entries of every table
+  int64_t table_capacity_ = 0;  // reserved entries of every table
   int64_t table_capacity_limit_ = kMaxSequenceTokens;
   bool released_ = false;
 };

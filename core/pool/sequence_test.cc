@@ -336,8 +336,7 @@ TEST(SequenceTest, TruncateIntoASharedPageKeepsItSharedUntilTheNextAppendCopiesI
   EXPECT_NE(copy, shared);
   EXPECT_EQ(parent.block_table(1, 0)[1], shared);
   EXPECT_EQ(pool->refcount(shared), 1);
-  EXPECT_EQ(std::memcmp(pool->FrameAddress(copy), pool->FrameAddress(shared),
-                        pool->frame_bytes()),
+  EXPECT_EQ(std::memcmp(pool->FrameAddress(copy), pool->FrameAddress(shared), pool->frame_bytes()),
             0);
   EXPECT_THAT(pool->CheckInvariants(), IsOk());
 }
@@ -382,8 +381,8 @@ TEST(SequenceTest, RunningSumsFollowTheSequence) {
             static_cast<int64_t>(2 * sizeof(std::vector<float>) + sum.size() * sizeof(float)));
   // A fork of the first page inherits the first 4 columns of every head's row.
   ENTROKV_ASSERT_OK_AND_ASSIGN(Sequence child, Sequence::Fork("c", sequence, 1, *pool));
-  EXPECT_THAT(child.running_sum(1), ElementsAre(0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 18, 19,
-                                                20, 21));
+  EXPECT_THAT(child.running_sum(1),
+              ElementsAre(0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 18, 19, 20, 21));
   // Truncation drops the truncated tokens' columns.
   ASSERT_THAT(sequence.Truncate(4, *pool).status(), IsOk());
   EXPECT_THAT(sequence.running_sum(1), ElementsAre(0, 1, 6, 7, 12, 13, 18, 19));

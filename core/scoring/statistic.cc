@@ -48,14 +48,14 @@ absl::Status StatisticView::ValidateValues() const {
 }
 
 absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
-                                           std::span<const float> running) {
+                                            std::span<const float> running) {
   const int heads = chunk.query_heads();
   const int64_t tokens = chunk.tokens();
   if (running.size() % static_cast<size_t>(heads) != 0 ||
       static_cast<int64_t>(running.size() / static_cast<size_t>(heads)) > tokens) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("running sum of ", running.size(), " values does not fit ", heads,
-                     " heads x at most ", tokens, " tokens"));
+    return absl::FailedPreconditionError(absl::StrCat("running sum of ", running.size(),
+                                                      " values does not fit ", heads,
+                                                      " heads x at most ", tokens, " tokens"));
   }
   if (absl::Status valid = chunk.ValidateValues(); !valid.ok()) return valid;
   const int64_t covered = static_cast<int64_t>(running.size() / static_cast<size_t>(heads));

@@ -55,7 +55,7 @@ class StatisticView {
 // not finite (ValidateValues); FAILED_PRECONDITION when `running` is not whole rows of at most
 // T tokens. Float32 sums: a column of a 2^20-query prompt is exact to about 1e-7 relative.
 [[nodiscard]] absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
-                                                         std::span<const float> running);
+                                                          std::span<const float> running);
 
 }  // namespace entrokv
 

@@ -2,8 +2,8 @@
 // (Deadlines are covered by the service tests, R3.) No sleeps: the retry hook orders events.
 // Fail-open decisions (TryDecide) against a daemon that is killed, restarted on the same
 // --state_dir and port, and stopped (SIGSTOP: a daemon too slow to answer).
-#include <csignal>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <memory>

@@ -71,8 +71,8 @@ class LifecycleTest : public ServiceTest {
     return {};
   }
   // One layer's h2o decision on a chunk's column sums (float32, inline).
-  v1::DecideRequest Chunk(const std::string& sequence, int layer,
-                          const std::vector<float>& values, int64_t tokens, int64_t pages) {
+  v1::DecideRequest Chunk(const std::string& sequence, int layer, const std::vector<float>& values,
+                          int64_t tokens, int64_t pages) {
     v1::DecideRequest request;
     request.set_model_id("m");
     request.set_sequence_id(sequence);
@@ -162,16 +162,14 @@ TEST_F(LifecycleTest, ChunksAccumulateAndTheDecisionScoresTheRunningSum) {
   PolicyOptions options;
   options.page_size = 16;
   options.protections.tail_page = true;
-  LayerRequest request =
-      LayerRequestFor(*StatisticView::Create(sum.data(), DType::kFloat32, kHeads, 128), kHeads,
-                      kGroups, 128, 4);
+  LayerRequest request = LayerRequestFor(
+      *StatisticView::Create(sum.data(), DType::kFloat32, kHeads, 128), kHeads, kGroups, 128, 4);
   request.live_pages = live;
   ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision core,
                                DecideLayer(**FindPolicy("h2o"), options, request));
   // Scoring the second chunk alone would keep other pages: the sum is what decides.
-  LayerRequest alone_request =
-      LayerRequestFor(*StatisticView::Create(second.data(), DType::kFloat32, kHeads, 128), kHeads,
-                      kGroups, 128, 4);
+  LayerRequest alone_request = LayerRequestFor(
+      *StatisticView::Create(second.data(), DType::kFloat32, kHeads, 128), kHeads, kGroups, 128, 4);
   alone_request.live_pages = live;
   ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision alone,
                                DecideLayer(**FindPolicy("h2o"), options, alone_request));
@@ -237,7 +235,7 @@ TEST_F(LifecycleTest, ABadChunkNamesTheFieldAndChangesNothing) {
 // counted. Here the estimate is set high, so every layer degrades at once, deterministically.
 TEST_F(LifecycleTest, LayersThatCannotBeScoredInTimeAreDecidedByPosition) {
   Register("m");
-  Open("m", "s", 1000);  // 63 pages
+  Open("m", "s", 1000);                                         // 63 pages
   server_->service().decider().SetSecondsPerValueForTest(1.0);  // 4 s per token
   v1::DecideRequest request = DecideAll("m", "s", 1000, 5, 21);
   request.set_degrade_on_deadline(true);
