@@ -4,8 +4,8 @@
 #define ENTROKV_SERVICE_MODEL_REGISTRY_H_
 
 #include <sys/types.h>
-#include <atomic>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>

@@ -1,13 +1,13 @@
 // The report end to end on the tiny preset: the matrix runs in seconds and its CSV holds what
 #include "sim/eval.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"

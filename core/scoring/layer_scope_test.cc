@@ -193,7 +193,8 @@ TEST(LayerScopeTest, WithoutPageScoresTheLayerKeepsTheUnion) {
 // scores sit on evicted pages, yet the layer keeps exactly K live pages (decode-time decisions
 // must not shrink the budget by re-selecting what is gone).
 TEST(LayerScopeTest, EvictedPagesAreNeverKept) {
-  const std::vector<std::vector<float>> scores = {{1, 9, 8, 2, 3, 7, 4, 5}, {1, 9, 8, 2, 3, 7, 4, 5}};
+  const std::vector<std::vector<float>> scores = {{1, 9, 8, 2, 3, 7, 4, 5},
+                                                  {1, 9, 8, 2, 3, 7, 4, 5}};
   const std::vector<uint8_t> live = {1, 0, 1, 1, 1, 0, 1, 1};  // pages 1 and 5 are gone
   for (const LayerCombine combine : kCombines) {
     LayerDecision decision = GroupScopeDecision({{0, 2, 3}, {0, 2, 3}}, 8, 3);

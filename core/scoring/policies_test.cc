@@ -1,5 +1,3 @@
-#include "core/scoring/policy.h"
-
 #include <cmath>
 #include <map>
 #include <optional>
@@ -7,6 +5,7 @@
 #include <vector>
 
 #include "core/scoring/pages.h"
+#include "core/scoring/policy.h"
 #include "core/scoring/weights.h"
 #include "core/testing/random_rows.h"
 #include "core/testing/status_matchers.h"

@@ -176,8 +176,8 @@ TEST_F(SelectCliTest, TableHeadlineCountsThePagesKept) {
   const std::string path =
       Write("flat.npy", NpyType::kFloat32, {2, 4, 160}, data.data(), data.size() * 4);
   // 5 layer-pages: 3 per group in layer 0, 2 in layer 1, 2 groups; 10 pages per (layer, group).
-  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
-                                         " --kv-heads 2 --page-size 16 --budget 0.25 --format table"));
+  const CliRun run = RunCli(absl::StrCat(
+      "select --stats ", path, " --kv-heads 2 --page-size 16 --budget 0.25 --format table"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("10 of 40 pages kept"));
 }
