@@ -39,7 +39,8 @@ using CallbackServiceWithRawStream =
                         CacheManager::WithCallbackMethod_GetPoolStats<
                             CacheManager::WithCallbackMethod_ListSequences<
                                 CacheManager::WithCallbackMethod_UnregisterModel<
-                                    CacheManager::Service>>>>>>>>>>>;
+                                    CacheManager::WithCallbackMethod_TruncateSequence<
+                                        CacheManager::Service>>>>>>>>>>>>;
 }  // namespace internal
 
 class CacheManagerService final : public internal::CallbackServiceWithRawStream {
@@ -88,6 +89,9 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* context,
                                             const v1::UnregisterModelRequest* request,
                                             v1::UnregisterModelResponse* response) override;
+  grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* context,
+                                             const v1::TruncateSequenceRequest* request,
+                                             v1::TruncateSequenceResponse* response) override;
 
   // The handlers' bodies without gRPC: every unary method above calls one of them between
   // admission and Finish (Decide and DecideStream: FindModel, then decider()). Public so that
@@ -111,6 +115,8 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
                                             v1::AppendTokensResponse* response);
   [[nodiscard]] absl::Status DoCloseSequence(const v1::CloseSequenceRequest& request,
                                              v1::CloseSequenceResponse* response);
+  [[nodiscard]] absl::Status DoTruncateSequence(const v1::TruncateSequenceRequest& request,
+                                                v1::TruncateSequenceResponse* response);
   [[nodiscard]] absl::Status DoGetPoolStats(const v1::GetPoolStatsRequest& request,
                                             v1::PoolStats* response);
   [[nodiscard]] absl::Status DoListSequences(const v1::ListSequencesRequest& request,

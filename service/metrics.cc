@@ -10,9 +10,9 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",     "OpenSequence",   "AppendTokens",
-    "Decide",        "DecideStream", "CloseSequence",  "GetPoolStats",
-    "ListSequences", "ListModels",   "UnregisterModel"};
+    "RegisterModel", "GetModel",     "OpenSequence",    "AppendTokens",
+    "Decide",        "DecideStream", "CloseSequence",   "GetPoolStats",
+    "ListSequences", "ListModels",   "UnregisterModel", "TruncateSequence"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 
@@ -110,6 +110,13 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
            .Name("entrokv_layer_scope_frames_saved_total")
            .Help("Frames layer scope kept fewer than per-group selection would have (LAYER layout)")
            .Register(*registry_);
+  decisions_degraded_ =
+      &prometheus::BuildCounter()
+           .Name("entrokv_decisions_degraded_total")
+           .Help(
+               "Layer decisions made by position (sink and newest pages, the same budget) because "
+               "the request's deadline left too little time to score them")
+           .Register(*registry_);
   decision_duration_ = &prometheus::BuildHistogram()
                             .Name("entrokv_decision_duration_seconds")
                             .Help("Time per layer decision by phase")
@@ -174,6 +181,7 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->group_scope_page_union_ratio =
       &group_scope_page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
   metrics->layer_scope_frames_saved = &layer_scope_frames_saved_->Add({{"pool", pool}});
+  metrics->decisions_degraded = &decisions_degraded_->Add({{"pool", pool}});
   it->second = std::move(metrics);
   return it->second.get();
 }
@@ -200,6 +208,7 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   retained_mass_->Remove(metrics.retained_mass_ratio);
   group_scope_page_union_->Remove(metrics.group_scope_page_union_ratio);
   layer_scope_frames_saved_->Remove(metrics.layer_scope_frames_saved);
+  decisions_degraded_->Remove(metrics.decisions_degraded);
   pools_.erase(it);
 }
 

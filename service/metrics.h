@@ -36,8 +36,9 @@ enum class Method : int {
   kListSequences,
   kListModels,
   kUnregisterModel,
+  kTruncateSequence,
 };
-inline constexpr int kMethodCount = 11;
+inline constexpr int kMethodCount = 12;
 [[nodiscard]] absl::string_view MethodName(Method method);
 
 // Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and
@@ -76,6 +77,9 @@ class PoolMetrics {
   // quota, per layer, and the frames layer scope kept fewer than that.
   prometheus::Histogram* group_scope_page_union_ratio = nullptr;
   prometheus::Counter* layer_scope_frames_saved = nullptr;
+  // Layer decisions made by position because the request's deadline left too little time to
+  // score them (degrade_on_deadline).
+  prometheus::Counter* decisions_degraded = nullptr;
 
  private:
   friend class ServiceMetrics;
@@ -125,6 +129,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* retained_mass_;
   prometheus::Family<prometheus::Histogram>* group_scope_page_union_;
   prometheus::Family<prometheus::Counter>* layer_scope_frames_saved_;
+  prometheus::Family<prometheus::Counter>* decisions_degraded_;
   prometheus::Family<prometheus::Histogram>* decision_duration_;
   prometheus::Family<prometheus::Counter>* stats_bytes_;
   prometheus::Family<prometheus::Counter>* rpc_requests_;

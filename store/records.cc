@@ -150,6 +150,13 @@ std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id
   return key;
 }
 
+std::string RunningSumKey(absl::string_view model_id, absl::string_view sequence_id,
+                          int32_t layer) {
+  std::string key = SequenceKey(RecordKind::kRunningSum, model_id, sequence_id);
+  PutBe32(key, static_cast<uint32_t>(layer));
+  return key;
+}
+
 absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
   if (key.empty()) return Bad("empty key");
   ParsedKey parsed;
@@ -170,6 +177,7 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
            reader.Be32(&chunk);
       break;
     case RecordKind::kWeights:
+    case RecordKind::kRunningSum:
       ok = ok && reader.LengthPrefixed(&parsed.sequence_id) && reader.Be32(&layer);
       break;
     default:
@@ -179,7 +187,8 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
   if (!ok || !reader.done() || layer > INT32_MAX || chunk > INT32_MAX) {
     return Bad("malformed key");
   }
-  parsed.layer = parsed.kind == RecordKind::kTableChunk || parsed.kind == RecordKind::kWeights
+  parsed.layer = parsed.kind == RecordKind::kTableChunk || parsed.kind == RecordKind::kWeights ||
+                         parsed.kind == RecordKind::kRunningSum
                      ? static_cast<int32_t>(layer)
                      : -1;
   parsed.chunk = parsed.kind == RecordKind::kTableChunk ? static_cast<int64_t>(chunk) : -1;
@@ -248,6 +257,30 @@ absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes) {
     uint64_t bits = 0;
     reader.Le(8, &bits);
     std::memcpy(&value, &bits, sizeof(bits));
+  }
+  return values;
+}
+
+std::string EncodeFloats(const std::vector<float>& values) {
+  std::string out;
+  out.reserve(values.size() * 4);
+  for (const float value : values) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(bits));
+    PutLe(out, bits, 4);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes) {
+  if (bytes.size() % 4 != 0) return Bad("a running sum is not whole floats");
+  Reader reader(bytes);
+  std::vector<float> values(bytes.size() / 4);
+  for (float& value : values) {
+    uint64_t bits = 0;
+    reader.Le(4, &bits);
+    const auto narrow = static_cast<uint32_t>(bits);
+    std::memcpy(&value, &narrow, sizeof(value));
   }
   return values;
 }

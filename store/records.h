@@ -13,6 +13,8 @@
 //                                        block-table chunk: kv_groups x up to kChunkPages
 //                                        frame ids (fixed32), [group][page - chunk*kChunkPages]
 //   "W" lp(model) lp(seq) be32(layer)    cached head weights: query_heads doubles
+//   "A" lp(model) lp(seq) be32(layer)    running sum of chunked ACCUMULATED statistics:
+//                                        query_heads x covered tokens floats, [head][token]
 //   "L" lp(model) lp(seq)                a sequence lost at recovery: the reason
 //
 // lp(s) is s's length as big-endian 32 bits, then s: keys of one model (or sequence) share a
@@ -46,6 +48,7 @@ enum class RecordKind : char {
   kTableChunk = 'T',
   kWeights = 'W',
   kLost = 'L',
+  kRunningSum = 'A',
 };
 
 // [0-9a-f-]+, at most 40 characters: it becomes part of shared-memory names.
@@ -73,8 +76,11 @@ struct ModelRecord {
                                    int32_t layer, int64_t chunk);
 [[nodiscard]] std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id,
                                      int32_t layer);
+[[nodiscard]] std::string RunningSumKey(absl::string_view model_id, absl::string_view sequence_id,
+                                        int32_t layer);
 
-// A parsed key. layer and chunk are set for kTableChunk (chunk) and kWeights (layer only).
+// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights and kRunningSum
+// (layer only).
 struct ParsedKey {
   RecordKind kind = RecordKind::kModel;
   std::string model_id;
@@ -96,6 +102,9 @@ struct ParsedKey {
                                                                             int64_t pages);
 [[nodiscard]] std::string EncodeDoubles(const std::vector<double>& values);
 [[nodiscard]] absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes);
+[[nodiscard]] std::string EncodeFloats(const std::vector<float>& values);
+// DATA_LOSS unless the size is whole floats.
+[[nodiscard]] absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes);
 
 }  // namespace entrokv::store
 

@@ -104,7 +104,7 @@ bool Parse(const std::string& bytes, Request* request) {
 std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
                                 const std::string& bytes) {
   const auto never_cancelled = [] { return false; };
-  switch (selector % 11) {
+  switch (selector % 12) {
     case 0: {
       v1::RegisterModelRequest request;
       v1::RegisterModelResponse response;
@@ -171,11 +171,17 @@ std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoListSequences(request, &response);
     }
-    default: {
+    case 10: {
       v1::UnregisterModelRequest request;
       v1::UnregisterModelResponse response;
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoUnregisterModel(request, &response);
+    }
+    default: {
+      v1::TruncateSequenceRequest request;
+      v1::TruncateSequenceResponse response;
+      if (!Parse(bytes, &request)) return std::nullopt;
+      return service.DoTruncateSequence(request, &response);
     }
   }
 }

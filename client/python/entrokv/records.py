@@ -155,6 +155,7 @@ class LayerDecision:
     scope: str  # "group" or "layer": the selection scope that decided
     union_pages: int  # distinct pages kept over the groups (the layer's frames, layer layout)
     group_scope_union_pages: int  # what per-group selection keeps or would have kept
+    degraded: bool = False  # decided by position, the deadline too short to score it
 
     @classmethod
     def from_message(cls, message) -> "LayerDecision":
@@ -180,4 +181,5 @@ class LayerDecision:
                    page_union_ratio=message.page_union_ratio,
                    scope=_name(SELECTION_SCOPES, message.scope),
                    union_pages=message.union_pages,
-                   group_scope_union_pages=message.group_scope_union_pages)
+                   group_scope_union_pages=message.group_scope_union_pages,
+                   degraded=message.degraded)
