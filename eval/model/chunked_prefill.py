@@ -159,7 +159,8 @@ def summarize(rows: List[Dict[str, str]], names: Sequence[str],
                              int(by[(name, "end", t, p)]["correct"]) for t, p in prompts)
                 worse = sum(int(by[(name, arm, t, p)]["correct"]) <
                             int(by[(name, "end", t, p)]["correct"]) for t, p in prompts)
-                paired = f"+{better} / -{worse} (p = {evaluate.mcnemar(better, worse):.3f})"
+                p = evaluate.mcnemar(better, worse)
+                paired = f"+{better} / -{worse} (p {'< 0.001' if p < 0.001 else f'= {p:.3f}'})"
             lines.append(f"| {name} | {arm} | {correct}/{n} = {100 * correct / n:.1f}% "
                          f"[{100 * low:.1f}, {100 * high:.1f}] | {peak:.0f} | {kept:.0f} | "
                          f"{paired} |")
