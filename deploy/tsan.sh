@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# core/ tests under ThreadSanitizer (RELIABILITY R13), called by `deploy/local.sh tsan`.
+# core/ tests under ThreadSanitizer (docs/reliability.md, "Sanitizers"), called by `deploy/local.sh tsan`.
 #
 # Debian's Abseil is not built with TSan, and absl::Mutex tells TSan about its locking only when
 # Abseil itself is compiled with -fsanitize=thread: against Debian's build every access guarded

@@ -1,5 +1,5 @@
-// The one conversion between absl::Status and grpc::Status (STYLE.md §5), shared by the daemon
-// (server side) and the C++ client, tests and benchmarks (client side).
+// The one conversion between absl::Status and grpc::Status (one translation per boundary), shared
+// by the daemon (server side) and the C++ client, tests and benchmarks (client side).
 #ifndef ENTROKV_PROTO_GRPC_STATUS_H_
 #define ENTROKV_PROTO_GRPC_STATUS_H_
 

@@ -114,6 +114,18 @@ absl::Status WithRefusal(absl::Status status, const AdmissionRefusal& refusal) {
   return wire::WithAdmissionHint(std::move(status), refusal);
 }
 
+// The call's timing for the Decider: read now, its deadline moved to the steady clock (none
+// when the client set none).
+CallTiming TimingOf(const grpc::CallbackServerContext& context) {
+  CallTiming timing;
+  const std::chrono::system_clock::time_point deadline = context.deadline();
+  if (deadline != std::chrono::system_clock::time_point::max()) {
+    timing.deadline = timing.received + std::chrono::duration_cast<Clock::duration>(
+                                            deadline - std::chrono::system_clock::now());
+  }
+  return timing;
+}
+
 // A decision stopped by its call's cancellation (the Decider reports CANCELLED) is
 // DEADLINE_EXCEEDED when the call's deadline has passed: that is what stopped it.
 absl::Status PastDeadline(const grpc::CallbackServerContext& context, const absl::Status& status) {
@@ -375,6 +387,20 @@ absl::Status CacheManagerService::DoResumeSequence(const v1::ResumeSequenceReque
   return absl::OkStatus();
 }
 
+absl::Status CacheManagerService::DoTruncateSequence(const v1::TruncateSequenceRequest& request,
+                                                     v1::TruncateSequenceResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  RETURN_IF_ERROR(ValidateTokenCount("tokens", request.tokens(), 1));
+  // OUT_OF_RANGE naming tokens past the sequence's length (the core's message starts with it).
+  ASSIGN_OR_RETURN(const TruncateResult truncated,
+                   model->state().TruncateSequence(request.sequence_id(), request.tokens()));
+  response->set_length_tokens(truncated.length);
+  response->set_frames_freed(static_cast<int64_t>(truncated.freed_frames.size()));
+  model->RefreshOccupancy();
+  return absl::OkStatus();
+}
+
 absl::Status CacheManagerService::DoCloseSequence(const v1::CloseSequenceRequest& request,
                                                   v1::CloseSequenceResponse* response) {
   ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
@@ -494,6 +520,13 @@ grpc::ServerUnaryReactor* CacheManagerService::CloseSequence(
                response);
 }
 
+grpc::ServerUnaryReactor* CacheManagerService::TruncateSequence(
+    grpc::CallbackServerContext* context, const v1::TruncateSequenceRequest* request,
+    v1::TruncateSequenceResponse* response) {
+  return Serve(context, Method::kTruncateSequence, &CacheManagerService::DoTruncateSequence,
+               request, response);
+}
+
 grpc::ServerUnaryReactor* CacheManagerService::GetPoolStats(grpc::CallbackServerContext* context,
                                                             const v1::GetPoolStatsRequest* request,
                                                             v1::PoolStats* response) {
@@ -518,11 +551,12 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
   absl::StatusOr<std::shared_ptr<Model>> model = FindModel(request->model_id());
   if (!model.ok()) return call->Finish(model.status());
   grpc::ServerUnaryReactor* reactor = call->reactor();
+  const CallTiming timing = TimingOf(*context);
   // The worker may finish the reactor before this returns it; gRPC allows either order.
-  const bool accepted =
-      workers_->TrySubmit([this, call, context, request, response, model = *std::move(model)] {
+  const bool accepted = workers_->TrySubmit(
+      [this, call, context, request, response, timing, model = *std::move(model)] {
         const absl::Status status = decider_.Decide(
-            *model, *request, [context] { return context->IsCancelled(); }, response);
+            *model, *request, [context] { return context->IsCancelled(); }, response, timing);
         call->Finish(PastDeadline(*context, status));
       });
   if (!accepted) return call->Finish(Overloaded());
@@ -576,6 +610,7 @@ class CacheManagerService::StreamReactor
       FinishWith(model.status());
       return;
     }
+    timing_ = TimingOf(*context_);  // answer_within_ms counts from this message
     const bool accepted =
         service_->workers_->TrySubmit([this, model = *std::move(model)] { Process(*model); });
     if (!accepted) FinishWith(service_->Overloaded());
@@ -600,7 +635,7 @@ class CacheManagerService::StreamReactor
   void Process(Model& model) {
     response_.Clear();
     const absl::Status status = service_->decider_.DecideLayer(
-        model, request_, [this] { return context_->IsCancelled(); }, &response_);
+        model, request_, [this] { return context_->IsCancelled(); }, &response_, timing_);
     if (!status.ok()) {
       FinishWith(PastDeadline(*context_, status));
       return;
@@ -629,6 +664,7 @@ class CacheManagerService::StreamReactor
   bool admitted_ = true;
   grpc::StatusCode final_code_ = grpc::StatusCode::OK;
   int64_t messages_ = 0;  // parsed so far, to name the one that is not
+  CallTiming timing_;     // of the message being decided
   grpc::ByteBuffer request_bytes_;
   grpc::ByteBuffer response_bytes_;
   v1::DecideLayerRequest request_;

@@ -39,9 +39,10 @@ using CallbackServiceWithRawStream =
                         CacheManager::WithCallbackMethod_GetPoolStats<
                             CacheManager::WithCallbackMethod_ListSequences<
                                 CacheManager::WithCallbackMethod_UnregisterModel<
-                                    CacheManager::WithCallbackMethod_SwapOutSequence<
-                                        CacheManager::WithCallbackMethod_ResumeSequence<
-                                            CacheManager::Service>>>>>>>>>>>>>;
+                                    CacheManager::WithCallbackMethod_TruncateSequence<
+                                        CacheManager::WithCallbackMethod_SwapOutSequence<
+                                            CacheManager::WithCallbackMethod_ResumeSequence<
+                                                CacheManager::Service>>>>>>>>>>>>>>;
 }  // namespace internal
 
 class CacheManagerService final : public internal::CallbackServiceWithRawStream {
@@ -90,6 +91,9 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   grpc::ServerUnaryReactor* UnregisterModel(grpc::CallbackServerContext* context,
                                             const v1::UnregisterModelRequest* request,
                                             v1::UnregisterModelResponse* response) override;
+  grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* context,
+                                             const v1::TruncateSequenceRequest* request,
+                                             v1::TruncateSequenceResponse* response) override;
   // Pool pressure: preemption by swapping.
   grpc::ServerUnaryReactor* SwapOutSequence(grpc::CallbackServerContext* context,
                                             const v1::SwapOutSequenceRequest* request,
@@ -120,6 +124,8 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
                                             v1::AppendTokensResponse* response);
   [[nodiscard]] absl::Status DoCloseSequence(const v1::CloseSequenceRequest& request,
                                              v1::CloseSequenceResponse* response);
+  [[nodiscard]] absl::Status DoTruncateSequence(const v1::TruncateSequenceRequest& request,
+                                                v1::TruncateSequenceResponse* response);
   [[nodiscard]] absl::Status DoGetPoolStats(const v1::GetPoolStatsRequest& request,
                                             v1::PoolStats* response);
   [[nodiscard]] absl::Status DoListSequences(const v1::ListSequencesRequest& request,

@@ -8,6 +8,15 @@
 // Only step 3 changes state. A concurrent AppendTokens or CloseSequence on the same sequence
 // between 2 and 3 fails the whole apply (FAILED_PRECONDITION on the length, NOT_FOUND), with
 // nothing applied.
+//
+// Two additions run inside step 2. A chunk of a chunked prefill (LayerStatistic.accumulate) is
+// added to the layer's running sum first, and the sum is what the layer is scored on; the new
+// sum goes to the pool with the decision in step 3. A request with degrade_on_deadline that
+// runs out of time decides its remaining layers by position (the streaming policy's sinks and
+// newest pages, the same quota): "out of time" is the estimate (the recent decisions' seconds
+// per statistic value times this layer's values) not fitting before the deadline less a
+// reserve for the reply, or a layer's scoring still running at that moment (it is stopped
+// between its KV groups, as a cancelled call's is).
 #include "service/decider.h"
 
 #include <algorithm>
@@ -52,8 +61,17 @@ struct LayerWork {
   std::optional<std::vector<double>> cached_weights;
   std::vector<uint8_t> live_pages;  // empty: every page held (see CacheState::LivePages)
   int64_t quota_pages = 0;
+  bool accumulate = false;         // the statistic is a chunk added to the running sum
+  std::vector<float> running_sum;  // with accumulate: the sum scored, kept with the decision
+  bool degraded = false;           // decided by position: out of time
   LayerDecision decision;
 };
+
+// The policy a degraded layer is decided by: sinks and the newest pages, no statistic.
+const Policy& DegradedPolicy() {
+  static const Policy* const policy = *FindPolicy("streaming");
+  return *policy;
+}
 
 }  // namespace
 
@@ -63,6 +81,13 @@ struct Decider::Job {
   SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
   std::vector<LayerWork> layers;
+  // The request's deadline (the call's, or answer_within_ms after receipt, the earlier), and
+  // which of the two it is; what it allows (degrade_on_deadline); the time kept back for
+  // degrading the rest and replying.
+  std::optional<Clock::time_point> deadline;
+  bool deadline_is_answer_within = false;
+  bool degrade = false;
+  Clock::duration reserve{};
   std::optional<double> auto_floor;  // budget.auto_budget: the pool's quota decides
   PressureReport pressure;           // after the decision
 };
@@ -76,6 +101,19 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
   const std::string field = absl::StrCat(work.field, ".statistic");
   const v1::Statistic& stat = input.statistic();
   const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
+  if (input.accumulate()) {
+    if (!present) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(work.field, ".accumulate: needs a statistic (a chunk's column sums)"));
+    }
+    if (stat.kind() != v1::STATISTIC_KIND_ACCUMULATED) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          work.field, ".accumulate: the statistic's kind must be STATISTIC_KIND_ACCUMULATED, got ",
+          v1::StatisticKind_Name(stat.kind()).empty() ? absl::StrCat(stat.kind())
+                                                      : v1::StatisticKind_Name(stat.kind())));
+    }
+    work.accumulate = true;
+  }
   if (!present) {
     if (policy.needs_statistic()) {
       return absl::InvalidArgumentError(
@@ -164,6 +202,24 @@ void Decider::SetBeforeApplyHookForTest(BeforeApplyHook hook) {
   before_apply_hook_ = std::move(hook);
 }
 
+double Decider::SecondsPerValue() const {
+  absl::MutexLock lock(&estimate_mu_);
+  return seconds_per_value_;
+}
+
+void Decider::SetSecondsPerValueForTest(double seconds) {
+  absl::MutexLock lock(&estimate_mu_);
+  seconds_per_value_ = seconds;
+}
+
+void Decider::RecordScoringTime(int64_t values, double seconds) const {
+  if (values <= 0) return;
+  const double sample = seconds / static_cast<double>(values);
+  absl::MutexLock lock(&estimate_mu_);
+  // Recent decisions weigh most: the machine's load, not the history, decides the next one.
+  seconds_per_value_ = seconds_per_value_ == 0.0 ? sample : 0.7 * seconds_per_value_ + 0.3 * sample;
+}
+
 absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                           std::vector<v1::LayerDecision*>& outputs) const {
   const ModelGeometry& geometry = model.state().geometry();
@@ -171,6 +227,30 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // buffers are reused across the job's layers.
   FusedScorer scorer(job.policy.options);
   std::vector<char> copied;  // the shared-memory statistic of the layer being scored
+  // The moment a layer must be done by: the deadline less the reserve when the rest may be
+  // degraded; answer_within_ms itself when it may not. A call's own deadline without
+  // degrade_on_deadline is left to `cancelled`, as it always was.
+  std::optional<Clock::time_point> finish_by;
+  const int64_t values = int64_t{geometry.query_heads} * job.tokens;  // of one layer
+  const auto estimate = [this](int64_t n) {
+    return std::chrono::duration_cast<Clock::duration>(
+        std::chrono::duration<double>(SecondsPerValue() * static_cast<double>(n)));
+  };
+  if (job.deadline.has_value() && job.degrade) {
+    // Scoring stops only between KV groups: one group's work is kept back too.
+    finish_by = *job.deadline - job.reserve - estimate(values / geometry.kv_groups);
+  } else if (job.deadline.has_value() && job.deadline_is_answer_within) {
+    finish_by = *job.deadline;
+  }
+  const auto out_of_time = [&finish_by] {
+    return finish_by.has_value() && Clock::now() >= *finish_by;
+  };
+  const auto past_budget = [&job](absl::string_view when) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(job.deadline_is_answer_within ? "answer_within_ms" : "deadline", ": passed ",
+                     when, "; nothing was applied (degrade_on_deadline answers in time instead)"));
+  };
+  bool degrading = false;  // from this layer on, decided by position
   for (size_t scored = 0; scored < job.layers.size(); ++scored) {
     LayerWork& work = job.layers[scored];
     // A call whose client gave up (or whose deadline passed) frees its worker before the next
@@ -180,42 +260,79 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
                                                " of ", job.layers.size(),
                                                " layers were scored; nothing was applied"));
     }
-    if (work.shm != nullptr) {
-      const auto copy_start = Clock::now();
+    if (job.degrade && finish_by.has_value() && !degrading) {
+      degrading = Clock::now() + estimate(values) > *finish_by;
+    }
+    const auto start = Clock::now();
+    // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
+    // running sum, so the next decision of the layer scores every chunk.
+    if (work.shm != nullptr && (!degrading || work.accumulate)) {
       RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
                                  work.shm->length_bytes(), &copied));
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
                                                         job.tokens));
       metrics_->AddStatsBytes(StatSource::kSharedMemory,
                               static_cast<int64_t>(work.shm->length_bytes()));
-      metrics_->ObservePhase(Phase::kDecode, SecondsSince(copy_start));
+      metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
     }
-    LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
-                                           job.tokens, work.quota_pages);
-    request.scope = job.scope;
-    request.page_scores = job.auto_floor.has_value();
-    // Measured against what the scorer keeps, which for a server-chosen budget is every page
-    // (the quota decides later): not measured there rather than measured wrong.
-    if (job.auto_floor.has_value()) request.measure = false;
-    request.cancelled = cancelled;  // polled between the layer's groups too
-    if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
-    // A decision after earlier ones selects among the pages still held (issue 14 #4).
+    if (work.accumulate) {
+      absl::StatusOr<std::vector<float>> before =
+          model.state().RunningSum(job.sequence_id, work.layer);
+      if (!before.ok()) return Annotate(before.status(), work.field);
+      absl::StatusOr<std::vector<float>> sum = AddChunk(*work.view, *before);
+      if (!sum.ok()) return Annotate(sum.status(), work.field);
+      work.running_sum = *std::move(sum);
+      ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.running_sum.data(), DType::kFloat32,
+                                                        geometry.query_heads, job.tokens));
+    }
+    // A decision after earlier ones selects among the pages still held: an evicted page is
+    // never kept again, so each group keeps exactly min(K, live pages).
     absl::StatusOr<std::vector<uint8_t>> live =
         model.state().LivePages(job.sequence_id, work.layer);
     if (!live.ok()) return Annotate(live.status(), work.field);
     work.live_pages = *std::move(live);
-    request.live_pages = work.live_pages;
-    const auto start = Clock::now();
-    absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
-    metrics_->ObservePhase(Phase::kScore, SecondsSince(start));
-    if (absl::IsCancelled(decision.status())) {
-      return absl::CancelledError(absl::StrCat("call cancelled or past its deadline: ", work.field,
-                                               ": ", decision.status().message(),
-                                               "; nothing was applied"));
+    if (!degrading) {
+      LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
+                                             job.tokens, work.quota_pages);
+      request.scope = job.scope;
+      request.page_scores = job.auto_floor.has_value();
+      // Measured against what the scorer keeps, which for a server-chosen budget is every page
+      // (the quota decides later): not measured there rather than measured wrong.
+      if (job.auto_floor.has_value()) request.measure = false;
+      // Polled between the layer's groups too: a call that gave up, or a layer still running at
+      // the moment it must be done by, stops there.
+      request.cancelled = [&cancelled, &out_of_time] { return cancelled() || out_of_time(); };
+      if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
+      request.live_pages = work.live_pages;
+      const auto score_start = Clock::now();
+      absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
+      metrics_->ObservePhase(Phase::kScore, SecondsSince(score_start));
+      if (absl::IsCancelled(decision.status())) {
+        if (cancelled()) {
+          return absl::CancelledError(
+              absl::StrCat("call cancelled or past its deadline: ", work.field, ": ",
+                           decision.status().message(), "; nothing was applied"));
+        }
+        if (!job.degrade) return past_budget(absl::StrCat("while ", work.field, " was scored"));
+        degrading = true;  // this layer ran late: it and the rest are decided by position
+      } else {
+        if (!decision.ok()) return Annotate(decision.status(), work.field);
+        work.decision = *std::move(decision);
+        RecordScoringTime(values, SecondsSince(start));
+      }
     }
-    if (!decision.ok()) return Annotate(decision.status(), work.field);
-    work.decision = *std::move(decision);
-    if (work.shm != nullptr) work.view.reset();  // it points into `copied`
+    if (degrading) {
+      LayerRequest request = LayerRequestFor(std::nullopt, geometry.query_heads, geometry.kv_groups,
+                                             job.tokens, work.quota_pages);
+      request.scope = job.scope;
+      request.measure = false;
+      request.live_pages = work.live_pages;
+      absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(DegradedPolicy(), request);
+      if (!decision.ok()) return Annotate(decision.status(), work.field);
+      work.decision = *std::move(decision);
+      work.degraded = true;
+    }
+    if (work.shm != nullptr) work.view.reset();  // it may point into `copied`
   }
   BeforeApplyHook hook;
   {
@@ -224,9 +341,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   }
   if (hook) hook(cancelled);
   if (cancelled()) return absl::CancelledError("call cancelled before the decision was applied");
+  if (!job.degrade && out_of_time()) return past_budget("before the decision was applied");
   // Step 3: apply every layer at once, all or nothing under the pool's lock: a racing
   // AppendTokens or CloseSequence then lands wholly before (nothing applied) or after (every
-  // layer applied and reported), never between two layers.
+  // layer applied and reported), never between two layers. Chunks' running sums go with it.
   auto start = Clock::now();
   absl::StatusOr<std::vector<ApplyResult>> applied =
       job.auto_floor.has_value() ? ApplyAuto(model, job) : ApplyFixed(model, job);
@@ -236,17 +354,19 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   for (size_t i = 0; i < job.layers.size(); ++i) {
     LayerWork& work = job.layers[i];
     const ApplyResult& result = (*applied)[i];
+    const Policy& decided_by = work.degraded ? DegradedPolicy() : *job.policy.policy;
     start = Clock::now();
     v1::LayerDecision& out = *outputs[i];
     out.set_layer(work.layer);
     out.set_page_count(work.decision.page_count);
     out.set_quota_pages(work.decision.quota_pages);
     out.set_tokens(job.tokens);
-    out.set_policy(std::string(job.policy.policy->name()));
+    out.set_policy(std::string(decided_by.name()));
     out.set_page_union_ratio(result.page_union_ratio);
     out.set_scope(wire::ToProto(work.decision.scope));
     out.set_union_pages(work.decision.union_pages);
     out.set_group_scope_union_pages(work.decision.group_scope_union_pages);
+    out.set_degraded(work.degraded);
     out.mutable_freed_frames()->Assign(result.freed_frames.begin(), result.freed_frames.end());
     std::vector<double> weights;
     for (size_t g = 0; g < work.decision.groups.size(); ++g) {
@@ -271,7 +391,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
         weights.size() == static_cast<size_t>(geometry.query_heads)) {
       model.CacheWeights(job.sequence_id, work.layer, std::move(weights));
     }
-    RecordDecision(model, *job.policy.policy, model.state().layout(), out);
+    RecordDecision(model, decided_by, model.state().layout(), out);
+    if (work.degraded) model.metrics().decisions_degraded->Increment();
     metrics_->ObservePhase(Phase::kSelect, SecondsSince(start));
   }
   absl::StatusOr<PressureReport> pressure = model.state().Pressure(job.sequence_id);
@@ -280,15 +401,16 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyFixed(Model& model, const Job& job) const {
+absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyFixed(Model& model, Job& job) const {
   std::vector<LayerKeep> keeps(job.layers.size());
   for (size_t i = 0; i < job.layers.size(); ++i) {
     keeps[i].layer = job.layers[i].layer;
     for (const GroupDecision& group : job.layers[i].decision.groups) {
       keeps[i].kept_pages_per_group.push_back(group.kept_pages);
     }
+    if (job.layers[i].accumulate) keeps[i].running_sum = std::move(job.layers[i].running_sum);
   }
-  return model.state().ApplyDecisions(job.sequence_id, job.tokens, keeps);
+  return model.state().ApplyDecisions(job.sequence_id, job.tokens, std::move(keeps));
 }
 
 absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyAuto(Model& model, Job& job) const {
@@ -349,6 +471,7 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
                         SelectionScope* scope, ResolvedBudget* quotas,
                         std::optional<double>* auto_floor) {
   RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
+  RETURN_IF_ERROR(wire::ValidateAnswerWithin("answer_within_ms", request.answer_within_ms()));
   *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
   ASSIGN_OR_RETURN(*policy, wire::ResolvePolicy(request.policy(), defaults, geometry.page_size));
@@ -362,7 +485,38 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
   ASSIGN_OR_RETURN(*quotas,
                    wire::ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
   *auto_floor = quotas->auto_floor;
+  // A layer decided by position ranks no pages, so the pool would have no shares to take by.
+  if (auto_floor->has_value() && request.degrade_on_deadline()) {
+    return absl::InvalidArgumentError(
+        "degrade_on_deadline: not with budget.auto_budget (a layer decided by position ranks no "
+        "pages for the pool's quota); use a fixed budget, or answer_within_ms alone");
+  }
   return absl::OkStatus();
+}
+
+// The request's deadline and what it allows (Job::deadline, degrade, reserve).
+template <typename Request>
+void PrepareDeadline(const Request& request, const CallTiming& timing,
+                     std::optional<Clock::time_point>* deadline, bool* is_answer_within,
+                     bool* degrade, Clock::duration* reserve) {
+  *deadline = timing.deadline;
+  *is_answer_within = false;
+  if (request.answer_within_ms() > 0) {
+    const Clock::time_point within =
+        timing.received + std::chrono::milliseconds(request.answer_within_ms());
+    if (!deadline->has_value() || within < **deadline) {
+      *deadline = within;
+      *is_answer_within = true;
+    }
+  }
+  *degrade = request.degrade_on_deadline();
+  // Kept back for deciding the rest by position and sending the reply: a tenth of the time the
+  // request had, within [1 ms, 20 ms].
+  if (deadline->has_value()) {
+    *reserve =
+        std::clamp<Clock::duration>((**deadline - timing.received) / 10,
+                                    std::chrono::milliseconds(1), std::chrono::milliseconds(20));
+  }
 }
 
 absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
@@ -376,6 +530,12 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
   }
   work.layer = input.layer();
   work.quota_pages = quotas.pages_per_layer[work.layer];
+  if (quotas.auto_floor.has_value() && input.accumulate()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        work.field,
+        ".accumulate: not with budget.auto_budget (a chunk's running sum is kept with a fixed "
+        "budget's decision); decide chunks with a fixed budget"));
+  }
   RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
@@ -391,13 +551,15 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
 }  // namespace
 
 absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
-                             const std::function<bool()>& cancelled,
-                             v1::DecideResponse* response) const {
+                             const std::function<bool()>& cancelled, v1::DecideResponse* response,
+                             const CallTiming& timing) const {
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
                              &job.scope, &quotas, &job.auto_floor));
+  PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
+                  &job.reserve);
   if (request.layers().empty()) {
     return absl::InvalidArgumentError("layers: must name at least one layer");
   }
@@ -426,12 +588,14 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
 
 absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& request,
                                   const std::function<bool()>& cancelled,
-                                  v1::LayerDecision* response) const {
+                                  v1::LayerDecision* response, const CallTiming& timing) const {
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
                              &job.scope, &quotas, &job.auto_floor));
+  PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
+                  &job.reserve);
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,

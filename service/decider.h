@@ -3,7 +3,9 @@
 #ifndef ENTROKV_SERVICE_DECIDER_H_
 #define ENTROKV_SERVICE_DECIDER_H_
 
+#include <chrono>
 #include <functional>
+#include <optional>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -16,8 +18,16 @@
 
 namespace entrokv::service {
 
-// Stateless apart from the pointers it is given, which must outlive it. Thread-safe: one
-// instance serves every worker thread. Blocking (it scores): call it on the worker pool only.
+// When a decision must be answered (degrade_on_deadline, answer_within_ms), on the steady clock:
+// the moment the daemon read the request, and the call's own deadline (none: unbounded).
+struct CallTiming {
+  std::chrono::steady_clock::time_point received = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> deadline;
+};
+
+// Stateless apart from the pointers it is given, which must outlive it, and its estimate of
+// the scoring time per statistic value (the recent decisions'). Thread-safe: one instance
+// serves every worker thread. Blocking (it scores): call it on the worker pool only.
 class Decider {
  public:
   Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
@@ -27,17 +37,30 @@ class Decider {
   // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
   // decision half applied. `cancelled` is polled before each layer is scored, between the
   // KV groups of a layer (LayerRequest::cancelled) and before applying: CANCELLED then, with
-  // nothing applied.
+  // nothing applied. The request's deadline is the earlier of timing.deadline and
+  // answer_within_ms after timing.received: with degrade_on_deadline, a layer that the recent
+  // decisions' time per value says cannot be scored before it (less a reserve for the reply),
+  // or whose scoring is still running then, and every layer after it, is decided by position
+  // (streaming's choice, the same quota) and flagged degraded; without, a passed
+  // answer_within_ms is DEADLINE_EXCEEDED with nothing applied.
   // Errors: INVALID_ARGUMENT bad field, NOT_FOUND unknown sequence, FAILED_PRECONDITION
   // statistic tokens != sequence length or no cached weights.
   [[nodiscard]] absl::Status Decide(Model& model, const v1::DecideRequest& request,
                                     const std::function<bool()>& cancelled,
-                                    v1::DecideResponse* response) const;
+                                    v1::DecideResponse* response,
+                                    const CallTiming& timing = {}) const;
 
   // One DecideStream message, with the same rules.
   [[nodiscard]] absl::Status DecideLayer(Model& model, const v1::DecideLayerRequest& request,
                                          const std::function<bool()>& cancelled,
-                                         v1::LayerDecision* response) const;
+                                         v1::LayerDecision* response,
+                                         const CallTiming& timing = {}) const;
+
+  // Seconds the recent decisions took to score one statistic value (one head, one token): the
+  // estimate a deadline is checked against. 0 until a layer was scored.
+  [[nodiscard]] double SecondsPerValue() const;
+  // Test hook: sets the estimate, as if recent decisions had taken that long.
+  void SetSecondsPerValueForTest(double seconds);
 
   // Test hook: runs on the worker after a decision is scored, before `cancelled` is polled
   // and the decision applied, so a test can hold a decision there (to let a deadline pass, or
@@ -50,9 +73,11 @@ class Decider {
   struct Job;
   [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                                  std::vector<v1::LayerDecision*>& outputs) const;
-  // Step 3 for an explicit budget: the scorer's kept pages, every layer at once.
-  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyFixed(Model& model,
-                                                                    const Job& job) const;
+  // Folds one scored layer's time into SecondsPerValue.
+  void RecordScoringTime(int64_t values, double seconds) const;
+  // Step 3 for an explicit budget: the scorer's kept pages, every layer at once, with the
+  // chunks' running sums (moved out of the job).
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyFixed(Model& model, Job& job) const;
   // Step 3 for budget.auto_budget: the layers' page scores to the pool, which evicts down to
   // the sequence's quota; the job's kept pages and pressure follow what it did.
   [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyAuto(Model& model, Job& job) const;
@@ -62,6 +87,8 @@ class Decider {
   ShmReader* const shm_;
   mutable absl::Mutex hook_mu_;
   BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
+  mutable absl::Mutex estimate_mu_;
+  mutable double seconds_per_value_ ABSL_GUARDED_BY(estimate_mu_) = 0.0;
 };
 
 }  // namespace entrokv::service

@@ -11,15 +11,15 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "core/util/log.h"
 #include "service/flags.h"
-#include "service/log.h"
 #include "service/options.h"
 #include "service/protobuf_log.h"
 #include "service/server.h"
 
 int main(int argc, char** argv) {
-  using entrokv::service::LogError;
-  using entrokv::service::LogInfo;
+  using entrokv::LogError;
+  using entrokv::LogInfo;
   absl::SetProgramUsageMessage("entrokvd: the entrokv KV-cache manager daemon");
   entrokv::service::ConfigureFlagsUsage();
   const std::vector<std::string> given(argv, argv + argc);
@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
     LogError(valid.message());
     return 2;
   }
-  entrokv::service::SetMinLogLevel(*entrokv::service::ParseLogLevel(options.log_level));
+  entrokv::SetMinLogLevel(*entrokv::ParseLogLevel(options.log_level));
   entrokv::service::RouteProtobufLogs();
 
   // Block the shutdown signals in every thread (gRPC's included) and take them in main.

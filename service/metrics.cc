@@ -10,9 +10,9 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel",   "GetModel",        "OpenSequence",  "AppendTokens",  "Decide",
-    "DecideStream",    "CloseSequence",   "GetPoolStats",  "ListSequences", "ListModels",
-    "UnregisterModel", "SwapOutSequence", "ResumeSequence"};
+    "RegisterModel",   "GetModel",         "OpenSequence",    "AppendTokens",  "Decide",
+    "DecideStream",    "CloseSequence",    "GetPoolStats",    "ListSequences", "ListModels",
+    "UnregisterModel", "TruncateSequence", "SwapOutSequence", "ResumeSequence"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 
@@ -132,6 +132,13 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
            .Name("entrokv_layer_scope_frames_saved_total")
            .Help("Frames layer scope kept fewer than per-group selection would have (LAYER layout)")
            .Register(*registry_);
+  decisions_degraded_ =
+      &prometheus::BuildCounter()
+           .Name("entrokv_decisions_degraded_total")
+           .Help(
+               "Layer decisions made by position (sink and newest pages, the same budget) because "
+               "the request's deadline left too little time to score them")
+           .Register(*registry_);
   decision_duration_ = &prometheus::BuildHistogram()
                             .Name("entrokv_decision_duration_seconds")
                             .Help("Time per layer decision by phase")
@@ -239,6 +246,7 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->group_scope_page_union_ratio =
       &group_scope_page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
   metrics->layer_scope_frames_saved = &layer_scope_frames_saved_->Add({{"pool", pool}});
+  metrics->decisions_degraded = &decisions_degraded_->Add({{"pool", pool}});
   metrics->target_occupancy_ = &target_occupancy_->Add({{"pool", pool}});
   metrics->reclaimed_admission_ =
       &frames_reclaimed_->Add({{"pool", pool}, {"reason", "admission"}});
@@ -283,6 +291,7 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   retained_mass_->Remove(metrics.retained_mass_ratio);
   group_scope_page_union_->Remove(metrics.group_scope_page_union_ratio);
   layer_scope_frames_saved_->Remove(metrics.layer_scope_frames_saved);
+  decisions_degraded_->Remove(metrics.decisions_degraded);
   target_occupancy_->Remove(metrics.target_occupancy_);
   frames_reclaimed_->Remove(metrics.reclaimed_admission_);
   frames_reclaimed_->Remove(metrics.reclaimed_target_);

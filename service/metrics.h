@@ -1,4 +1,5 @@
-// The Prometheus metrics of ARCHITECTURE §6, created once and then only updated.
+// The Prometheus metrics (docs/architecture.md §6, docs/service.md "Metrics"), created once and
+// then only updated.
 #ifndef ENTROKV_SERVICE_METRICS_H_
 #define ENTROKV_SERVICE_METRICS_H_
 
@@ -36,10 +37,11 @@ enum class Method : int {
   kListSequences,
   kListModels,
   kUnregisterModel,
+  kTruncateSequence,
   kSwapOutSequence,
   kResumeSequence,
 };
-inline constexpr int kMethodCount = 13;
+inline constexpr int kMethodCount = 14;
 [[nodiscard]] absl::string_view MethodName(Method method);
 
 // Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and
@@ -79,6 +81,9 @@ class PoolMetrics {
   // quota, per layer, and the frames layer scope kept fewer than that.
   prometheus::Histogram* group_scope_page_union_ratio = nullptr;
   prometheus::Counter* layer_scope_frames_saved = nullptr;
+  // Layer decisions made by position because the request's deadline left too little time to
+  // score them (degrade_on_deadline).
+  prometheus::Counter* decisions_degraded = nullptr;
 
  private:
   friend class ServiceMetrics;
@@ -145,6 +150,7 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Histogram>* retained_mass_;
   prometheus::Family<prometheus::Histogram>* group_scope_page_union_;
   prometheus::Family<prometheus::Counter>* layer_scope_frames_saved_;
+  prometheus::Family<prometheus::Counter>* decisions_degraded_;
   prometheus::Family<prometheus::Histogram>* decision_duration_;
   prometheus::Family<prometheus::Counter>* stats_bytes_;
   prometheus::Family<prometheus::Counter>* rpc_requests_;

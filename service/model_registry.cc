@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "core/util/status_macros.h"
-#include "service/log.h"
 #include "store/model_journal.h"
 
 namespace entrokv::service {

@@ -13,8 +13,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
+#include "core/util/log.h"
 #include "core/util/status_macros.h"
-#include "service/log.h"
 #include "service/tls_check.h"
 
 namespace entrokv::service {

@@ -3,8 +3,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "google/protobuf/stubs/logging.h"
-#include "service/log.h"
 
 namespace entrokv::service {
 namespace {

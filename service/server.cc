@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/pool/arena.h"
+#include "core/util/log.h"
 #include "core/util/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -20,7 +21,6 @@
 #include "prometheus/exposer.h"
 #include "service/arena_names.h"
 #include "service/call_guard.h"
-#include "service/log.h"
 #include "store/recovery.h"
 
 namespace entrokv::service {

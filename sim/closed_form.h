@@ -1,4 +1,4 @@
-// The method's closed forms (METHOD §2.11, claims C9-C11), evaluated and checked against the
+// The method's closed forms (claims C9-C11, docs/method.md), evaluated and checked against the
 // core on a single synthetic group.
 #ifndef ENTROKV_SIM_CLOSED_FORM_H_
 #define ENTROKV_SIM_CLOSED_FORM_H_

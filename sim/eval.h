@@ -75,7 +75,8 @@ struct EvalRow {
   double needle_target_rate = 0.0;  // share of (needle, layer, group) targets kept
   double needle_all_targets = 0.0;  // share of needles kept at every one of their targets
   double needle_all_layers = 0.0;   // share of needles kept in every group of every layer
-  // head_independent only (0 otherwise): the certificates of METHOD §2.9, averaged.
+  // head_independent only (0 otherwise): the union-overhead certificates (docs/method.md),
+  // averaged.
   double jaccard_mean = 0.0;
   double bonferroni_mean = 0.0;
   double sandwich_lower_mean = 0.0;
@@ -124,9 +125,9 @@ struct HeadRow {
 
 // One T of the closed-form and single-group needle check: closed_form.csv.
 struct ClosedFormRow {
-  // "paper_table": METHOD §2.11's instantiation (eta = ln 2), arithmetic only, no measurement;
-  // "single_group": one needle head (0.95 at one token, the rest uniform) and r - 1 uniform
-  // siblings pooled by the core, eta measured from the needle head.
+  // "paper_table": the needle bound's instantiation (docs/method.md, C10; eta = ln 2), arithmetic
+  // only, no measurement; "single_group": one needle head (0.95 at one token, the rest uniform) and
+  // r - 1 uniform siblings pooled by the core, eta measured from the needle head.
   std::string check;
   int64_t tokens = 0;
   int r = 0;

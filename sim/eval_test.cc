@@ -1,13 +1,13 @@
 // The report end to end on the tiny preset: the matrix runs in seconds and its CSV holds what
 #include "sim/eval.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
@@ -108,7 +108,7 @@ TEST(EvalTest, TinyReportHasEveryCellAndPooledPoliciesAreExact) {
   }
   EXPECT_EQ(head_independent_rows, 20);
 
-  // r = 2: UOR = 2 / (2 - D) exactly on every measured group (METHOD §2.9).
+  // r = 2: UOR = 2 / (2 - D) exactly on every measured group (docs/method.md, claim C1).
   const auto uor = ReadCsv((std::filesystem::path(out) / "uor_groups.csv").string());
   ASSERT_EQ(uor.size() - 1, 5u * 4u * 2u * 2u);
   for (size_t i = 1; i < uor.size(); ++i) {
@@ -137,7 +137,7 @@ TEST(EvalTest, ClosedFormsMatchTheMethod) {
   for (const ClosedFormRow& row : results.closed_form) {
     if (row.check == "paper_table" && row.tokens == 131072) {
       saw_128k = true;
-      EXPECT_NEAR(row.delta, 1.548e-9, 0.01e-9);  // METHOD §2.11, recomputed value
+      EXPECT_NEAR(row.delta, 1.548e-9, 0.01e-9);  // docs/method.md, claim C10: the recomputed value
       EXPECT_DOUBLE_EQ(row.mean_closed, 0.11875);
     }
     if (row.check == "single_group") {

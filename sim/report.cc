@@ -117,7 +117,7 @@ std::string UnionSection(const EvalResults& results, const Tables& tables) {
       "## 1. Union overhead\n\n"
       "`head_independent` lets every head pick its own top-K pages and keeps the union; the "
       "pooled policies pick once per group. UOR = |kept| / K is counted for every (layer, group) "
-      "decision, for every policy alike. The certificates (METHOD §2.9) are computed from the "
+      "decision, for every policy alike. The certificates (docs/method.md) are computed from the "
       "measured pairwise Jaccard similarities of the per-head sets; *violations* counts "
       "decisions whose UOR falls outside them (must be 0). B = ",
       page,
@@ -304,8 +304,9 @@ std::string ClosedFormSection(const EvalResults& results) {
   if (results.closed_form.empty()) return "";
   std::string out =
       "## 6. Closed forms\n\n"
-      "METHOD §2.11's instantiation (r = 8, tau = 0.5, eta_ret = ln 2, 1 - eps = 0.95, 4 sinks), "
-      "computed by NeedleBoundDelta / MeanPooledNeedle:\n\n"
+      "The needle bound's instantiation (docs/method.md, claim C10: r = 8, tau = 0.5, "
+      "eta_ret = ln 2, 1 - eps = 0.95, 4 sinks), computed by NeedleBoundDelta / "
+      "MeanPooledNeedle:\n\n"
       "| T | Delta(T) | pooled bound | mean (T -> inf) | ratio |\n|---|---|---|---|---|\n";
   for (const ClosedFormRow& row : results.closed_form) {
     if (row.check != "paper_table") continue;

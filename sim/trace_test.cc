@@ -1,10 +1,10 @@
 #include "sim/trace.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 #include <string>
-
-#include <unistd.h>
 
 #include "absl/status/status.h"
 #include "core/testing/status_matchers.h"
@@ -19,7 +19,8 @@ using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
 std::string TempDir(const std::string& name) {
-  const auto dir = std::filesystem::path(::testing::TempDir()) / ("entrokv_trace_" + name + "_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::path(::testing::TempDir()) /
+                   ("entrokv_trace_" + name + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   return dir.string();
 }

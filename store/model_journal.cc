@@ -1,10 +1,9 @@
 #include "store/model_journal.h"
 
-#include <cstdio>
-#include <cstdlib>
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
@@ -27,14 +26,21 @@ void ModelJournal::PutChunks(leveldb::WriteBatch& batch, const Sequence& sequenc
   }
 }
 
+void ModelJournal::PutRunningSum(leveldb::WriteBatch& batch, const Sequence& sequence,
+                                 int32_t layer) const {
+  const std::string key = RunningSumKey(model_id_, sequence.id(), layer);
+  if (sequence.running_sum(layer).empty()) {
+    batch.Delete(AsSlice(key));
+  } else {
+    batch.Put(AsSlice(key), AsSlice(EncodeFloats(sequence.running_sum(layer))));
+  }
+}
+
 void ModelJournal::Commit(leveldb::WriteBatch& batch) const {
   const absl::Status written = store_->Write(batch);
   if (written.ok()) return;
-  std::fprintf(stderr,
-               "entrokvd fatal: model '%s': %s; stopping so that a restart recovers exactly what "
-               "clients were told\n",
-               model_id_.c_str(), std::string(written.message()).c_str());
-  std::abort();
+  LogFatal(absl::StrCat("model '", model_id_, "': ", written.message(),
+                        "; stopping so that a restart recovers exactly what clients were told"));
 }
 
 void ModelJournal::DeleteResident(leveldb::WriteBatch& batch, absl::string_view sequence_id,
@@ -47,6 +53,7 @@ void ModelJournal::DeleteResident(leveldb::WriteBatch& batch, absl::string_view 
       }
     }
     batch.Delete(AsSlice(WeightsKey(model_id_, sequence_id, layer)));
+    batch.Delete(AsSlice(RunningSumKey(model_id_, sequence_id, layer)));
   }
 }
 
@@ -72,6 +79,7 @@ void ModelJournal::SequenceOpened(const Sequence& sequence) {
       batch.Put(AsSlice(WeightsKey(model_id_, sequence.id(), layer)),
                 AsSlice(EncodeDoubles(sequence.head_weights(layer))));
     }
+    if (!sequence.running_sum(layer).empty()) PutRunningSum(batch, sequence, layer);
   }
   Commit(batch);
 }
@@ -89,6 +97,25 @@ void ModelJournal::TokensAppended(const Sequence& sequence, int64_t first_change
   Commit(batch);
 }
 
+void ModelJournal::TokensTruncated(const Sequence& sequence, int64_t old_page_count) {
+  leveldb::WriteBatch batch;  // one write: the length, the tables' tails and the sums together
+  batch.Put(AsSlice(SequenceKey(RecordKind::kSequence, model_id_, sequence.id())),
+            AsSlice(EncodeInt64(sequence.length())));
+  const int64_t pages = sequence.page_count();
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    if (pages < old_page_count) {
+      // The chunk now holding the last page shrank; the chunks after it went.
+      if (pages > 0) PutChunks(batch, sequence, layer, ChunkOf(pages - 1), ChunkOf(pages - 1));
+      const int64_t first_gone = pages > 0 ? ChunkOf(pages - 1) + 1 : 0;
+      for (int64_t chunk = first_gone; chunk <= ChunkOf(old_page_count - 1); ++chunk) {
+        batch.Delete(AsSlice(ChunkKey(model_id_, sequence.id(), layer, chunk)));
+      }
+    }
+    if (sequence.running_sum_bytes() > 0) PutRunningSum(batch, sequence, layer);
+  }
+  Commit(batch);
+}
+
 void ModelJournal::DecisionApplied(const Sequence& sequence, std::span<const LayerKeep> layers,
                                    std::span<const ApplyResult> results) {
   leveldb::WriteBatch batch;  // every layer in one write: a crash keeps all or none
@@ -100,6 +127,10 @@ void ModelJournal::DecisionApplied(const Sequence& sequence, std::span<const Lay
     }
     for (const int64_t chunk : chunks) PutChunks(batch, sequence, layers[i].layer, chunk, chunk);
     changed = changed || !chunks.empty();
+    if (results[i].running_sum_set) {
+      PutRunningSum(batch, sequence, layers[i].layer);
+      changed = true;
+    }
   }
   if (changed) Commit(batch);  // nothing evicted: nothing changed
 }
@@ -172,9 +203,9 @@ absl::Status RecordModel(StateStore& store, const ModelRecord& model) {
 
 absl::Status DeleteModel(StateStore& store, absl::string_view model_id) {
   std::vector<std::string> prefixes = {ModelKey(model_id)};
-  for (const RecordKind kind :
-       {RecordKind::kSequence, RecordKind::kTableChunk, RecordKind::kWeights, RecordKind::kLost,
-        RecordKind::kTerms, RecordKind::kShares, RecordKind::kSwapped}) {
+  for (const RecordKind kind : {RecordKind::kSequence, RecordKind::kTableChunk,
+                                RecordKind::kWeights, RecordKind::kRunningSum, RecordKind::kLost,
+                                RecordKind::kTerms, RecordKind::kShares, RecordKind::kSwapped}) {
     prefixes.push_back(ModelPrefix(kind, model_id));
   }
   RETURN_IF_ERROR(store.DeletePrefixes(prefixes));
@@ -185,8 +216,8 @@ absl::Status RecordLoss(StateStore& store, const ModelRecord& model,
                         const std::vector<std::string>& lost_ids, absl::string_view reason) {
   leveldb::WriteBatch batch;
   for (const RecordKind kind :
-       {RecordKind::kSequence, RecordKind::kTableChunk, RecordKind::kWeights, RecordKind::kTerms,
-        RecordKind::kShares, RecordKind::kSwapped}) {
+       {RecordKind::kSequence, RecordKind::kTableChunk, RecordKind::kWeights,
+        RecordKind::kRunningSum, RecordKind::kTerms, RecordKind::kShares, RecordKind::kSwapped}) {
     RETURN_IF_ERROR(store.Scan(ModelPrefix(kind, model.model_id),
                                [&batch](absl::string_view key, absl::string_view) {
                                  batch.Delete(leveldb::Slice(key.data(), key.size()));

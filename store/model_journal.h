@@ -27,6 +27,7 @@ class ModelJournal final : public CacheJournal {
 
   void SequenceOpened(const Sequence& sequence) override;
   void TokensAppended(const Sequence& sequence, int64_t first_changed_page) override;
+  void TokensTruncated(const Sequence& sequence, int64_t old_page_count) override;
   void DecisionApplied(const Sequence& sequence, std::span<const LayerKeep> layers,
                        std::span<const ApplyResult> results) override;
   void HeadWeightsSet(const Sequence& sequence, int32_t layer) override;
@@ -41,6 +42,8 @@ class ModelJournal final : public CacheJournal {
  private:
   void PutChunks(leveldb::WriteBatch& batch, const Sequence& sequence, int32_t layer,
                  int64_t first_chunk, int64_t last_chunk) const;
+  // The layer's running sum as the sequence holds it (deleted when it has none).
+  void PutRunningSum(leveldb::WriteBatch& batch, const Sequence& sequence, int32_t layer) const;
   void Commit(leveldb::WriteBatch& batch) const;
   // Deletes the sequence's S, T (of `pages` pages) and W records.
   void DeleteResident(leveldb::WriteBatch& batch, absl::string_view sequence_id,

@@ -157,6 +157,13 @@ std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id
   return key;
 }
 
+std::string RunningSumKey(absl::string_view model_id, absl::string_view sequence_id,
+                          int32_t layer) {
+  std::string key = SequenceKey(RecordKind::kRunningSum, model_id, sequence_id);
+  PutBe32(key, static_cast<uint32_t>(layer));
+  return key;
+}
+
 absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
   if (key.empty()) return Bad("empty key");
   ParsedKey parsed;
@@ -179,6 +186,7 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
            reader.Be32(&chunk);
       break;
     case RecordKind::kWeights:
+    case RecordKind::kRunningSum:
     case RecordKind::kShares:
       ok = ok && reader.LengthPrefixed(&parsed.sequence_id) && reader.Be32(&layer);
       break;
@@ -190,6 +198,7 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
     return Bad("malformed key");
   }
   parsed.layer = parsed.kind == RecordKind::kTableChunk || parsed.kind == RecordKind::kWeights ||
+                         parsed.kind == RecordKind::kRunningSum ||
                          parsed.kind == RecordKind::kShares
                      ? static_cast<int32_t>(layer)
                      : -1;
@@ -259,6 +268,30 @@ absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes) {
     uint64_t bits = 0;
     reader.Le(8, &bits);
     std::memcpy(&value, &bits, sizeof(bits));
+  }
+  return values;
+}
+
+std::string EncodeFloats(const std::vector<float>& values) {
+  std::string out;
+  out.reserve(values.size() * 4);
+  for (const float value : values) {
+    uint32_t bits = 0;
+    std::memcpy(&bits, &value, sizeof(bits));
+    PutLe(out, bits, 4);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes) {
+  if (bytes.size() % 4 != 0) return Bad("a running sum is not whole floats");
+  Reader reader(bytes);
+  std::vector<float> values(bytes.size() / 4);
+  for (float& value : values) {
+    uint64_t bits = 0;
+    reader.Le(4, &bits);
+    const auto narrow = static_cast<uint32_t>(bits);
+    std::memcpy(&value, &narrow, sizeof(value));
   }
   return values;
 }
@@ -400,6 +433,11 @@ std::string EncodeSwapped(const SwappedSnapshot& snapshot) {
     PutLe(out, static_cast<uint32_t>(weights.size()), 4);
     for (const double weight : weights) PutDouble(out, weight);
   }
+  PutLe(out, static_cast<uint32_t>(snapshot.running_sums.size()), 4);
+  for (const std::vector<float>& sum : snapshot.running_sums) {
+    PutLe(out, static_cast<uint32_t>(sum.size()), 4);
+    for (const float value : sum) PutFloat(out, value);
+  }
   return out;
 }
 
@@ -436,6 +474,20 @@ absl::StatusOr<SwappedSnapshot> DecodeSwapped(absl::string_view bytes) {
     if (!GetCount(reader, 8, &count)) return Bad("swapped record is truncated");
     weights.resize(static_cast<size_t>(count));
     for (double& weight : weights) GetDouble(reader, &weight);
+  }
+  uint64_t sums = 0;
+  if (!GetCount(reader, 4, &sums)) return Bad("swapped record is truncated");
+  snapshot.running_sums.resize(static_cast<size_t>(sums));
+  for (std::vector<float>& sum : snapshot.running_sums) {
+    uint64_t count = 0;
+    if (!GetCount(reader, 4, &count)) return Bad("swapped record is truncated");
+    sum.resize(static_cast<size_t>(count));
+    for (float& value : sum) {
+      uint64_t bits = 0;
+      reader.Le(4, &bits);
+      const auto word = static_cast<uint32_t>(bits);
+      std::memcpy(&value, &word, sizeof(value));
+    }
   }
   if (!reader.done()) return Bad("swapped record is too long");
   return snapshot;

@@ -13,14 +13,17 @@
 //                                        block-table chunk: kv_groups x up to kChunkPages
 //                                        frame ids (fixed32), [group][page - chunk*kChunkPages]
 //   "W" lp(model) lp(seq) be32(layer)    cached head weights: query_heads doubles
+//   "A" lp(model) lp(seq) be32(layer)    running sum of chunked ACCUMULATED statistics:
+//                                        query_heads x covered tokens floats, [head][token]
 //   "L" lp(model) lp(seq)                a sequence lost at recovery: the reason
 //   "P" lp(model) lp(seq)                pool pressure: the sequence's terms (tenant, priority,
 //                                        server-chosen budget, quota, preemption mark); absent
 //                                        for a sequence with the default terms
 //   "R" lp(model) lp(seq) be32(layer)    the layer's page shares (server-chosen budgets):
 //                                        kv_groups lists of float32
-//   "X" lp(model) lp(seq)                a swapped-out sequence (instead of its S, T and W
-//                                        records): length, slot tables, weights, swap arena
+//   "X" lp(model) lp(seq)                a swapped-out sequence (instead of its S, T, W and A
+//                                        records): length, slot tables, weights, running sums, swap
+//                                        arena
 //
 // lp(s) is s's length as big-endian 32 bits, then s: keys of one model (or sequence) share a
 // prefix, and no id can pose as another's prefix.
@@ -54,6 +57,7 @@ enum class RecordKind : char {
   kTableChunk = 'T',
   kWeights = 'W',
   kLost = 'L',
+  kRunningSum = 'A',
   kTerms = 'P',
   kShares = 'R',
   kSwapped = 'X',
@@ -84,12 +88,14 @@ struct ModelRecord {
                                    int32_t layer, int64_t chunk);
 [[nodiscard]] std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id,
                                      int32_t layer);
+[[nodiscard]] std::string RunningSumKey(absl::string_view model_id, absl::string_view sequence_id,
+                                        int32_t layer);
 
 [[nodiscard]] std::string SharesKey(absl::string_view model_id, absl::string_view sequence_id,
                                     int32_t layer);
 
-// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights and kShares (layer
-// only).
+// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights, kRunningSum and
+// kShares (layer only).
 struct ParsedKey {
   RecordKind kind = RecordKind::kModel;
   std::string model_id;
@@ -111,6 +117,9 @@ struct ParsedKey {
                                                                             int64_t pages);
 [[nodiscard]] std::string EncodeDoubles(const std::vector<double>& values);
 [[nodiscard]] absl::StatusOr<std::vector<double>> DecodeDoubles(absl::string_view bytes);
+[[nodiscard]] std::string EncodeFloats(const std::vector<float>& values);
+// DATA_LOSS unless the size is whole floats.
+[[nodiscard]] absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes);
 
 // Pool pressure. A sequence's terms without its shares (those are per layer, below); DATA_LOSS
 // for bytes that are not such a record or hold a value out of range.

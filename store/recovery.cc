@@ -17,6 +17,7 @@ struct SequenceParts {
   int64_t length = -1;                                        // -1: no "S" record seen
   std::map<std::pair<int32_t, int64_t>, std::string> chunks;  // (layer, chunk) -> bytes
   std::map<int32_t, std::string> weights;                     // layer -> bytes
+  std::map<int32_t, std::string> running_sums;                // layer -> bytes
 };
 
 }  // namespace
@@ -75,6 +76,9 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
         break;
       case RecordKind::kWeights:
         sequences[id].weights[parsed->layer] = std::string(value);
+        break;
+      case RecordKind::kRunningSum:
+        sequences[id].running_sums[parsed->layer] = std::string(value);
         break;
       case RecordKind::kLost:
         lost[id] = std::string(value);
@@ -179,6 +183,14 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
       absl::StatusOr<std::vector<double>> weights = DecodeDoubles(bytes);
       if (!weights.ok()) return damaged(absl::StrCat(where, ": ", weights.status().message()));
       snapshot.head_weights[layer] = *std::move(weights);
+    }
+    if (!parts.running_sums.empty()) snapshot.running_sums.assign(g.layers, {});
+    for (const auto& [layer, bytes] : parts.running_sums) {
+      if (layer >= g.layers) return damaged(absl::StrCat(where, ": running sum of layer ", layer));
+      absl::StatusOr<std::vector<float>> sum = DecodeFloats(bytes);
+      if (!sum.ok()) return damaged(absl::StrCat(where, ": ", sum.status().message()));
+      // The shape against the geometry and the length: Sequence::FromSnapshot.
+      snapshot.running_sums[layer] = *std::move(sum);
     }
     if (const auto found = pressure.find(id); found != pressure.end()) {
       snapshot.pressure = found->second;

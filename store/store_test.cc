@@ -31,6 +31,7 @@ namespace {
 
 using ::entrokv::testing::IsOk;
 using ::entrokv::testing::StatusIs;
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 
 std::string FreshDir(const std::string& name) {
@@ -74,6 +75,7 @@ struct Observed {
   std::vector<int64_t> live;
   std::vector<std::vector<std::vector<std::vector<FrameId>>>> tables;
   std::vector<std::vector<std::vector<double>>> weights;
+  std::vector<std::vector<std::vector<float>>> running_sums;
   int64_t used = 0;
   int64_t free = 0;
   std::vector<int64_t> used_per_layer;
@@ -92,6 +94,11 @@ Observed Observe(const CacheState& state) {
       weights.push_back(*state.GetHeadWeights(info.id, layer));
     }
     out.weights.push_back(std::move(weights));
+    std::vector<std::vector<float>> sums;
+    for (int layer = 0; layer < state.geometry().layers; ++layer) {
+      sums.push_back(*state.RunningSum(info.id, layer));
+    }
+    out.running_sums.push_back(std::move(sums));
   }
   const PoolStats stats = state.Stats();
   out.used = stats.used_frames;
@@ -100,15 +107,16 @@ Observed Observe(const CacheState& state) {
   return out;
 }
 
-// Random opens, forks, appends, decisions, weights and closes (fixed seed); errors such as an
-// exhausted pool are part of the workload.
+// Random opens, forks, appends, decisions (some with a chunk's running sum), weights,
+// truncations and closes (fixed seed); errors such as an exhausted pool are part of the
+// workload.
 void RandomWorkload(CacheState& state, uint32_t seed, int steps) {
   std::mt19937 rng(seed);
   const ModelGeometry& g = state.geometry();
   int next_id = 0;
   for (int step = 0; step < steps; ++step) {
     const std::vector<SequenceInfo> open = state.ListSequences(false);
-    const int op = static_cast<int>(rng() % 6);
+    const int op = static_cast<int>(rng() % 8);
     if (op == 0 || open.empty()) {
       (void)state.OpenSequence(absl::StrCat("s", next_id++), rng() % 20);
       continue;
@@ -145,6 +153,24 @@ void RandomWorkload(CacheState& state, uint32_t seed, int steps) {
       case 5:
         ASSERT_THAT(state.CloseSequence(pick.id), IsOk());
         break;
+      case 6:
+        if (pick.length > 0) {
+          ASSERT_THAT(state.TruncateSequence(pick.id, 1 + rng() % pick.length).status(), IsOk());
+        }
+        break;
+      case 7: {
+        std::vector<LayerKeep> keep(1);
+        keep[0].layer = static_cast<int32_t>(rng() % g.layers);
+        keep[0].kept_pages_per_group.resize(g.kv_groups);
+        for (auto& pages_kept : keep[0].kept_pages_per_group) {
+          for (int32_t page = 0; page < pages; ++page) pages_kept.push_back(page);
+        }
+        std::vector<float> sum(static_cast<size_t>(g.query_heads * pick.length));
+        for (float& value : sum) value = static_cast<float>(rng() % 1000) / 3.0f;
+        keep[0].running_sum = std::move(sum);
+        ASSERT_THAT(state.ApplyDecisions(pick.id, pick.length, std::move(keep)).status(), IsOk());
+        break;
+      }
     }
   }
 }
@@ -186,6 +212,7 @@ TEST_P(RecoveryTest, RestoredStateEqualsTheJournaledOne) {
   EXPECT_EQ(recovered.lengths, before.lengths);
   EXPECT_EQ(recovered.tables, before.tables);
   EXPECT_EQ(recovered.weights, before.weights);
+  EXPECT_EQ(recovered.running_sums, before.running_sums);
   EXPECT_TRUE(recovered == before);
   EXPECT_EQ(recovered.used + recovered.free, 120);
   // The recovered pool keeps working: a new sequence gets free frames, closing all frees all.
@@ -204,6 +231,43 @@ TEST_P(RecoveryTest, RestoredStateEqualsTheJournaledOne) {
 INSTANTIATE_TEST_SUITE_P(Layouts, RecoveryTest,
                          ::testing::Values(FrameLayout::kGroup, FrameLayout::kLayer));
 
+// A truncation rewrites the chunk that now holds the last page and drops the chunks after it;
+// whatever the cut (inside a chunk, on a chunk's edge, to nothing), the journal holds exactly
+// the chunks recovery expects and the state comes back as it was.
+TEST(RecoveryTest, TruncationsAcrossChunksRecoverExactly) {
+  const ModelRecord model = Model(FrameLayout::kGroup, 2000);
+  for (const int64_t remaining : {299, 257, 256, 100, 3, 0}) {
+    SCOPED_TRACE(absl::StrCat("truncated to ", remaining, " tokens"));
+    const std::string dir = FreshDir(absl::StrCat("truncate", remaining));
+    Observed before;
+    {
+      ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+      ASSERT_THAT(RecordModel(*store, model), IsOk());
+      ModelJournal journal(store.get(), model.model_id, model.geometry);
+      std::unique_ptr<CacheState> state = NewState(model);
+      state->SetJournal(&journal);
+      ASSERT_THAT(state->OpenSequence("a", 300), IsOk());  // 75 pages: chunks 0 and 1
+      std::vector<LayerKeep> keep(1);
+      keep[0].layer = 1;
+      keep[0].kept_pages_per_group.assign(2, {0, 70, 74});
+      std::vector<float> sum(4 * 300);
+      for (size_t i = 0; i < sum.size(); ++i) sum[i] = static_cast<float>(i);
+      keep[0].running_sum = sum;
+      ASSERT_THAT(state->ApplyDecisions("a", 300, std::move(keep)).status(), IsOk());
+      ASSERT_THAT(state->TruncateSequence("a", 300 - remaining).status(), IsOk());
+      before = Observe(*state);
+      ASSERT_EQ(before.running_sums[0][1].size(), static_cast<size_t>(4 * remaining));
+      if (remaining > 0) {
+        EXPECT_EQ(before.running_sums[0][1][remaining], 300.0f);  // head 1's first column
+      }
+      state->SetJournal(nullptr);
+    }
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<CacheState> after, Recover(dir, model));
+    EXPECT_THAT(after->CheckInvariants(), IsOk());
+    EXPECT_TRUE(Observe(*after) == before);
+  }
+}
+
 TEST(RecoveryTest, ClosedSequencesLeaveNoRecords) {
   const std::string dir = FreshDir("closed");
   const ModelRecord model = Model(FrameLayout::kGroup, 500);
@@ -215,6 +279,11 @@ TEST(RecoveryTest, ClosedSequencesLeaveNoRecords) {
     state->SetJournal(&journal);
     ASSERT_THAT(state->OpenSequence("a", 300), IsOk());  // 75 pages: two chunks per layer
     ASSERT_THAT(state->SetHeadWeights("a", 1, {1, 2, 3, 4}), IsOk());
+    std::vector<LayerKeep> keep(1);
+    keep[0].layer = 2;
+    keep[0].kept_pages_per_group.assign(2, {0, 1});
+    keep[0].running_sum = std::vector<float>(4 * 300, 1.0f);
+    ASSERT_THAT(state->ApplyDecisions("a", 300, std::move(keep)).status(), IsOk());
     ASSERT_THAT(state->CloseSequence("a"), IsOk());
     int records = 0;
     ASSERT_THAT(store->Scan("",
@@ -407,6 +476,8 @@ TEST(RecoveryTest, PressureTermsSharesAndSwappedSequencesSurvive) {
         .name = absl::StrCat(prefix, counter++), .attach = false, .keep_name = true};
   };
   const int64_t frame_bytes = FrameBytes(model.geometry, FrameLayout::kGroup);
+  std::vector<float> c_sum(static_cast<size_t>(model.geometry.query_heads) * 14);
+  for (size_t i = 0; i < c_sum.size(); ++i) c_sum[i] = 0.5f + static_cast<float>(i);
   std::string swap_name;
   {
     ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
@@ -422,6 +493,13 @@ TEST(RecoveryTest, PressureTermsSharesAndSwappedSequencesSurvive) {
     const std::vector<AutoLayer> layers = {{.layer = 0, .page_scores = {scores, scores}}};
     ASSERT_THAT(state->ApplyAutoDecision("a", 30, layers, AutoTerms()).status(), IsOk());
     ASSERT_THAT(state->OpenSequence("c", 14), IsOk());  // 4 pages, 8 frames
+    // A chunked prefill's running sum, kept with a decision that keeps every page: it travels
+    // with the swapped-out sequence.
+    LayerKeep keep;
+    keep.layer = 0;
+    keep.kept_pages_per_group = {{0, 1, 2, 3}, {0, 1, 2, 3}};
+    keep.running_sum = c_sum;
+    ASSERT_THAT(state->ApplyDecisions("c", 14, {keep}).status(), IsOk());
     ENTROKV_ASSERT_OK_AND_ASSIGN(const SequenceInfo c, state->GetSequence("c", true));
     for (const FrameId frame : c.block_tables[0][0]) {
       std::memset(state->FrameAddress(frame), 0x5a, static_cast<size_t>(frame_bytes));
@@ -458,6 +536,7 @@ TEST(RecoveryTest, PressureTermsSharesAndSwappedSequencesSurvive) {
     EXPECT_THAT(evicted.pages, ::testing::Not(::testing::Contains(0)));
   }
   ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult resumed, state->Resume("c", nullptr));
+  EXPECT_EQ(*state->RunningSum("c", 0), c_sum);
   for (const FrameAssignment& entry : resumed.new_frames) {
     if (entry.group != 0) continue;
     const auto* bytes = static_cast<const unsigned char*>(state->FrameAddress(entry.frame));
@@ -511,6 +590,7 @@ TEST(RecordsTest, PressureRecordsRoundTripAndGarbageIsRefused) {
                           .slots = {{0, -1, 1}, {2, 3, -1}},
                           .slot_count = 4,
                           .head_weights = {{0.5, 0.5}},
+                          .running_sums = {{1.5f, 2.5f, 3.5f, 4.5f}},
                           .arena_name = "/entrokv.x",
                           .pressure = std::nullopt};
   ENTROKV_ASSERT_OK_AND_ASSIGN(SwappedSnapshot round, DecodeSwapped(EncodeSwapped(swapped)));
@@ -518,6 +598,7 @@ TEST(RecordsTest, PressureRecordsRoundTripAndGarbageIsRefused) {
   EXPECT_EQ(round.slots, swapped.slots);
   EXPECT_EQ(round.slot_count, 4);
   EXPECT_EQ(round.head_weights, swapped.head_weights);
+  EXPECT_EQ(round.running_sums, swapped.running_sums);
   EXPECT_EQ(round.arena_name, "/entrokv.x");
   const std::string encoded = EncodeSwapped(swapped);
   EXPECT_THAT(DecodeSwapped(encoded.substr(0, encoded.size() - 3)),
@@ -558,6 +639,41 @@ TEST(CorruptionTest, RestoreRefusesFramesThePoolCannotHold) {
               StatusIs(absl::StatusCode::kDataLoss, HasSubstr("named by layers")));
   EXPECT_EQ(state->Stats().used_frames, 0);  // nothing changed
   EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+TEST(CorruptionTest, RunningSumsThatDoNotFitTheSequenceAreRefused) {
+  const ModelRecord model = Model(FrameLayout::kGroup, 8);
+  std::unique_ptr<CacheState> state = NewState(model);
+  SequenceSnapshot snapshot;
+  snapshot.id = "s";
+  snapshot.length = 2;
+  snapshot.tables = {{0}, {1}, {2}, {3}, {4}, {5}};
+  snapshot.head_weights.assign(3, {});
+  snapshot.running_sums = {{}, std::vector<float>(4 * 3, 1.0f), {}};  // 3 tokens of 2
+  EXPECT_THAT(state->Restore({snapshot}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("layer 1's running sum")));
+  snapshot.running_sums = {{}, std::vector<float>(7, 1.0f), {}};  // not whole heads
+  EXPECT_THAT(state->Restore({snapshot}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("7 values")));
+  snapshot.running_sums = {{}, {}};  // the model has 3 layers
+  EXPECT_THAT(state->Restore({snapshot}),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("running-sum layers")));
+  EXPECT_EQ(state->Stats().used_frames, 0);
+  // A record of a layer the model does not have is the journal's damage.
+  const std::string dir = FreshDir("bad_sum");
+  WriteSomeState(dir, /*reopen=*/false);
+  {
+    leveldb::Options options;
+    leveldb::DB* raw = nullptr;
+    ASSERT_TRUE(leveldb::DB::Open(options, dir + "/journal", &raw).ok());
+    std::unique_ptr<leveldb::DB> db(raw);
+    // An empty sequence (no chunks expected) with a running sum of layer 9.
+    ASSERT_TRUE(db->Put({}, SequenceKey(RecordKind::kSequence, "m", "ghost"), EncodeInt64(0)).ok());
+    ASSERT_TRUE(db->Put({}, RunningSumKey("m", "ghost", 9), std::string(16, '\0')).ok());
+  }
+  EXPECT_THAT(OpenAndLoad(dir),
+              StatusIs(absl::StatusCode::kDataLoss,
+                       AllOf(HasSubstr("--state_dir"), HasSubstr("running sum of layer 9"))));
 }
 
 TEST(RecordsTest, ModelRoundTripsAndGarbageIsRefused) {

@@ -42,4 +42,12 @@ absl::Status ValidateTokenCount(absl::string_view field, int64_t tokens, int64_t
   return absl::OkStatus();
 }
 
+absl::Status ValidateAnswerWithin(absl::string_view field, int64_t milliseconds) {
+  if (milliseconds < 0 || milliseconds > kMaxAnswerWithinMs) {
+    return InvalidField(field, absl::StrCat("must be in [0, ", kMaxAnswerWithinMs,
+                                            "] milliseconds (0: none), got ", milliseconds));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace entrokv::wire

@@ -26,6 +26,11 @@ inline constexpr int kMaxIdLength = 128;
 [[nodiscard]] absl::Status ValidateTokenCount(absl::string_view field, int64_t tokens,
                                               int64_t min_tokens);
 
+// A request's own time budget in milliseconds (answer_within_ms): in [0, kMaxAnswerWithinMs], 0
+// meaning none; INVALID_ARGUMENT naming `field` otherwise.
+inline constexpr int64_t kMaxAnswerWithinMs = 3'600'000;  // one hour
+[[nodiscard]] absl::Status ValidateAnswerWithin(absl::string_view field, int64_t milliseconds);
+
 // At most the first 200 characters of client input, with "..." when cut: error messages echo
 // what they refuse, and an unbounded echo would turn the error into an oversized trailer.
 inline constexpr size_t kMaxEchoedChars = 200;

@@ -36,6 +36,15 @@ TEST(ValidateTokenCountTest, BoundsAreInclusive) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
 }
 
+TEST(ValidateAnswerWithinTest, BoundsAreInclusive) {
+  EXPECT_THAT(ValidateAnswerWithin("answer_within_ms", 0), IsOk());
+  EXPECT_THAT(ValidateAnswerWithin("answer_within_ms", kMaxAnswerWithinMs), IsOk());
+  EXPECT_THAT(ValidateAnswerWithin("answer_within_ms", -1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("answer_within_ms: must be")));
+  EXPECT_THAT(ValidateAnswerWithin("x", kMaxAnswerWithinMs + 1),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("x: must be")));
+}
+
 TEST(EchoInputTest, CutsLongInput) {
   EXPECT_EQ(EchoInput("short"), "short");
   const std::string longest(kMaxEchoedChars, 'y');

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """Scaling run of the fused CPU core: T from 4,096 to 524,288 for the model shapes of
-ARCHITECTURE §7, one thread, beside the read-once floor measured in the same process.
+docs/architecture.md §7, one thread, beside the read-once floor measured in the same process.
 
 Writes a CSV and a PNG plot (Debian python3-matplotlib; run with /usr/bin/python3):
 

@@ -1,4 +1,4 @@
-// A loopback load generator for a running entrokvd (RELIABILITY R17, issue 12): N worker
+// A loopback load generator for a running entrokvd (docs/reliability.md, "Load"): N worker
 // threads, each with its own connection, drive random lifecycles (register and unregister a
 // model, open, fork, append, decide by bytes and by shared memory, unary and streamed, close,
 // list, stats, /metrics) with a share of bad requests mixed in, and check the answers:

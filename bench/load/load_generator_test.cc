@@ -1,6 +1,6 @@
-// The load generator against a real entrokvd subprocess (RELIABILITY R17): a few seconds of
-// load with bad requests mixed in give zero wrong answers, crashes and leaked frames; and a
-// daemon killed under load is reported as a crash, not as a clean run, and the next daemon
+// The load generator against a real entrokvd subprocess (docs/reliability.md, "Load"): a few
+// seconds of load with bad requests mixed in give zero wrong answers, crashes and leaked frames;
+// and a daemon killed under load is reported as a crash, not as a clean run, and the next daemon
 // removes the host arenas the killed one left in /dev/shm.
 #include "bench/load/load_generator.h"
 

@@ -76,7 +76,7 @@ Worker::Worker(RunContext* context, int index)
   deep_tokens_ = 8192;
 
   // The worker's segments: statistics (slots, then the deep sequence's layers), one too short
-  // for any statistic, a FIFO and a directory (issue 12 #1, #2).
+  // for any statistic, a FIFO and a directory: the hostile segments the daemon must refuse.
   segment_ = absl::StrCat("/entrokv-", tag_);
   short_segment_ = absl::StrCat("/entrokv-", tag_, "-short");
   fifo_path_ = absl::StrCat("/dev/shm/entrokv-", tag_, "-fifo");
@@ -615,7 +615,7 @@ void Worker::ScrapeMetrics() {
   const std::string body = HttpGet(port, "/metrics");
   CountCall("/metrics", std::chrono::duration<double, std::milli>(Clock::now() - start).count(),
             nullptr);
-  // Every family is there, and no label carries a sequence id (R11).
+  // Every family is there, and no label carries a sequence id (docs/reliability.md, "Metrics").
   Check(
       body.find("entrokv_rpc_requests_total") != std::string::npos &&
           body.find("entrokv_pool_frames") != std::string::npos &&

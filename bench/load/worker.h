@@ -215,6 +215,8 @@ class Worker {
   void BadStatistic();
   void BadLayers();
   void BadNoCachedWeights();
+  void BadTruncate();
+  void BadChunk();
   void BadShm();
   void BadGarbageUnary();
   void BadGarbageStream();

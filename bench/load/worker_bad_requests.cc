@@ -66,6 +66,8 @@ void Worker::BadRequest() {
       {"a bad statistic", 1, &Worker::BadStatistic},
       {"bad layers", 1, &Worker::BadLayers},
       {"cached weights that were never cached", 1, &Worker::BadNoCachedWeights},
+      {"a truncation out of range", 1, &Worker::BadTruncate},
+      {"a chunk that is not column sums", 1, &Worker::BadChunk},
       {"a bad shared-memory statistic", 3, &Worker::BadShm},
       {"an unparsable unary message", 1, &Worker::BadGarbageUnary},
       {"an unparsable stream message", 1, &Worker::BadGarbageStream},
@@ -565,6 +567,47 @@ void Worker::BadNoCachedWeights() {
   request.set_use_cached_weights(true);
   DecideRefused(request, {StatusCode::FAILED_PRECONDITION, "use_cached_weights"},
                 "no_cached_weights", "use_cached_weights and none cached");
+}
+
+void Worker::BadTruncate() {
+  // Speculative rollback of nothing, of a negative count, or of more than the sequence holds.
+  Sequence* sequence = PrivateSequence();
+  if (sequence == nullptr) return;
+  const int64_t past = sequence->length + Uniform(1, 1000);
+  const int64_t kBad[] = {0, -1, std::numeric_limits<int64_t>::min(), past,
+                          std::numeric_limits<int64_t>::max()};
+  const int64_t tokens = kBad[Uniform(0, 4)];
+  // Outside [1, 2^31 - 1] is a bad count, as for every token count; a good count past the
+  // length is OUT_OF_RANGE (the same request is valid on a longer sequence).
+  const bool bad_count = tokens < 1 || tokens > std::numeric_limits<int32_t>::max();
+  const Refusal refusal = bad_count ? Refusal{StatusCode::INVALID_ARGUMENT, "tokens"}
+                                    : Refusal{StatusCode::OUT_OF_RANGE, "tokens"};
+  Unchanged("a truncation out of range", [&] {
+    v1::TruncateSequenceRequest request;
+    request.set_model_id(private_.id);
+    request.set_sequence_id(sequence->id);
+    request.set_tokens(tokens);
+    v1::TruncateSequenceResponse response;
+    (void)ExpectRefusal(Call("TruncateSequence", &v1::CacheManager::Stub::TruncateSequence, request,
+                             &response, "truncate_range"),
+                        refusal, absl::StrCat("TruncateSequence tokens=", tokens));
+  });
+}
+
+void Worker::BadChunk() {
+  // A chunk of a chunked prefill must be ACCUMULATED column sums: a last row, or no statistic,
+  // added to the running sum is refused.
+  Sequence* sequence = PrivateSequence();
+  if (sequence == nullptr) return;
+  v1::DecideRequest request = ValidDecide(*sequence, 0);
+  request.mutable_layers(0)->set_accumulate(true);
+  if (Chance(50)) {
+    request.mutable_layers(0)->mutable_statistic()->set_kind(v1::STATISTIC_KIND_LAST_ROW);
+  } else {
+    request.mutable_layers(0)->clear_statistic();
+  }
+  DecideRefused(request, {StatusCode::INVALID_ARGUMENT, "layers[0].accumulate"}, "bad_chunk",
+                "accumulate without column sums");
 }
 
 void Worker::BadShm() {

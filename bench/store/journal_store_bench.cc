@@ -16,9 +16,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
+#include "core/pool/cache_state.h"
 #include "leveldb/db.h"
 #include "leveldb/write_batch.h"
-#include "core/pool/cache_state.h"
 #include "store/model_journal.h"
 #include "store/state_store.h"
 
@@ -117,9 +117,8 @@ void BM_ApplyDecision(benchmark::State& state) {
                       .head_dim = 8,
                       .page_size = 16,
                       .element_bytes = 2};
-  options.capacity_bytes = int64_t{2} * 28 * 2 * 2048 * entrokv::FrameBytes(
-                                                             options.geometry,
-                                                             entrokv::FrameLayout::kGroup);
+  options.capacity_bytes = int64_t{2} * 28 * 2 * 2048 *
+                           entrokv::FrameBytes(options.geometry, entrokv::FrameLayout::kGroup);
   options.name = "journal_bench";
   auto cache = entrokv::CacheState::Create(options);
   if (!cache.ok()) {

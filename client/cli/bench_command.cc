@@ -1,6 +1,6 @@
 // `entrokv bench core`: times the fused CPU scoring path on a seeded (or loaded) whole-model
 // statistic against one summing pass over the same bytes, the memory-bandwidth floor
-// (ARCHITECTURE §7). Prints one JSON object with --json.
+// (docs/architecture.md §7). Prints one JSON object with --json.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>

@@ -78,6 +78,42 @@ absl::StatusOr<v1::AppendTokensResponse> Client::AppendTokens(
 absl::StatusOr<v1::DecideResponse> Client::Decide(const v1::DecideRequest& request) {
   return Call<v1::DecideRequest, v1::DecideResponse>(&v1::CacheManager::Stub::Decide, request);
 }
+absl::StatusOr<v1::TruncateSequenceResponse> Client::TruncateSequence(
+    const v1::TruncateSequenceRequest& request) {
+  return Call<v1::TruncateSequenceRequest, v1::TruncateSequenceResponse>(
+      &v1::CacheManager::Stub::TruncateSequence, request);
+}
+
+bool Client::IsNoDecision(const absl::Status& status) {
+  return absl::IsUnavailable(status) || absl::IsDeadlineExceeded(status) ||
+         absl::IsResourceExhausted(status);
+}
+
+absl::StatusOr<std::optional<v1::DecideResponse>> Client::TryDecide(
+    const v1::DecideRequest& request) {
+  grpc::ClientContext context;
+  Prepare(&context, options_.decision_timeout);
+  v1::DecideResponse response;
+  const absl::Status status = FromGrpcStatus(stub_->Decide(&context, request, &response));
+  if (status.ok()) return std::optional<v1::DecideResponse>(std::move(response));
+  if (!IsNoDecision(status)) return status;
+  if (absl::IsUnavailable(status)) {
+    no_decision_unavailable_.fetch_add(1);
+  } else if (absl::IsDeadlineExceeded(status)) {
+    no_decision_deadline_.fetch_add(1);
+  } else {
+    no_decision_exhausted_.fetch_add(1);
+  }
+  if (options_.on_no_decision) options_.on_no_decision(status);
+  return std::optional<v1::DecideResponse>();
+}
+
+NoDecisionCounts Client::no_decisions() const {
+  return {.unavailable = no_decision_unavailable_.load(),
+          .deadline_exceeded = no_decision_deadline_.load(),
+          .resource_exhausted = no_decision_exhausted_.load()};
+}
+
 absl::StatusOr<v1::CloseSequenceResponse> Client::CloseSequence(
     const v1::CloseSequenceRequest& request) {
   return Call<v1::CloseSequenceRequest, v1::CloseSequenceResponse>(

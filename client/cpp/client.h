@@ -7,9 +7,12 @@
 #ifndef ENTROKV_CLIENT_CPP_CLIENT_H_
 #define ENTROKV_CLIENT_CPP_CLIENT_H_
 
+#include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -31,6 +34,22 @@ struct ClientOptions {
   // status and the backoff about to be waited; for logging and tests. Empty: none.
   std::function<void(int attempt, const absl::Status& status, std::chrono::milliseconds backoff)>
       on_retry;
+  // Fail-open decisions (TryDecide): the deadline of one decision, not retried. A worker sizes
+  // it to what it can wait before it goes on with its cache as it is.
+  std::chrono::milliseconds decision_timeout{500};
+  // Called with the status of every decision TryDecide did not get (daemon unreachable,
+  // restarting, slow or overloaded); for logging. Empty: none.
+  std::function<void(const absl::Status& status)> on_no_decision;
+};
+
+// Decisions a fail-open caller went without, by the reason it got (Client::no_decisions).
+struct NoDecisionCounts {
+  int64_t unavailable = 0;         // the daemon unreachable, restarting or draining
+  int64_t deadline_exceeded = 0;   // no answer within decision_timeout
+  int64_t resource_exhausted = 0;  // shed (--max_inflight_decisions) or over a bound
+  [[nodiscard]] int64_t total() const {
+    return unavailable + deadline_exceeded + resource_exhausted;
+  }
 };
 
 class Client {
@@ -48,6 +67,27 @@ class Client {
   [[nodiscard]] absl::StatusOr<v1::AppendTokensResponse> AppendTokens(
       const v1::AppendTokensRequest& request);
   [[nodiscard]] absl::StatusOr<v1::DecideResponse> Decide(const v1::DecideRequest& request);
+  // Speculative decoding: drops the last request.tokens() tokens of a sequence.
+  [[nodiscard]] absl::StatusOr<v1::TruncateSequenceResponse> TruncateSequence(
+      const v1::TruncateSequenceRequest& request);
+
+  // Fail-open: a decision, or nullopt when none can be had within options.decision_timeout
+  // (the daemon unreachable, restarting, draining or slow: UNAVAILABLE, DEADLINE_EXCEEDED; or
+  // shed: RESOURCE_EXHAUSTED). nullopt comes quickly, is counted (no_decisions) and reported
+  // (on_no_decision); the worker keeps its cache as it is, and the channel reconnects by itself
+  // on the retry schedule, so later calls find the daemon once it is back. One attempt, never
+  // retried: a decision late is a decision lost. Other errors (a bad request, an unknown
+  // sequence) are returned as errors: they are the caller's to fix, not the daemon's health.
+  // A deadline miss may still have been applied by the daemon just after the client gave up
+  // (docs/service.md, "Errors"): a worker whose cache the daemon owns rereads the block tables
+  // (ListSequences) before it relies on them.
+  [[nodiscard]] absl::StatusOr<std::optional<v1::DecideResponse>> TryDecide(
+      const v1::DecideRequest& request);
+  // True for the codes a fail-open caller treats as "no decision" (see TryDecide); for a
+  // LayerStream's Finish status too.
+  [[nodiscard]] static bool IsNoDecision(const absl::Status& status);
+  // Decisions TryDecide went without so far.
+  [[nodiscard]] NoDecisionCounts no_decisions() const;
   [[nodiscard]] absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
       const v1::CloseSequenceRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PoolStats> GetPoolStats(const v1::GetPoolStatsRequest& request);
@@ -103,6 +143,9 @@ class Client {
   ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CacheManager::Stub> stub_;
+  std::atomic<int64_t> no_decision_unavailable_{0};
+  std::atomic<int64_t> no_decision_deadline_{0};
+  std::atomic<int64_t> no_decision_exhausted_{0};
 };
 
 }  // namespace entrokv

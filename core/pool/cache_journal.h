@@ -27,8 +27,12 @@ class CacheJournal {
   // The length changed; block-table entries changed only at pages >= first_changed_page (==
   // page_count() when no entry changed).
   virtual void TokensAppended(const Sequence& sequence, int64_t first_changed_page) = 0;
+  // The sequence lost its last tokens (Sequence::Truncate): it held old_page_count pages before;
+  // block-table entries past page_count() are gone, the running sums may have shrunk.
+  virtual void TokensTruncated(const Sequence& sequence, int64_t old_page_count) = 0;
   // One decision over one or more layers: entries of layers[i].layer changed at the pages
-  // results[i].evicted_pages_per_group names. Made durable as one write (all layers or none).
+  // results[i].evicted_pages_per_group names, and its running sum when results[i].running_sum_set.
+  // Made durable as one write (all layers or none).
   virtual void DecisionApplied(const Sequence& sequence, std::span<const LayerKeep> layers,
                                std::span<const ApplyResult> results) = 0;
   // The cached head weights of `layer` changed.

@@ -98,11 +98,11 @@ absl::Status CacheState::ReserveGrowth(absl::string_view sequence_id, int64_t ol
                                        int64_t new_bytes) {
   if (limits_.max_sequence_bookkeeping_bytes > 0 &&
       new_bytes > limits_.max_sequence_bookkeeping_bytes) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("max_sequence_bookkeeping_bytes: sequence \"", sequence_id, "\" would hold ",
-                     new_bytes, " bytes of bookkeeping (block tables of ", geometry_.layers,
-                     " layers x ", geometry_.kv_groups, " KV groups), more than the limit of ",
-                     limits_.max_sequence_bookkeeping_bytes, "; nothing changed"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "max_sequence_bookkeeping_bytes: sequence \"", sequence_id, "\" would hold ", new_bytes,
+        " bytes of bookkeeping (block tables of ", geometry_.layers, " layers x ",
+        geometry_.kv_groups, " KV groups, head weights, running sums), more than the limit of ",
+        limits_.max_sequence_bookkeeping_bytes, "; nothing changed"));
   }
   const int64_t total =
       pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_ - old_bytes + new_bytes;
@@ -206,8 +206,12 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   RETURN_IF_ERROR(CheckOneMore());
   const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (prefix_pages >= 0 && prefix_pages <= parent->second.page_count()) {
-    RETURN_IF_ERROR(ReserveGrowth(
-        sequence_id, 0, Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages)));
+    const int64_t child_length =
+        std::min(parent->second.length(), prefix_pages * int64_t{geometry_.page_size});
+    RETURN_IF_ERROR(
+        ReserveGrowth(sequence_id, 0,
+                      Sequence::BookkeepingBytes(geometry_, sequence_id.size(), prefix_pages) +
+                          parent->second.RunningSumBytesUpTo(child_length)));
   }
   ASSIGN_OR_RETURN(Sequence child,
                    Sequence::Fork(std::string(sequence_id), parent->second, prefix_pages, *pool_));
@@ -225,18 +229,52 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   return AppendTokens(sequence_id, tokens, AppendOptions());
 }
 
+absl::StatusOr<TruncateResult> CacheState::TruncateSequence(absl::string_view sequence_id,
+                                                            int64_t tokens) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
+  Sequence& sequence = it->second;
+  const int64_t old_bytes = sequence.bookkeeping_bytes();
+  const int64_t old_pages = sequence.page_count();
+  ASSIGN_OR_RETURN(TruncateResult result, sequence.Truncate(tokens, *pool_));
+  sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
+  SettleDaemon();
+  if (journal_ != nullptr) journal_->TokensTruncated(sequence, old_pages);
+  // Page shares past the new end go with their pages: a page appended there later is unscored
+  // until a decision scores it, so no quota takes it first. Their capacity stays accounted.
+  NoteOwnerCall(sequence_id);
+  SequencePressure& terms = TermsOf(sequence_id);
+  const auto pages = static_cast<size_t>(sequence.page_count());
+  std::vector<bool> trimmed(static_cast<size_t>(geometry_.layers), false);
+  for (size_t t = 0; t < terms.shares.size(); ++t) {
+    if (terms.shares[t].size() <= pages) continue;
+    terms.shares[t].resize(pages);
+    trimmed[t / static_cast<size_t>(geometry_.kv_groups)] = true;
+  }
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    if (trimmed[static_cast<size_t>(layer)] && journal_ != nullptr) {
+      journal_->SharesSet(sequence_id, terms, layer);
+    }
+  }
+  Rebalance();
+  return result;
+}
+
 absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
     absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
     const std::vector<std::vector<int32_t>>& kept_pages_per_group) {
-  ASSIGN_OR_RETURN(
-      std::vector<ApplyResult> results,
-      ApplyDecisions(sequence_id, decided_tokens,
-                     {LayerKeep{.layer = layer, .kept_pages_per_group = kept_pages_per_group}}));
+  std::vector<LayerKeep> layers(1);
+  layers[0].layer = layer;
+  layers[0].kept_pages_per_group = kept_pages_per_group;
+  ASSIGN_OR_RETURN(std::vector<ApplyResult> results,
+                   ApplyDecisions(sequence_id, decided_tokens, std::move(layers)));
   return std::move(results.front());
 }
 
-absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
-    absl::string_view sequence_id, int64_t decided_tokens, const std::vector<LayerKeep>& layers) {
+absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(absl::string_view sequence_id,
+                                                                    int64_t decided_tokens,
+                                                                    std::vector<LayerKeep> layers) {
   if (layers.empty()) return absl::InvalidArgumentError("a decision needs at least one layer");
   std::vector<ApplyResult> results;
   std::function<void()> hook;
@@ -246,9 +284,14 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
     if (it == sequences_.end()) return Missing("sequence", sequence_id);
     Sequence& sequence = it->second;
     std::vector<bool> seen(geometry_.layers, false);
+    // The running sums' bytes after the decision: each replaced layer's old sum goes, its new
+    // one comes (and the L vector headers with the first one).
+    int64_t running_delta = 0;
+    bool first_sum = sequence.running_sum_bytes() == 0;
     for (const LayerKeep& keep : layers) {
+      const std::vector<float>* sum = keep.running_sum ? &*keep.running_sum : nullptr;
       if (absl::Status checked =
-              sequence.CheckDecision(keep.layer, decided_tokens, keep.kept_pages_per_group);
+              sequence.CheckDecision(keep.layer, decided_tokens, keep.kept_pages_per_group, sum);
           !checked.ok()) {
         return absl::Status(checked.code(),
                             absl::StrCat("layer ", keep.layer, ": ", checked.message()));
@@ -257,13 +300,28 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
         return absl::InvalidArgumentError(absl::StrCat("layer ", keep.layer, " appears twice"));
       }
       seen[keep.layer] = true;
+      if (sum != nullptr) {
+        running_delta +=
+            static_cast<int64_t>(sum->size() * sizeof(float)) -
+            static_cast<int64_t>(sequence.running_sum(keep.layer).size() * sizeof(float));
+        if (first_sum) {
+          running_delta += static_cast<int64_t>(geometry_.layers * sizeof(std::vector<float>));
+          first_sum = false;
+        }
+      }
+    }
+    const int64_t old_bytes = sequence.bookkeeping_bytes();
+    const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
+    if (running_delta > 0) {
+      RETURN_IF_ERROR(ReserveGrowth(sequence_id, old_bytes, old_bytes + running_delta));
     }
     // Checked: from here on nothing fails unless the pool's invariant was already broken.
     results.reserve(layers.size());
-    for (const LayerKeep& keep : layers) {
+    for (LayerKeep& keep : layers) {
       ASSIGN_OR_RETURN(
           ApplyResult result,
-          sequence.ApplyDecision(keep.layer, decided_tokens, keep.kept_pages_per_group, *pool_));
+          sequence.ApplyDecision(keep.layer, decided_tokens, keep.kept_pages_per_group, *pool_,
+                                 keep.running_sum ? &*keep.running_sum : nullptr));
       for (const auto& pages : result.evicted_pages_per_group) {
         pages_evicted_total_ += static_cast<int64_t>(pages.size());
       }
@@ -271,6 +329,7 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(
       ++decisions_total_;
       results.push_back(std::move(result));
     }
+    sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
     // One journal write for every layer: a crash keeps the whole decision or none of it.
     if (journal_ != nullptr) journal_->DecisionApplied(sequence, layers, results);
     hook = decision_hook_;
@@ -301,6 +360,15 @@ absl::StatusOr<std::vector<double>> CacheState::GetHeadWeights(absl::string_view
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
   RETURN_IF_ERROR(CheckLayer(geometry_, layer));
   return it->second.head_weights(layer);
+}
+
+absl::StatusOr<std::vector<float>> CacheState::RunningSum(absl::string_view sequence_id,
+                                                          int32_t layer) const {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
+  return it->second.running_sum(layer);
 }
 
 absl::StatusOr<std::vector<uint8_t>> CacheState::LivePages(absl::string_view sequence_id,
@@ -399,7 +467,7 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots,
     ASSIGN_OR_RETURN(
         Sequence sequence,
         Sequence::FromSnapshot(id, geometry_, layout_, snapshot.length, std::move(snapshot.tables),
-                               std::move(snapshot.head_weights)));
+                               std::move(snapshot.head_weights), std::move(snapshot.running_sums)));
     for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
       for (int64_t page = 0; page < sequence.page_count(); ++page) {
         FrameId unit_frame = kNoFrame;

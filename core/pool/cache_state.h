@@ -57,6 +57,7 @@ struct SequenceSnapshot {
   int64_t length = 0;
   std::vector<std::vector<FrameId>> tables;       // [layer * kv_groups + group][page]
   std::vector<std::vector<double>> head_weights;  // [layer]: empty or query_heads values
+  std::vector<std::vector<float>> running_sums;   // empty, or [layer]: see Sequence::running_sum
   std::optional<SequencePressure> pressure;       // absent: default terms
 };
 
@@ -121,11 +122,12 @@ struct SequencePage {
   bool more = false;                    // sequences sort after the last one listed
 };
 
-// Maps 1:1 to ARCHITECTURE §6: entrokv_pool_frames{state="used|free"} = used_frames /
-// free_frames, entrokv_pool_capacity_bytes = capacity_bytes, entrokv_sequences_active =
-// sequences_active, entrokv_pages_evicted_total = pages_evicted_total (block-table entries
-// evicted, one per (layer, group, page)); frames_freed_total counts frames actually returned
-// by evictions (fewer when shared or, in kLayer, while another group keeps the page).
+// Maps 1:1 to the daemon's metrics (docs/architecture.md §6):
+// entrokv_pool_frames{state="used|free"} = used_frames / free_frames, entrokv_pool_capacity_bytes =
+// capacity_bytes, entrokv_sequences_active = sequences_active, entrokv_pages_evicted_total =
+// pages_evicted_total (block-table entries evicted, one per (layer, group, page));
+// frames_freed_total counts frames actually returned by evictions (fewer when shared or, in kLayer,
+// while another group keeps the page).
 struct PoolStats {
   int64_t capacity_frames = 0;
   int64_t used_frames = 0;
@@ -187,6 +189,9 @@ class CacheState {
   // sequence's or the model's bookkeeping would pass its CacheLimits bound.
   [[nodiscard]] absl::StatusOr<AppendResult> AppendTokens(absl::string_view sequence_id,
                                                           int64_t tokens);
+  // See Sequence::Truncate; page shares past the new end go too. NOT_FOUND unknown id.
+  [[nodiscard]] absl::StatusOr<TruncateResult> TruncateSequence(absl::string_view sequence_id,
+                                                                int64_t tokens);
   // See Sequence::ApplyDecision. NOT_FOUND unknown id.
   [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
       absl::string_view sequence_id, int32_t layer, int64_t decided_tokens,
@@ -194,11 +199,13 @@ class CacheState {
   // Every layer of one decision, all or nothing under one lock: each layer is checked
   // (Sequence::CheckDecision) before the first is applied, so a concurrent AppendTokens or
   // CloseSequence lands wholly before (the call fails, nothing applied) or wholly after (every
-  // layer applied, every freed frame reported). Results in `layers` order. INVALID_ARGUMENT
-  // when a layer appears twice or `layers` is empty; otherwise ApplyDecision's errors, the
-  // message prefixed with the layer.
+  // layer applied, every freed frame reported). Running sums (LayerKeep::running_sum) are moved
+  // into the sequence with the decision. Results in `layers` order. INVALID_ARGUMENT when a
+  // layer appears twice or `layers` is empty; RESOURCE_EXHAUSTED naming the bound when the new
+  // running sums pass a CacheLimits bound; otherwise ApplyDecision's errors, the message
+  // prefixed with the layer.
   [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyDecisions(
-      absl::string_view sequence_id, int64_t decided_tokens, const std::vector<LayerKeep>& layers);
+      absl::string_view sequence_id, int64_t decided_tokens, std::vector<LayerKeep> layers);
   // Test hook: runs on the calling thread after every successful ApplyDecision(s), once the
   // lock is released, so a test can place a racing call exactly between two decisions.
   // Empty: none.
@@ -210,6 +217,10 @@ class CacheState {
   // The cached weights, empty when none. NOT_FOUND unknown id; FAILED_PRECONDITION bad layer.
   [[nodiscard]] absl::StatusOr<std::vector<double>> GetHeadWeights(absl::string_view sequence_id,
                                                                    int32_t layer) const;
+  // A copy of the layer's running sum (Sequence::running_sum): query_heads rows of the tokens
+  // it covers, empty when none. NOT_FOUND unknown id; FAILED_PRECONDITION bad layer.
+  [[nodiscard]] absl::StatusOr<std::vector<float>> RunningSum(absl::string_view sequence_id,
+                                                              int32_t layer) const;
   // Which pages of `layer` each group still holds, group-major, one entry per page of the
   // current length: 1 while the block table names a frame, 0 once evicted. Empty when every
   // page is held (nothing evicted yet), so a prefill decision pays nothing. A decode-time
@@ -357,6 +368,7 @@ class CacheState {
     std::vector<std::vector<int32_t>> slots;  // [layer * kv_groups + group][page], -1 evicted
     int64_t slot_count = 0;
     std::vector<std::vector<double>> head_weights;
+    std::vector<std::vector<float>> running_sums;  // empty, or [layer]
     std::unique_ptr<MemoryArena> arena;
     bool keep_name = false;  // the arena's name outlives it: unlinked by hand when dropped
     int64_t bookkeeping_bytes = 0;

@@ -180,7 +180,8 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyEviction(Sequence& seq
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
     const auto& evict = eviction.pages[static_cast<size_t>(layer)];
     if (std::all_of(evict.begin(), evict.end(), [](const auto& p) { return p.empty(); })) continue;
-    LayerKeep keep{.layer = layer, .kept_pages_per_group = {}};
+    LayerKeep keep;
+    keep.layer = layer;
     for (int32_t g = 0; g < geometry_.kv_groups; ++g) {
       const std::vector<FrameId>& table = sequence.block_table(layer, g);
       const std::vector<int32_t>& gone = evict[static_cast<size_t>(g)];
@@ -476,9 +477,9 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   const int64_t old_bytes = sequence.bookkeeping_bytes();
   const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
   if (tokens >= 0 && tokens <= kMaxSequenceTokens - sequence.length()) {
-    RETURN_IF_ERROR(ReserveGrowth(sequence_id, old_bytes,
-                                  Sequence::BookkeepingBytes(geometry_, sequence_id.size(),
-                                                             sequence.TableCapacityAfter(tokens))));
+    RETURN_IF_ERROR(
+        ReserveGrowth(sequence_id, old_bytes,
+                      sequence.BookkeepingBytesWithCapacity(sequence.TableCapacityAfter(tokens))));
   }
   ASSIGN_OR_RETURN(const int64_t need, sequence.FramesNeeded(tokens, *pool_));
   const int64_t order = terms.admitted;

@@ -87,6 +87,12 @@ absl::StatusOr<SwapOutResult> CacheState::SwapOut(absl::string_view sequence_id)
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
     swapped.head_weights[static_cast<size_t>(layer)] = sequence.head_weights(layer);
   }
+  if (sequence.running_sum_bytes() > 0) {
+    swapped.running_sums.resize(static_cast<size_t>(geometry_.layers));
+    for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+      swapped.running_sums[static_cast<size_t>(layer)] = sequence.running_sum(layer);
+    }
+  }
   SequencePressure& terms = TermsOf(sequence_id);
   terms.quota_frames = 0;
   terms.quota_reason = ReclaimReason::kNone;
@@ -97,6 +103,7 @@ absl::StatusOr<SwapOutResult> CacheState::SwapOut(absl::string_view sequence_id)
                                                  .slots = swapped.slots,
                                                  .slot_count = swapped.slot_count,
                                                  .head_weights = swapped.head_weights,
+                                                 .running_sums = swapped.running_sums,
                                                  .arena_name = swapped.arena->info().name,
                                                  .pressure = terms});
   }
@@ -174,7 +181,8 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
   ASSIGN_OR_RETURN(
       Sequence sequence,
       Sequence::FromSnapshot(std::string(sequence_id), geometry_, layout_, swapped.length,
-                             std::move(tables), std::move(swapped.head_weights)));
+                             std::move(tables), std::move(swapped.head_weights),
+                             std::move(swapped.running_sums)));
   LimitTableGrowth(sequence);
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - swapped.bookkeeping_bytes;
   SettleDaemon();
@@ -245,8 +253,21 @@ absl::Status CacheState::CheckSwapped(
     }
     const int64_t pages = PageCount(snapshot.length, geometry_.page_size);
     if (snapshot.slots.size() != static_cast<size_t>(geometry_.layers) * geometry_.kv_groups ||
-        snapshot.head_weights.size() != static_cast<size_t>(geometry_.layers)) {
-      return fail("tables or weights of another geometry");
+        snapshot.head_weights.size() != static_cast<size_t>(geometry_.layers) ||
+        (!snapshot.running_sums.empty() &&
+         snapshot.running_sums.size() != static_cast<size_t>(geometry_.layers))) {
+      return fail("tables, weights or running sums of another geometry");
+    }
+    for (const std::vector<double>& weights : snapshot.head_weights) {
+      if (!weights.empty() && weights.size() != static_cast<size_t>(geometry_.query_heads)) {
+        return fail("head weights of another geometry");
+      }
+    }
+    for (const std::vector<float>& sum : snapshot.running_sums) {
+      const size_t heads = static_cast<size_t>(geometry_.query_heads);
+      if (sum.size() % heads != 0 || static_cast<int64_t>(sum.size() / heads) > snapshot.length) {
+        return fail("a running sum of another geometry or past the length");
+      }
     }
     if (snapshot.slot_count < 0 || snapshot.slot_count > pool_->capacity_frames()) {
       return fail(absl::StrCat(snapshot.slot_count, " slots"));
@@ -283,10 +304,19 @@ void CacheState::RestoreSwapped(std::vector<SwappedSnapshot> swapped) {
     entry.slots = std::move(snapshot.slots);
     entry.slot_count = snapshot.slot_count;
     entry.head_weights = std::move(snapshot.head_weights);
+    entry.running_sums = std::move(snapshot.running_sums);
     entry.arena = *std::move(arena);
     entry.keep_name = true;
     entry.bookkeeping_bytes = Sequence::BookkeepingBytes(
         geometry_, snapshot.id.size(), PageCount(snapshot.length, geometry_.page_size));
+    if (!entry.running_sums.empty()) {
+      // As Sequence::running_sum_bytes counts them.
+      entry.bookkeeping_bytes +=
+          static_cast<int64_t>(entry.running_sums.size() * sizeof(std::vector<float>));
+      for (const std::vector<float>& sum : entry.running_sums) {
+        entry.bookkeeping_bytes += static_cast<int64_t>(sum.size() * sizeof(float));
+      }
+    }
     sequence_bookkeeping_bytes_ += entry.bookkeeping_bytes;
     swapped_bytes_ += snapshot.slot_count * frame_bytes;
     terms_[snapshot.id] = snapshot.pressure.value_or(SequencePressure());

@@ -55,15 +55,17 @@ TEST(CacheStateTest, ApplyDecisionsIsAllOrNothing) {
   ASSERT_THAT(state->OpenSequence("a", 9), IsOk());  // 3 pages x 3 layers x 2 groups
   const PoolStats before = state->Stats();
   // Layer 2's page 7 does not exist: layers 0 and 1, though valid, must not be applied.
-  EXPECT_THAT(state->ApplyDecisions("a", 9,
-                                    {{.layer = 0, .kept_pages_per_group = {{2}, {2}}},
-                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}},
-                                     {.layer = 2, .kept_pages_per_group = {{7}, {2}}}}),
-              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 2")));
-  EXPECT_THAT(state->ApplyDecisions("a", 9,
-                                    {{.layer = 1, .kept_pages_per_group = {{2}, {2}}},
-                                     {.layer = 1, .kept_pages_per_group = {{2}, {2}}}}),
-              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 9,
+                            {{.layer = 0, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 2, .kept_pages_per_group = {{7}, {2}}, .running_sum = {}}}),
+      StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("layer 2")));
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 9,
+                            {{.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}},
+                             {.layer = 1, .kept_pages_per_group = {{2}, {2}}, .running_sum = {}}}),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("twice")));
   EXPECT_THAT(state->ApplyDecisions("a", 9, {}),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("one layer")));
   EXPECT_EQ(state->Stats().used_frames, before.used_frames);
@@ -74,8 +76,8 @@ TEST(CacheStateTest, ApplyDecisionsIsAllOrNothing) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(
       const std::vector<ApplyResult> applied,
       state->ApplyDecisions("a", 9,
-                            {{.layer = 2, .kept_pages_per_group = {{2}, {0, 2}}},
-                             {.layer = 0, .kept_pages_per_group = {{}, {1}}}}));
+                            {{.layer = 2, .kept_pages_per_group = {{2}, {0, 2}}, .running_sum = {}},
+                             {.layer = 0, .kept_pages_per_group = {{}, {1}}, .running_sum = {}}}));
   EXPECT_EQ(hook_runs, 1);  // once per call, not per layer
   ASSERT_EQ(applied.size(), 2u);
   EXPECT_EQ(applied[0].frames_released, 3);  // layer 2: pages 0, 1 and 1
@@ -244,7 +246,7 @@ TEST(CacheStateTest, ConcurrentCallersKeepTheInvariant) {
 namespace entrokv {
 namespace {
 
-// Issue 12 #4: the accounted bookkeeping is the pool's plus each sequence's, follows every
+// The accounted bookkeeping is the pool's plus each sequence's, follows every
 // open, append, fork and close, and comes back to the pool's alone.
 TEST(CacheStateTest, BookkeepingIsAccountedForEverySequence) {
   CacheOptions options = Options(FrameLayout::kGroup, 256);
@@ -265,8 +267,8 @@ TEST(CacheStateTest, BookkeepingIsAccountedForEverySequence) {
   EXPECT_EQ(state->Stats().bookkeeping_bytes, pool);
 }
 
-// Issue 12 #4: a model of 4096 layers x 4096 groups made every OpenSequence(0) allocate ~390
-// MB of empty block tables. Such a geometry is refused before any arena exists.
+// A model of 4096 layers x 4096 groups used to make every OpenSequence(0) allocate
+// ~390 MB of empty block tables. Such a geometry is refused before any arena exists.
 TEST(CacheStateTest, CheckLimitsRefusesGeometriesWhoseEmptySequenceIsTooLarge) {
   CacheOptions options;
   options.geometry = {.layers = 4096,
@@ -287,7 +289,7 @@ TEST(CacheStateTest, CheckLimitsRefusesGeometriesWhoseEmptySequenceIsTooLarge) {
   EXPECT_THAT(CacheState::CheckLimits(Options(FrameLayout::kGroup, 8)), IsOk());
 }
 
-// Issue 12 #4: one sequence's block tables and the model's total are bounded; a call past
+// One sequence's block tables and the model's total are bounded; a call past
 // either is refused naming it, and nothing changes.
 TEST(CacheStateTest, BookkeepingLimitsRefuseGrowthAndChangeNothing) {
   CacheOptions options = Options(FrameLayout::kGroup, 4096);
@@ -327,7 +329,77 @@ TEST(CacheStateTest, BookkeepingLimitsRefuseGrowthAndChangeNothing) {
   EXPECT_THAT(state->CheckInvariants(), IsOk());
 }
 
-// Issue 12 #4: the sequences-per-model bound was checked outside the pool's lock, so opens
+// Speculative decoding: a truncation gives back the frames and the running sums' bookkeeping of
+// the tokens it drops; one past the length is refused naming tokens and changes nothing.
+TEST(CacheStateTest, TruncateSequenceGivesBackFramesAndBookkeeping) {
+  CacheOptions options = Options(FrameLayout::kGroup, 256);
+  BookkeepingBudget daemon(0);
+  options.limits.daemon = &daemon;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  ASSERT_THAT(state->OpenSequence("a", 10), IsOk());  // 3 pages x 3 layers x 2 groups
+  std::vector<LayerKeep> keep(1);
+  keep[0].layer = 1;
+  keep[0].kept_pages_per_group = {{0, 1, 2}, {0, 1, 2}};
+  keep[0].running_sum = std::vector<float>(8 * 10, 0.5f);
+  ASSERT_THAT(state->ApplyDecisions("a", 10, std::move(keep)).status(), IsOk());
+  const PoolStats before = state->Stats();
+  EXPECT_EQ(before.used_frames, 18);
+  EXPECT_EQ(daemon.used_bytes(), before.bookkeeping_bytes);
+
+  EXPECT_THAT(state->TruncateSequence("a", 11),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("tokens: 11")));
+  EXPECT_THAT(state->TruncateSequence("nope", 1),
+              StatusIs(absl::StatusCode::kNotFound, HasSubstr("nope")));
+  EXPECT_EQ(state->Stats().used_frames, before.used_frames);
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, before.bookkeeping_bytes);
+
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const TruncateResult cut, state->TruncateSequence("a", 7));
+  EXPECT_EQ(cut.length, 3);
+  EXPECT_EQ(cut.freed_frames.size(), 12u);  // pages 1 and 2 of 3 layers x 2 groups
+  EXPECT_EQ(state->Stats().used_frames, 6);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<float> sum, state->RunningSum("a", 1));
+  EXPECT_EQ(sum.size(), 8u * 3);
+  EXPECT_EQ(state->Stats().bookkeeping_bytes,
+            before.bookkeeping_bytes - static_cast<int64_t>(8 * 7 * sizeof(float)));
+  EXPECT_EQ(daemon.used_bytes(), state->Stats().bookkeeping_bytes);
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+  ASSERT_THAT(state->CloseSequence("a"), IsOk());
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, PagePool::BookkeepingBytes(256, 3));
+}
+
+// A chunk's running sum is bookkeeping like the block tables: one that would pass a bound is
+// refused with the whole decision (nothing evicted, no sum kept).
+TEST(CacheStateTest, RunningSumsAreBoundedWithTheirDecision) {
+  CacheOptions options = Options(FrameLayout::kGroup, 4096);
+  // Room for the 5 pages' tables and one layer's sum (the 3 layers' vector headers with it).
+  options.limits.max_sequence_bookkeeping_bytes =
+      Sequence::BookkeepingBytes(options.geometry, 1, 5) +
+      static_cast<int64_t>(3 * sizeof(std::vector<float>) + 8 * 20 * sizeof(float));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(options));
+  ASSERT_THAT(state->OpenSequence("a", 20), IsOk());  // 5 pages
+  const PoolStats before = state->Stats();
+  std::vector<LayerKeep> two(2);
+  for (int layer = 0; layer < 2; ++layer) {
+    two[layer].layer = layer;
+    two[layer].kept_pages_per_group = {{0}, {0}};
+    two[layer].running_sum = std::vector<float>(8 * 20, 1.0f);
+  }
+  EXPECT_THAT(
+      state->ApplyDecisions("a", 20, two),
+      StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("max_sequence_bookkeeping_bytes")));
+  EXPECT_EQ(state->Stats().used_frames, before.used_frames);
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, before.bookkeeping_bytes);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<float> none, state->RunningSum("a", 0));
+  EXPECT_TRUE(none.empty());
+  two.pop_back();  // one layer's sum fits
+  ASSERT_THAT(state->ApplyDecisions("a", 20, two).status(), IsOk());
+  EXPECT_LT(state->Stats().used_frames, before.used_frames);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<float> kept, state->RunningSum("a", 0));
+  EXPECT_EQ(kept.size(), 8u * 20);
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+}
+
+// The sequences-per-model bound used to be checked outside the pool's lock, so opens
 // racing each other could pass it together. Under the lock exactly the bound gets in.
 TEST(CacheStateTest, ConcurrentOpensNeverPassTheSequenceBound) {
   CacheOptions options = Options(FrameLayout::kGroup, 1024);
@@ -366,7 +438,7 @@ std::vector<std::string> Ids(const SequencePage& page) {
   return ids;
 }
 
-// Issue 12 #4: ListSequences built every sequence's block tables at once. A page describes
+// ListSequences used to build every sequence's block tables at once. A page describes
 // only its own sequences; resuming after the last id is stable under opens and closes.
 TEST(CacheStateTest, ListSequencePagesResumeAfterTheLastIdListed) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(FrameLayout::kGroup, 1024)));

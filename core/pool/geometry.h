@@ -1,4 +1,4 @@
-// Model geometry, frame layouts and backends of a page pool (ARCHITECTURE §3.9, §4).
+// Model geometry, frame layouts and backends of a page pool (docs/architecture.md §3.9, §4).
 #ifndef ENTROKV_CORE_POOL_GEOMETRY_H_
 #define ENTROKV_CORE_POOL_GEOMETRY_H_
 
@@ -26,7 +26,7 @@ struct ModelGeometry {
 // FAILED_PRECONDITION naming the layer when it is not in [0, geometry.layers).
 [[nodiscard]] absl::Status CheckLayer(const ModelGeometry& geometry, int32_t layer);
 
-// What one frame of the pool holds (ARCHITECTURE §3.9).
+// What one frame of the pool holds (docs/architecture.md §3.9).
 enum class FrameLayout : uint8_t {
   kGroup,  // B tokens of K and V of one KV head of one layer; the default, exact budgets
   kLayer,  // B tokens of K and V of every KV head of one layer (the vLLM layout)

@@ -1,5 +1,6 @@
 // Seeded model-based test: thousands of random operations (open, fork, append, decide with
-// every policy, close) against a reference model that knows nothing of frames or refcounts.
+// every policy, truncate, close) against a reference model that knows nothing of frames or
+// refcounts.
 //
 // The model names the data of every live block-table entry by a "content id": a fresh id when
 // the engine writes a new page, the same id when a fork shares it, a new id on copy-on-write.
@@ -228,7 +229,7 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
   const std::vector<absl::string_view> policies = PolicyNames();
   ASSERT_FALSE(policies.empty());
   std::map<std::string, int> decisions_per_policy;
-  int exhausted = 0, copies = 0;
+  int exhausted = 0, copies = 0, truncations = 0;
 
   for (int op = 0; op < kOperations && !HasFailure(); ++op) {
     SCOPED_TRACE(absl::StrCat("operation ", op));
@@ -340,6 +341,30 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
         const int64_t freed = static_cast<int64_t>(before.size() - model.LiveContent().size());
         EXPECT_EQ(result->frames_released, freed);
       }
+    } else if (kind < 94) {  // truncate (rejected speculative tokens), sometimes too many
+      const auto it = model.sequences.find(id);
+      const int64_t length = exists ? it->second.length : 0;
+      const int64_t tokens = uniform(0, length + 1);
+      const auto result = state_->TruncateSequence(id, tokens);
+      if (!exists) {
+        EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+      } else if (tokens < 1) {
+        EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+      } else if (tokens > length) {
+        EXPECT_EQ(result.status().code(), absl::StatusCode::kOutOfRange);
+      } else {
+        ASSERT_THAT(result.status(), IsOk());
+        ++truncations;
+        const std::set<int64_t> before = model.LiveContent();
+        ModelSequence& s = it->second;
+        s.length -= tokens;
+        for (auto& layer : s.content) {
+          for (auto& group : layer) group.resize(model.Pages(s.length));
+        }
+        EXPECT_EQ(result->length, s.length);
+        EXPECT_EQ(static_cast<int64_t>(result->freed_frames.size()),
+                  static_cast<int64_t>(before.size() - model.LiveContent().size()));
+      }
     } else {  // close
       const absl::Status status = state_->CloseSequence(id);
       if (!exists) {
@@ -368,6 +393,7 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
     EXPECT_GT(decisions_per_policy[std::string(name)], 0) << name << " never decided";
   }
   EXPECT_GT(exhausted, 0) << "the pool never filled: the test does not reach exhaustion";
+  EXPECT_GT(truncations, 0) << "no truncation exercised";
   if (GetParam() == FrameLayout::kGroup) {
     EXPECT_GT(copies, 0) << "no copy-on-write exercised";
   }
@@ -377,8 +403,8 @@ TEST_P(PoolModelTest, RandomOperationsMatchTheReferenceModel) {
   }
   EXPECT_EQ(state_->Stats().used_frames, 0);
   EXPECT_THAT(state_->CheckInvariants(), IsOk());
-  std::printf("decisions=%zu policies, exhausted=%d, copies=%d\n", decisions_per_policy.size(),
-              exhausted, copies);
+  std::printf("decisions=%zu policies, exhausted=%d, copies=%d, truncations=%d\n",
+              decisions_per_policy.size(), exhausted, copies, truncations);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PoolModelTest,

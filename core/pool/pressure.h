@@ -152,6 +152,7 @@ struct SwappedSnapshot {
   std::vector<std::vector<int32_t>> slots;
   int64_t slot_count = 0;
   std::vector<std::vector<double>> head_weights;  // [layer]
+  std::vector<std::vector<float>> running_sums;   // empty, or [layer]: Sequence::running_sum
   std::string arena_name;                         // the host arena holding slot_count frames
   std::optional<SequencePressure> pressure;
 };

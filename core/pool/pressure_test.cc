@@ -444,6 +444,51 @@ TEST(PressureTest, SwapOutFreesTheFramesAndResumeBringsTheBytesBack) {
   ExpectBalanced(*state);
 }
 
+TEST(PressureTest, SwappingKeepsTheRunningSumsAndTheirBookkeeping) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(40)));
+  ASSERT_THAT(Admit(*state, "a", 30, SequenceTerms()), IsOk());
+  std::vector<float> sum(4 * 30);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = 0.25f + static_cast<float>(i);
+  LayerKeep keep;
+  keep.layer = 0;
+  keep.kept_pages_per_group = {{0, 1, 2, 3, 4, 5, 6, 7}, {0, 7}};
+  keep.running_sum = sum;
+  ASSERT_THAT(state->ApplyDecisions("a", 30, {keep}).status(), IsOk());
+  const int64_t bookkeeping = state->Stats().bookkeeping_bytes;
+  ASSERT_THAT(state->SwapOut("a").status(), IsOk());
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, bookkeeping);  // still held, while swapped out
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult resumed, state->Resume("a", nullptr));
+  EXPECT_EQ(resumed.new_frames.size(), 10u);
+  EXPECT_EQ(*state->RunningSum("a", 0), sum);
+  EXPECT_EQ(state->Stats().bookkeeping_bytes, bookkeeping);
+  ExpectBalanced(*state);
+}
+
+// A truncation takes the page shares past the new end with their pages: pages appended there
+// later are unscored until a decision scores them, so a quota never takes them on the shares of
+// the tokens that were dropped.
+TEST(PressureTest, ATruncationDropsThePageSharesPastTheNewEnd) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(64)));
+  ASSERT_THAT(Admit(*state, "a", 30, Auto(0.5)), IsOk());  // 8 pages
+  // Pages 5-7 are worth least: a quota would take them first.
+  std::vector<float> scores(8, 1.0f);
+  scores[5] = scores[6] = scores[7] = 0.001f;
+  Decide(*state, "a", {scores, scores});
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const TruncateResult truncated, state->TruncateSequence("a", 10));
+  EXPECT_EQ(truncated.length, 20);  // 5 pages
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult grown, state->AppendTokens("a", 12));
+  EXPECT_EQ(grown.new_frames.size(), 6u);  // pages 5-7 again, unscored
+  EXPECT_THAT(Admit(*state, "big", 4 * 64 / 2 - 4, SequenceTerms()),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult owner, state->AppendTokens("a", 1));
+  EXPECT_GT(owner.reclaimed_frames, 0);
+  const SequenceInfo info = *state->GetSequence("a", true);
+  for (const auto& table : info.block_tables[0]) {
+    for (size_t page = 5; page < 9; ++page) EXPECT_NE(table[page], kNoFrame) << page;
+  }
+  ExpectBalanced(*state);
+}
+
 TEST(PressureTest, SwappingIsBoundedAndAResumeIsAnAdmission) {
   CacheOptions options = Options(32);
   options.pressure.max_swap_bytes = 0;

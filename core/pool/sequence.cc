@@ -69,6 +69,13 @@ absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
   child.table_capacity_limit_ = parent.table_capacity_limit_;
   child.length_ = std::min(parent.length_, prefix_pages * parent.geometry_.page_size);
   child.head_weights_ = parent.head_weights_;
+  if (!parent.running_sums_.empty()) {
+    child.running_sums_.resize(parent.running_sums_.size());
+    for (size_t layer = 0; layer < parent.running_sums_.size(); ++layer) {
+      child.running_sums_[layer] =
+          parent.RunningSumPrefix(static_cast<int32_t>(layer), child.length_);
+    }
+  }
   for (size_t t = 0; t < parent.tables_.size(); ++t) {
     const std::vector<FrameId>& source = parent.tables_[t];
     child.tables_[t].reserve(static_cast<size_t>(prefix_pages));
@@ -83,7 +90,8 @@ absl::StatusOr<Sequence> Sequence::Fork(std::string id, const Sequence& parent,
 absl::StatusOr<Sequence> Sequence::FromSnapshot(std::string id, const ModelGeometry& geometry,
                                                 FrameLayout layout, int64_t length,
                                                 std::vector<std::vector<FrameId>> tables,
-                                                std::vector<std::vector<double>> head_weights) {
+                                                std::vector<std::vector<double>> head_weights,
+                                                std::vector<std::vector<float>> running_sums) {
   Sequence sequence(std::move(id), geometry, layout);
   const auto fail = [&sequence](absl::string_view what) {
     return absl::DataLossError(absl::StrCat("sequence \"", sequence.id_, "\": ", what));
@@ -115,11 +123,53 @@ absl::StatusOr<Sequence> Sequence::FromSnapshot(std::string id, const ModelGeome
                                " head weights, the model has ", geometry.query_heads, " heads"));
     }
   }
+  if (!running_sums.empty() && running_sums.size() != static_cast<size_t>(geometry.layers)) {
+    return fail(
+        absl::StrCat(running_sums.size(), " running-sum layers, the model has ", geometry.layers));
+  }
+  for (size_t layer = 0; layer < running_sums.size(); ++layer) {
+    const size_t values = running_sums[layer].size();
+    if (values % static_cast<size_t>(geometry.query_heads) != 0 ||
+        static_cast<int64_t>(values / static_cast<size_t>(geometry.query_heads)) > length) {
+      return fail(absl::StrCat("layer ", layer, "'s running sum holds ", values, " values, not ",
+                               geometry.query_heads, " heads x at most ", length, " tokens"));
+    }
+  }
   sequence.tables_ = std::move(tables);
   for (std::vector<FrameId>& table : sequence.tables_) table.shrink_to_fit();
   sequence.table_capacity_ = pages;
   sequence.head_weights_ = std::move(head_weights);
+  sequence.running_sums_ = std::move(running_sums);
   return sequence;
+}
+
+const std::vector<float>& Sequence::running_sum(int32_t layer) const {
+  static const std::vector<float>* const kNone = new std::vector<float>();
+  if (running_sums_.empty()) return *kNone;
+  return running_sums_[layer];
+}
+
+int64_t Sequence::RunningSumBytesUpTo(int64_t tokens) const {
+  if (running_sums_.empty()) return 0;
+  int64_t bytes = static_cast<int64_t>(running_sums_.size() * sizeof(std::vector<float>));
+  for (size_t layer = 0; layer < running_sums_.size(); ++layer) {
+    const int64_t covered = std::min(running_sum_tokens(static_cast<int32_t>(layer)), tokens);
+    bytes += covered * geometry_.query_heads * static_cast<int64_t>(sizeof(float));
+  }
+  return bytes;
+}
+
+std::vector<float> Sequence::RunningSumPrefix(int32_t layer, int64_t tokens) const {
+  const std::vector<float>& sum = running_sum(layer);
+  const int64_t covered = running_sum_tokens(layer);
+  if (tokens >= covered) return sum;
+  std::vector<float> prefix;
+  prefix.reserve(static_cast<size_t>(tokens * geometry_.query_heads));
+  for (int64_t head = 0; head < geometry_.query_heads; ++head) {
+    const auto row = sum.begin() + head * covered;
+    prefix.insert(prefix.end(), row, row + tokens);
+  }
+  return prefix;
 }
 
 int64_t Sequence::live_frames() const {
@@ -285,9 +335,9 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   return result;
 }
 
-absl::Status Sequence::CheckDecision(
-    int32_t layer, int64_t decided_tokens,
-    const std::vector<std::vector<int32_t>>& kept_pages_per_group) const {
+absl::Status Sequence::CheckDecision(int32_t layer, int64_t decided_tokens,
+                                     const std::vector<std::vector<int32_t>>& kept_pages_per_group,
+                                     const std::vector<float>* running_sum) const {
   if (released_)
     return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
   RETURN_IF_ERROR(CheckLayer(geometry_, layer));
@@ -315,13 +365,20 @@ absl::Status Sequence::CheckDecision(
       }
     }
   }
+  if (running_sum != nullptr &&
+      static_cast<int64_t>(running_sum->size()) != length_ * geometry_.query_heads) {
+    return absl::InvalidArgumentError(absl::StrCat("running sum of ", running_sum->size(),
+                                                   " values, expected ", geometry_.query_heads,
+                                                   " heads x ", length_, " tokens"));
+  }
   return absl::OkStatus();
 }
 
 absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
     int32_t layer, int64_t decided_tokens,
-    const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool) {
-  RETURN_IF_ERROR(CheckDecision(layer, decided_tokens, kept_pages_per_group));
+    const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool,
+    std::vector<float>* running_sum) {
+  RETURN_IF_ERROR(CheckDecision(layer, decided_tokens, kept_pages_per_group, running_sum));
   const int64_t pages = page_count();
   ApplyResult result;
   result.evicted_pages_per_group.resize(geometry_.kv_groups);
@@ -358,6 +415,43 @@ absl::StatusOr<ApplyResult> Sequence::ApplyDecision(
     }
     result.page_union_ratio = static_cast<double>(union_size) / static_cast<double>(max_kept);
   }
+  if (running_sum != nullptr) {
+    if (running_sums_.empty()) running_sums_.resize(geometry_.layers);
+    running_sums_[layer] = std::move(*running_sum);
+    result.running_sum_set = true;
+  }
+  return result;
+}
+
+absl::StatusOr<TruncateResult> Sequence::Truncate(int64_t tokens, PagePool& pool) {
+  if (released_)
+    return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
+  if (tokens < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 1, got ", tokens));
+  }
+  if (tokens > length_) {
+    return absl::OutOfRangeError(absl::StrCat("tokens: ", tokens, " is more than the ", length_,
+                                              " tokens of sequence \"", id_, "\""));
+  }
+  TruncateResult result;
+  const int64_t new_length = length_ - tokens;
+  const int64_t new_pages = PagesFor(new_length);
+  for (std::vector<FrameId>& entries : tables_) {
+    for (size_t page = static_cast<size_t>(new_pages); page < entries.size(); ++page) {
+      if (entries[page] == kNoFrame) continue;
+      ++result.entries_released;
+      ASSIGN_OR_RETURN(const bool freed, pool.Release(entries[page]));
+      if (freed) result.freed_frames.push_back(entries[page]);
+    }
+    entries.resize(static_cast<size_t>(new_pages));  // the reserved capacity stays
+  }
+  for (size_t layer = 0; layer < running_sums_.size(); ++layer) {
+    if (running_sum_tokens(static_cast<int32_t>(layer)) > new_length) {
+      running_sums_[layer] = RunningSumPrefix(static_cast<int32_t>(layer), new_length);
+    }
+  }
+  length_ = new_length;
+  result.length = length_;
   return result;
 }
 
@@ -391,6 +485,8 @@ absl::Status Sequence::Release(PagePool& pool) {
   length_ = 0;
   table_capacity_ = 0;
   for (auto& weights : head_weights_) weights.clear();
+  running_sums_.clear();
+  running_sums_.shrink_to_fit();
   released_ = true;
   return first_error;
 }

@@ -3,6 +3,7 @@
 #define ENTROKV_CORE_POOL_SEQUENCE_H_
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -43,10 +44,13 @@ struct AppendResult {
   int64_t reclaimed_frames = 0;
 };
 
-// One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision).
+// One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision)
+// and, for a chunk of a chunked prefill, the layer's new running sum (Sequence::running_sum).
 struct LayerKeep {
   int32_t layer = 0;
   std::vector<std::vector<int32_t>> kept_pages_per_group;
+  // query_heads x length() values, [head][token]; nullopt leaves the running sum as it is.
+  std::optional<std::vector<float>> running_sum;
 };
 
 struct ApplyResult {
@@ -55,6 +59,13 @@ struct ApplyResult {
   int64_t frames_released = 0;                                // freed_frames.size()
   // kLayer: |union_g kept| / max_g |kept_g| in [1, G] (1 when nothing is kept); kGroup: 1.
   double page_union_ratio = 1.0;
+  bool running_sum_set = false;  // the layer's running sum was replaced (LayerKeep)
+};
+
+struct TruncateResult {
+  int64_t length = 0;                 // the sequence length after the truncation
+  std::vector<FrameId> freed_frames;  // frames back on the free list
+  int64_t entries_released = 0;       // block-table entries dropped (one reference each)
 };
 
 // One sequence's bookkeeping: length T and, per (layer, group), a block table mapping logical
@@ -83,11 +94,13 @@ class Sequence {
 
   // A sequence as a journal recorded it (crash recovery): `tables` is [layer * kv_groups +
   // group][page] with page_count() entries each, `head_weights` [layer] (empty or query_heads
-  // values). Checks the shape only (DATA_LOSS naming what is wrong); the references are the
-  // caller's (CacheState::Restore) to rebuild.
+  // values), `running_sums` empty or [layer] (empty or query_heads x at most `length` values).
+  // Checks the shape only (DATA_LOSS naming what is wrong); the references are the caller's
+  // (CacheState::Restore) to rebuild.
   [[nodiscard]] static absl::StatusOr<Sequence> FromSnapshot(
       std::string id, const ModelGeometry& geometry, FrameLayout layout, int64_t length,
-      std::vector<std::vector<FrameId>> tables, std::vector<std::vector<double>> head_weights);
+      std::vector<std::vector<FrameId>> tables, std::vector<std::vector<double>> head_weights,
+      std::vector<std::vector<float>> running_sums = {});
 
   Sequence(Sequence&&) = default;
   Sequence& operator=(Sequence&&) = default;
@@ -106,12 +119,21 @@ class Sequence {
   // Bytes of bookkeeping a sequence holds (accounted, an upper bound of what it allocates): the
   // object and its id, L x G block-table headers and `table_capacity` entries in each, and L
   // head-weight vectors counted full (H_Q doubles each) from the start, so caching weights later
-  // never grows what was accounted. O(1).
+  // never grows what was accounted. O(1). The running sums come on top (running_sum_bytes).
   [[nodiscard]] static int64_t BookkeepingBytes(const ModelGeometry& geometry, size_t id_bytes,
                                                 int64_t table_capacity);
   [[nodiscard]] int64_t bookkeeping_bytes() const {
-    return BookkeepingBytes(geometry_, id_.size(), table_capacity_);
+    return BookkeepingBytes(geometry_, id_.size(), table_capacity_) + running_sum_bytes();
   }
+  // bookkeeping_bytes() once the tables reserve `table_capacity` entries (an Append's growth).
+  [[nodiscard]] int64_t BookkeepingBytesWithCapacity(int64_t table_capacity) const {
+    return BookkeepingBytes(geometry_, id_.size(), table_capacity) + running_sum_bytes();
+  }
+  // Bytes the running sums hold: their L vector headers once any layer has one, and 4 bytes per
+  // value. What a sequence's sums would hold cut to the first `tokens` tokens (a fork's share):
+  // RunningSumBytesUpTo.
+  [[nodiscard]] int64_t running_sum_bytes() const { return RunningSumBytesUpTo(length_); }
+  [[nodiscard]] int64_t RunningSumBytesUpTo(int64_t tokens) const;
   // Entries every block table has room for (the tables grow together, by half at a time, so the
   // bytes they hold are known without asking the allocator).
   [[nodiscard]] int64_t table_capacity() const { return table_capacity_; }
@@ -138,24 +160,38 @@ class Sequence {
   // Evicts, in `layer`, every live page not listed for its group, releasing one reference per
   // evicted entry. kept_pages_per_group: kv_groups lists of strictly ascending page indices.
   // Listing an already-evicted page is allowed: it stays evicted (eviction is final until an
-  // append rewrites the tail). FAILED_PRECONDITION when decided_tokens != length(), the layer
-  // or group count does not match the geometry, or a page index is >= page_count();
-  // INVALID_ARGUMENT for a negative or unsorted/duplicate index.
+  // append rewrites the tail). With `running_sum`, the layer's running sum becomes it (moved
+  // from). FAILED_PRECONDITION when decided_tokens != length(), the layer or group count does
+  // not match the geometry, or a page index is >= page_count(); INVALID_ARGUMENT for a negative
+  // or unsorted/duplicate index, or a running sum that is not query_heads x length() values.
   [[nodiscard]] absl::StatusOr<ApplyResult> ApplyDecision(
       int32_t layer, int64_t decided_tokens,
-      const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool);
+      const std::vector<std::vector<int32_t>>& kept_pages_per_group, PagePool& pool,
+      std::vector<float>* running_sum = nullptr);
   // ApplyDecision's checks alone: OK exactly when ApplyDecision with these arguments would
   // succeed now. Changes nothing (so several layers can be checked before any is applied).
   [[nodiscard]] absl::Status CheckDecision(
       int32_t layer, int64_t decided_tokens,
-      const std::vector<std::vector<int32_t>>& kept_pages_per_group) const;
+      const std::vector<std::vector<int32_t>>& kept_pages_per_group,
+      const std::vector<float>* running_sum = nullptr) const;
+
+  // Drops the last `tokens` tokens (speculative tokens the target model rejected). Pages past
+  // the new end leave every block table, each live entry releasing its reference, so a frame
+  // returns to the free list at its last one (a page a fork still shares stays with the fork).
+  // The page that becomes the tail keeps what it had: its frame, so the slots past the new end
+  // hold stale K/V the next append overwrites; shared with a fork, it stays shared, and the next
+  // Append copies it before writing (copy-on-write, as after a fork); evicted, it stays evicted.
+  // Running sums lose the dropped tokens' columns; head weights stay (they do not depend on the
+  // length); the tables keep their reserved capacity. INVALID_ARGUMENT for tokens < 1,
+  // OUT_OF_RANGE for more than length(); nothing changes then.
+  [[nodiscard]] absl::StatusOr<TruncateResult> Truncate(int64_t tokens, PagePool& pool);
 
   // Releases every reference and leaves the sequence empty and closed. FAILED_PRECONDITION
   // when already released (never a double free).
   [[nodiscard]] absl::Status Release(PagePool& pool);
   [[nodiscard]] bool released() const { return released_; }
 
-  // Head weights computed at prefill (ARCHITECTURE §3.4), kept per layer for decode-time
+  // Head weights computed at prefill (docs/architecture.md §3.4), kept per layer for decode-time
   // decisions: query_heads values, group g's heads at [g * r, (g + 1) * r). A fork inherits the
   // parent's. FAILED_PRECONDITION for a layer outside the geometry; INVALID_ARGUMENT when the
   // count is not query_heads.
@@ -163,6 +199,16 @@ class Sequence {
   // Empty when none were cached for the layer. REQUIRES: 0 <= layer < layers.
   [[nodiscard]] const std::vector<double>& head_weights(int32_t layer) const {
     return head_weights_[layer];
+  }
+
+  // Chunked prefill: the running column sums of the ACCUMULATED statistics decided on so far,
+  // per layer: query_heads rows of running_sum_tokens(layer) values ([head][token]); tokens
+  // appended since the last chunk count 0. Empty when the layer has none. Set by
+  // ApplyDecision's LayerKeep::running_sum; a fork inherits its prefix's columns, Truncate
+  // drops the truncated tokens', Release all. REQUIRES: 0 <= layer < layers.
+  [[nodiscard]] const std::vector<float>& running_sum(int32_t layer) const;
+  [[nodiscard]] int64_t running_sum_tokens(int32_t layer) const {
+    return static_cast<int64_t>(running_sum(layer).size()) / geometry_.query_heads;
   }
 
  private:
@@ -179,6 +225,8 @@ class Sequence {
   }
   [[nodiscard]] absl::StatusOr<std::vector<TailPlan>> PlanTail(int64_t tokens,
                                                                const PagePool& pool) const;
+  // The layer's running sum cut to its first `tokens` tokens' columns.
+  [[nodiscard]] std::vector<float> RunningSumPrefix(int32_t layer, int64_t tokens) const;
 
   std::string id_;
   ModelGeometry geometry_;
@@ -186,7 +234,9 @@ class Sequence {
   int64_t length_ = 0;
   std::vector<std::vector<FrameId>> tables_;       // [layer * kv_groups + group][page]
   std::vector<std::vector<double>> head_weights_;  // [layer][query head], empty if not cached
-  int64_t table_capacity_ = 0;                     // reserved entries of every table
+  // [layer][head * tokens + token]; empty until a layer gets one (see running_sum).
+  std::vector<std::vector<float>> running_sums_;
+  int64_t table_capacity_ = 0;  // reserved entries of every table
   int64_t table_capacity_limit_ = kMaxSequenceTokens;
   bool released_ = false;
 };

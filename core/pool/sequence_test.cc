@@ -256,5 +256,141 @@ TEST(SequenceTest, DoubleReleaseIsAnError) {
   EXPECT_THAT(pool->CheckInvariants(), IsOk());
 }
 
+TEST(SequenceTest, TruncateReleasesThePagesPastTheNewEnd) {
+  auto pool = MakePool(FrameLayout::kGroup, 32);
+  Sequence sequence("s", kGeometry, FrameLayout::kGroup);
+  ASSERT_THAT(sequence.Append(10, *pool).status(), IsOk());  // 3 pages x 2 layers x 2 groups
+  const std::vector<FrameId> layer1 = sequence.block_table(1, 1);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult cut, sequence.Truncate(5, *pool));
+  EXPECT_EQ(cut.length, 5);
+  EXPECT_EQ(sequence.length(), 5);
+  EXPECT_EQ(sequence.page_count(), 2);
+  EXPECT_EQ(cut.entries_released, 4);  // page 2 of each (layer, group)
+  EXPECT_EQ(cut.freed_frames.size(), 4u);
+  EXPECT_THAT(sequence.block_table(1, 1), ElementsAre(layer1[0], layer1[1]));
+  EXPECT_EQ(pool->used_frames(), 8);
+  // Inside the tail page nothing is released; the next append writes on in its frame.
+  ASSERT_THAT(sequence.Append(2, *pool).status(), IsOk());  // 7 tokens
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult inside, sequence.Truncate(1, *pool));
+  EXPECT_EQ(inside.length, 6);
+  EXPECT_EQ(inside.entries_released, 0);
+  EXPECT_EQ(pool->used_frames(), 8);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(AppendResult refill, sequence.Append(2, *pool));  // to 8 tokens
+  EXPECT_TRUE(refill.new_frames.empty());
+  EXPECT_EQ(sequence.block_table(1, 1)[1], layer1[1]);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult all, sequence.Truncate(8, *pool));
+  EXPECT_EQ(all.length, 0);
+  EXPECT_EQ(all.freed_frames.size(), 8u);
+  EXPECT_EQ(pool->used_frames(), 0);
+  EXPECT_THAT(pool->CheckInvariants(), IsOk());
+}
+
+TEST(SequenceTest, TruncateOutOfRangeChangesNothing) {
+  auto pool = MakePool(FrameLayout::kGroup, 32);
+  Sequence sequence("s", kGeometry, FrameLayout::kGroup);
+  ASSERT_THAT(sequence.Append(6, *pool).status(), IsOk());
+  const auto tables = sequence.BlockTables();
+  EXPECT_THAT(sequence.Truncate(7, *pool),
+              StatusIs(absl::StatusCode::kOutOfRange, HasSubstr("tokens: 7 is more than the 6")));
+  EXPECT_THAT(sequence.Truncate(0, *pool),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+  EXPECT_THAT(sequence.Truncate(-3, *pool),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("tokens")));
+  EXPECT_EQ(sequence.length(), 6);
+  EXPECT_EQ(sequence.BlockTables(), tables);
+  EXPECT_EQ(pool->used_frames(), 8);
+}
+
+TEST(SequenceTest, LayerLayoutTruncateFreesEachFrameOnce) {
+  auto pool = MakePool(FrameLayout::kLayer, 16);
+  Sequence sequence("s", kGeometry, FrameLayout::kLayer);
+  ASSERT_THAT(sequence.Append(12, *pool).status(), IsOk());  // 3 pages x 2 layers
+  const FrameId last = sequence.block_table(0, 0)[2];
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult cut, sequence.Truncate(4, *pool));
+  EXPECT_EQ(cut.entries_released, 4);  // page 2 of 2 layers x 2 group entries
+  ASSERT_EQ(cut.freed_frames.size(), 2u);
+  EXPECT_EQ(cut.freed_frames[0], last);
+  EXPECT_EQ(pool->used_frames(), 4);
+  EXPECT_THAT(pool->CheckInvariants(), IsOk());
+}
+
+TEST(SequenceTest, TruncateIntoASharedPageKeepsItSharedUntilTheNextAppendCopiesIt) {
+  // Speculative tokens on a fork: the child appends past a page it shares with its parent, the
+  // target model rejects them, and the child's tail is the shared page again. Writing into it
+  // must not reach the parent's copy.
+  auto pool = MakePool(FrameLayout::kGroup, 64);
+  Sequence parent("p", kGeometry, FrameLayout::kGroup);
+  ASSERT_THAT(parent.Append(8, *pool).status(), IsOk());  // 2 full pages
+  const FrameId shared = parent.block_table(1, 0)[1];
+  std::memset(pool->FrameAddress(shared), 0x37, pool->frame_bytes());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(Sequence child, Sequence::Fork("c", parent, 2, *pool));
+  ASSERT_THAT(child.Append(3, *pool).status(), IsOk());  // page 2, private
+  EXPECT_EQ(pool->used_frames(), 8 + 4);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult cut, child.Truncate(5, *pool));  // to 6 tokens
+  EXPECT_EQ(cut.freed_frames.size(), 4u);  // the child's own page 2
+  EXPECT_EQ(child.block_table(1, 0)[1], shared);
+  EXPECT_EQ(pool->refcount(shared), 2);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(AppendResult again, child.Append(1, *pool));
+  EXPECT_EQ(again.frames_copied, 4);  // page 1 of each (layer, group): copy-on-write
+  const FrameId copy = child.block_table(1, 0)[1];
+  EXPECT_NE(copy, shared);
+  EXPECT_EQ(parent.block_table(1, 0)[1], shared);
+  EXPECT_EQ(pool->refcount(shared), 1);
+  EXPECT_EQ(std::memcmp(pool->FrameAddress(copy), pool->FrameAddress(shared), pool->frame_bytes()),
+            0);
+  EXPECT_THAT(pool->CheckInvariants(), IsOk());
+}
+
+TEST(SequenceTest, TruncateKeepsEvictedPagesEvicted) {
+  auto pool = MakePool(FrameLayout::kGroup, 32);
+  Sequence sequence("s", kGeometry, FrameLayout::kGroup);
+  ASSERT_THAT(sequence.Append(12, *pool).status(), IsOk());  // 3 pages
+  ASSERT_THAT(sequence.ApplyDecision(0, 12, {{0, 2}, {0, 1, 2}}, *pool).status(), IsOk());
+  ENTROKV_ASSERT_OK_AND_ASSIGN(TruncateResult cut, sequence.Truncate(5, *pool));  // to 7
+  EXPECT_EQ(cut.entries_released, 4);
+  EXPECT_EQ(sequence.block_table(0, 0)[1], kNoFrame);  // evicted before, evicted now
+  // The evicted page is the tail now: an append gives it a fresh frame (its older slots are
+  // undefined, as after any eviction of a tail page).
+  ENTROKV_ASSERT_OK_AND_ASSIGN(AppendResult appended, sequence.Append(1, *pool));
+  ASSERT_EQ(appended.new_frames.size(), 1u);
+  EXPECT_EQ(appended.new_frames[0].page, 1);
+  EXPECT_NE(sequence.block_table(0, 0)[1], kNoFrame);
+  EXPECT_THAT(pool->CheckInvariants(), IsOk());
+}
+
+TEST(SequenceTest, RunningSumsFollowTheSequence) {
+  auto pool = MakePool(FrameLayout::kGroup, 64);
+  Sequence sequence("s", kGeometry, FrameLayout::kGroup);
+  ASSERT_THAT(sequence.Append(6, *pool).status(), IsOk());
+  EXPECT_TRUE(sequence.running_sum(1).empty());
+  EXPECT_EQ(sequence.running_sum_bytes(), 0);
+  std::vector<float> sum(4 * 6);
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = static_cast<float>(i);
+  std::vector<float> short_sum(4 * 5);
+  EXPECT_THAT(sequence.ApplyDecision(1, 6, {{0, 1}, {0, 1}}, *pool, &short_sum),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("4 heads x 6 tokens")));
+  EXPECT_TRUE(sequence.running_sum(1).empty());
+  std::vector<float> moved = sum;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ApplyResult applied,
+                               sequence.ApplyDecision(1, 6, {{0, 1}, {0, 1}}, *pool, &moved));
+  EXPECT_TRUE(applied.running_sum_set);
+  EXPECT_EQ(sequence.running_sum(1), sum);
+  EXPECT_EQ(sequence.running_sum_tokens(1), 6);
+  EXPECT_TRUE(sequence.running_sum(0).empty());
+  EXPECT_EQ(sequence.running_sum_bytes(),
+            static_cast<int64_t>(2 * sizeof(std::vector<float>) + sum.size() * sizeof(float)));
+  // A fork of the first page inherits the first 4 columns of every head's row.
+  ENTROKV_ASSERT_OK_AND_ASSIGN(Sequence child, Sequence::Fork("c", sequence, 1, *pool));
+  EXPECT_THAT(child.running_sum(1),
+              ElementsAre(0, 1, 2, 3, 6, 7, 8, 9, 12, 13, 14, 15, 18, 19, 20, 21));
+  // Truncation drops the truncated tokens' columns.
+  ASSERT_THAT(sequence.Truncate(4, *pool).status(), IsOk());
+  EXPECT_THAT(sequence.running_sum(1), ElementsAre(0, 1, 6, 7, 12, 13, 18, 19));
+  EXPECT_EQ(sequence.running_sum_tokens(1), 2);
+  ASSERT_THAT(sequence.Release(*pool), IsOk());
+  EXPECT_EQ(sequence.running_sum_bytes(), 0);
+  ASSERT_THAT(child.Release(*pool), IsOk());
+}
+
 }  // namespace
 }  // namespace entrokv

@@ -180,10 +180,10 @@ absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request) {
         Wide{layer_pages} * slots_per_layer_page + (2 * rest + denominator) / (2 * denominator);
     // The plan's slots are int64: a fraction budget is bounded as a token_slots one is.
     if (asked_slots > kMaxBudgetTokenSlots) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "fraction: ", fraction, " of tokens ", request.tokens, " x layers ", request.layers,
-          " x kv_groups ", request.kv_groups, " is more than ", kMaxBudgetTokenSlots,
-          " token slots"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("fraction: ", fraction, " of tokens ", request.tokens, " x layers ",
+                       request.layers, " x kv_groups ", request.kv_groups, " is more than ",
+                       kMaxBudgetTokenSlots, " token slots"));
     }
   }
   if (layer_pages < request.layers) {

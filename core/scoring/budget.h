@@ -1,5 +1,5 @@
-// The budget planner (ARCHITECTURE §3.8): a budget in token slots (tokens x KV heads) becomes
-// one page quota K_l per layer, shared by every group of that layer, by largest remainder.
+// The budget planner (docs/architecture.md §3.8): a budget in token slots (tokens x KV heads)
+// becomes one page quota K_l per layer, shared by every group of that layer, by largest remainder.
 #ifndef ENTROKV_CORE_SCORING_BUDGET_H_
 #define ENTROKV_CORE_SCORING_BUDGET_H_
 

@@ -84,7 +84,7 @@ TEST(BudgetTest, FractionOfTheSequence) {
             45875);
 }
 
-// Issue 14 #2: no layer gets more than its n pages, and what a capped layer cannot take goes to
+// No layer gets more than its n pages, and what a capped layer cannot take goes to
 // the others, so G * P frames are kept whenever P <= L * n.
 TEST(BudgetTest, NoLayerGetsMoreThanItsPagesAndTheExcessGoesToTheOthers) {
   BudgetRequest request;
@@ -137,7 +137,7 @@ TEST(BudgetTest, NoLayerGetsMoreThanItsPagesAndTheExcessGoesToTheOthers) {
   }
 }
 
-// Issue 14 #3: a decimal fraction plans what the formula says, not what its binary double
+// A decimal fraction plans what the formula says, not what its binary double
 // floors to: floor(0.03 * 1440 * 5 / 8) = 27 (the double 0.03 is 0.029999..., giving 26).
 TEST(BudgetTest, DecimalFractionsPlanExactly) {
   BudgetRequest request;
@@ -163,7 +163,7 @@ TEST(BudgetTest, DecimalFractionsPlanExactly) {
   EXPECT_EQ(plan.pages_per_layer, (std::vector<int64_t>{100, 100, 100}));
 }
 
-// Issue 12 #6: values a client can send that overflowed int64 are refused before any arithmetic.
+// Values a client can send that once overflowed int64 are refused before any arithmetic.
 TEST(BudgetTest, RefusesValuesThatWouldOverflow) {
   BudgetRequest request = Llama8B();
   request.token_slots = std::numeric_limits<int64_t>::max();

@@ -30,7 +30,8 @@ struct LayerRequest {
   bool measure = true;  // compute the shadow UOR, disagreement, mass
   // Fill GroupDecision::page_scores (the daemon keeps them for server-chosen budgets).
   bool page_scores = false;
-  // One page set per (layer, group), or one per layer shared by every group (§3.9).
+  // One page set per (layer, group), or one per layer shared by every group
+  // (docs/architecture.md §3.9).
   SelectionScope scope = SelectionScope::kGroup;
   LayerCombine combine = kDefaultLayerCombine;  // how layer scope combines the groups' scores
   // Polled before each group is scored (empty: never): once it returns true the decision stops

@@ -1,4 +1,5 @@
-// Properties of ARCHITECTURE §3 over whole layers, on seeded random and adversarial inputs.
+// Properties of the method (docs/method.md, "What the tests prove") over whole layers, on seeded
+// random and adversarial inputs.
 #include "core/scoring/decision.h"
 
 #include <algorithm>
@@ -83,7 +84,7 @@ TEST(DecisionPropertyTest, PooledPoliciesKeepExactlyTheQuota) {
   }
 }
 
-// Issue 14 #4: a decision after earlier evictions selects among the live pages only and keeps
+// A decision after earlier evictions selects among the live pages only and keeps
 // exactly min(K, live pages) per group, with the protections still applied to live pages.
 TEST(DecisionPropertyTest, DecodeTimeDecisionsKeepOnlyLivePagesAndExactlyTheQuota) {
   std::mt19937_64 rng(kSeed + 7);

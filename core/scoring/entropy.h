@@ -1,4 +1,4 @@
-// Sink-isolated Renyi entropy of one attention row (ARCHITECTURE §3.2-3.3).
+// Sink-isolated Renyi entropy of one attention row (docs/architecture.md §3.2-3.3).
 #ifndef ENTROKV_CORE_SCORING_ENTROPY_H_
 #define ENTROKV_CORE_SCORING_ENTROPY_H_
 

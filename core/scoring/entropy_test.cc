@@ -36,7 +36,7 @@ TEST(EntropyTest, RawEntropyOfTheSameSinkHeadIsSmall) {
   std::vector<float> row(tokens, 0.03f / (tokens - 1));
   row[0] = 0.97f;
   // Raw H2 = -ln((1-d)^2 + d^2/N) with the sink mass on one token and d spread over the other
-  // N = T - 1 (METHOD C6).
+  // N = T - 1 (docs/method.md, claim C6).
   const double n = tokens - 1.0;
   const double d = 0.03;
   EXPECT_NEAR(SinkIsolatedEntropy(row, 0, 2.0), -std::log((1 - d) * (1 - d) + d * d / n), 1e-6);

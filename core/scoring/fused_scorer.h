@@ -1,7 +1,7 @@
-// The fused CPU path of one layer's decision (ARCHITECTURE §3, §7): the same decisions as
-// DecideLayer (decision.h), bit for bit, from two reads of the statistic per group (one for the
-// entropy sums, one for the pooled page maxima, which also validates the values) and a linear
-// selection, with scratch memory reused across calls.
+// The fused CPU path of one layer's decision (docs/architecture.md §3, §7; docs/performance.md):
+// the same decisions as DecideLayer (decision.h), bit for bit, from two reads of the statistic per
+// group (one for the entropy sums, one for the pooled page maxima, which also validates the values)
+// and a linear selection, with scratch memory reused across calls.
 #ifndef ENTROKV_CORE_SCORING_FUSED_SCORER_H_
 #define ENTROKV_CORE_SCORING_FUSED_SCORER_H_
 

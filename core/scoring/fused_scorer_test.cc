@@ -278,7 +278,7 @@ TEST(FusedScorerTest, TiesGoToTheLowerPageIndex) {
   EXPECT_EQ(decision.groups[0].kept_pages, (std::vector<int32_t>{0, 1, 2}));
 }
 
-// Issue 14 #1: the columns hold the same six values in a different head order, so the pages tie
+// The columns hold the same six values in a different head order, so the pages tie
 // and the lower index is kept, by the fused path as by the reference.
 TEST(FusedScorerTest, MeanPoolingTiesDoNotDependOnTheHeadOrder) {
   const std::vector<float> values = {0.1f, 0.7f, 0.3f, 0.9f, 0.05f, 0.45f};
@@ -465,7 +465,7 @@ TEST(FusedScorerTest, DecideModelReturnsTheFirstLayerError) {
 namespace entrokv {
 namespace {
 
-// Issue 12 #5: a layer of many groups was scored to the end after its caller gave up. The
+// A layer of many groups used to be scored to the end after its caller gave up. The
 // predicate is polled before every group; from its first true the decision stops, CANCELLED,
 // on both paths (the fused one and the reference the other policies take).
 TEST(FusedScorerTest, CancellationIsPolledBetweenGroups) {

@@ -13,11 +13,11 @@ namespace entrokv {
 namespace {
 
 // The pages that hold a sink token, left out of a group's page entropy as the sink tokens are
-// left out of a head's (§3.2): they are large in every group and would make all look alike.
-// Counted in int64 over the pages there are (sink_tokens may be up to 2^31 - 1).
+// left out of a head's entropy (docs/architecture.md §3.2): they are large in every group and
+// would make all look alike. Counted in int64 over the pages there are (sink_tokens may be up to
+// 2^31 - 1).
 int SinkPages(const PolicyOptions& options, size_t pages) {
-  return static_cast<int>(
-      SinkPageCount(options, static_cast<int64_t>(pages) * options.page_size));
+  return static_cast<int>(SinkPageCount(options, static_cast<int64_t>(pages) * options.page_size));
 }
 
 // 1 / sum_b scores[b], summed in double in page order; 0 when the sum is not > 0.
@@ -81,7 +81,8 @@ void CombineGroupScores(std::span<const std::span<const float>> group_scores, La
     std::vector<double> entropies;
     entropies.reserve(group_scores.size());
     for (const std::span<const float> scores : group_scores) {
-      entropies.push_back(SinkIsolatedEntropy(scores, SinkPages(options, scores.size()), options.alpha));
+      entropies.push_back(
+          SinkIsolatedEntropy(scores, SinkPages(options, scores.size()), options.alpha));
     }
     *group_weights = EntropyWeights(entropies, options.tau);
   } else {

@@ -1,5 +1,5 @@
-// Layer scope (ARCHITECTURE §3.9): one page set per layer, shared by every KV group, for the
-// frame layout in which a page holds every KV head of a layer (vLLM, SGLang). Per-group
+// Layer scope (docs/architecture.md §3.9): one page set per layer, shared by every KV group, for
+// the frame layout in which a page holds every KV head of a layer (vLLM, SGLang). Per-group
 // selection there keeps the union of the groups' pages; layer scope combines the groups' page
 // scores into one score per page and keeps exactly min(K_l, n) pages for the whole layer.
 #ifndef ENTROKV_CORE_SCORING_LAYER_SCOPE_H_
@@ -27,7 +27,7 @@ enum class SelectionScope : uint8_t { kGroup, kLayer };
 //    to another group's many moderately important ones.
 //  - kEntropyWeighted: C[b] = sum_g v_g * normalised score, v = softmax(-(H_g - min H) / tau)
 //    of the Renyi entropies of the groups' normalised page scores (sink pages left out), the
-//    head weights of §3.4 one level up: concentrated groups speak louder.
+//    head weights (docs/architecture.md §3.4) one level up: concentrated groups speak louder.
 //  - kMassMean: the same sum with v_g = 1 / G (the baseline of the weighted sum).
 enum class LayerCombine : uint8_t { kMassMax, kEntropyWeighted, kMassMean };
 
@@ -63,9 +63,9 @@ void FinishGroupScope(LayerDecision* decision);
 // scope's: the per-group union is kept as group_scope_union_pages (the shadow operators compare
 // against), then every group's kept_pages becomes one layer set. With the groups' page scores
 // (`group_scores`, one span per group) the set is the min(K, n) pages of the highest combined
-// score (ties to the lower page, protections as in §3.7); a policy without page scores
-// (group_scores empty: head_independent, streaming) keeps the union of its groups' pages, which
-// for head_independent is the union over every head of the layer. `layer_live` (empty: every
+// score (ties to the lower page, protections as SelectTopPages applies them); a policy without page
+// scores (group_scores empty: head_independent, streaming) keeps the union of its groups' pages,
+// which for head_independent is the union over every head of the layer. `layer_live` (empty: every
 // page) marks the pages every group still holds: only those can be kept or protected, so after
 // earlier evictions the layer keeps exactly min(K, live pages) (`tokens` is the layer's T, for
 // the protections). Weights and measurements of the groups are left as they are (the caller

@@ -1,4 +1,4 @@
-// Layer scope (ARCHITECTURE §3.9): the combined score's properties (§3: exact cardinality,
+// Layer scope (docs/architecture.md §3.9): the combined score's properties (exact cardinality,
 // deterministic ties, the page of the largest combined score kept), one set for every group, the
 // group scope's union as the shadow, and the fused path's bits, on seeded random and adversarial
 // inputs.
@@ -79,8 +79,9 @@ TEST(LayerScopeTest, NamesRoundTripAndUnknownNamesAreRejected) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("mass_max")));
 }
 
-// §3 properties of the combined score, every combine: exactly min(K, n) pages, one set shared
-// by every group, the page of the largest combined score kept, the shadow = the groups' union.
+// The selection's properties for the combined score, every combine: exactly min(K, n) pages, one
+// set shared by every group, the page of the largest combined score kept, the shadow = the groups'
+// union.
 TEST(LayerScopeTest, CombinedSelectionIsExactAndKeepsTheLargestCombinedScore) {
   std::mt19937_64 rng(kSeed);
   for (int trial = 0; trial < 500; ++trial) {
@@ -159,8 +160,9 @@ TEST(LayerScopeTest, EntropyWeightsFavourTheConcentratedGroup) {
   EXPECT_EQ(std::max_element(combined.begin(), combined.end()) - combined.begin(), 40);
 }
 
-// sink_tokens up to 2^31 - 1 is valid (issue 12 #6): every page then holds a sink, as with
-// sink_tokens equal to the tokens there are, and counting its pages must not overflow.
+// sink_tokens up to 2^31 - 1 is valid (it once overflowed the sink page count): every page then
+// holds a sink, as with sink_tokens equal to the tokens there are, and counting its pages must
+// not overflow.
 TEST(LayerScopeTest, TheLargestSinkCountIsolatesEveryPageWithoutOverflow) {
   std::mt19937_64 rng(kSeed);
   const std::vector<std::vector<float>> scores = RandomScores(rng, 4, 64);
@@ -193,7 +195,8 @@ TEST(LayerScopeTest, WithoutPageScoresTheLayerKeepsTheUnion) {
 // scores sit on evicted pages, yet the layer keeps exactly K live pages (decode-time decisions
 // must not shrink the budget by re-selecting what is gone).
 TEST(LayerScopeTest, EvictedPagesAreNeverKept) {
-  const std::vector<std::vector<float>> scores = {{1, 9, 8, 2, 3, 7, 4, 5}, {1, 9, 8, 2, 3, 7, 4, 5}};
+  const std::vector<std::vector<float>> scores = {{1, 9, 8, 2, 3, 7, 4, 5},
+                                                  {1, 9, 8, 2, 3, 7, 4, 5}};
   const std::vector<uint8_t> live = {1, 0, 1, 1, 1, 0, 1, 1};  // pages 1 and 5 are gone
   for (const LayerCombine combine : kCombines) {
     LayerDecision decision = GroupScopeDecision({{0, 2, 3}, {0, 2, 3}}, 8, 3);

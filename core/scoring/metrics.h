@@ -1,5 +1,5 @@
-// Quality metrics of a decision and the method's closed forms (ARCHITECTURE §3.11, METHOD §2.9,
-// §2.11-2.12).
+// Quality metrics of a decision (docs/architecture.md §3.11) and the method's closed forms: the
+// union-overhead certificates, the page-union ratio and the needle bound (docs/method.md).
 #ifndef ENTROKV_CORE_SCORING_METRICS_H_
 #define ENTROKV_CORE_SCORING_METRICS_H_
 
@@ -51,8 +51,9 @@ void PageSums(std::span<const float> values, int page_size, std::span<double> su
 [[nodiscard]] double RetainedMassFromPageSums(std::span<const double> page_sums,
                                               std::span<const int32_t> kept_pages);
 
-// The finite-context needle bound of METHOD §2.11 with c_j = 0 (r - 1 near-uniform siblings):
-// Delta(T) = (1 - eps) D / (C + D), C = exp(-eta / tau), D = (r - 1) (T - s)^(-1/tau).
+// The method's finite-context needle bound (docs/method.md, claim C10) with c_j = 0, that is
+// r - 1 near-uniform siblings:
+//   Delta(T) = (1 - eps) D / (C + D),  C = exp(-eta / tau),  D = (r - 1) (T - s)^(-1/tau).
 [[nodiscard]] double NeedleBoundDelta(int64_t tokens, int r, double tau, double eta_ret,
                                       double needle_mass, int sink_tokens);
 // How far float32 rounding can move a pooled score from its value on the exact inputs: each

@@ -131,7 +131,7 @@ TEST(MetricsTest, PageSumsAreThePlainPerPageSums) {
 }
 
 TEST(MetricsTest, NeedleBoundClosedForm) {
-  // r = 8, tau = 0.5, eta = ln 2, 1 - eps = 0.95, four sinks (METHOD §2.11).
+  // r = 8, tau = 0.5, eta = ln 2, 1 - eps = 0.95, four sinks (docs/method.md, claim C10).
   EXPECT_NEAR(NeedleBoundDelta(131072, 8, 0.5, std::log(2.0), 0.95, 4), 1.548e-9, 0.0005e-9);
   EXPECT_NEAR(NeedleBoundDelta(4096, 8, 0.5, std::log(2.0), 0.95, 4), 1.59e-6, 0.005e-6);
   // Delta decreases with T.

@@ -1,4 +1,4 @@
-// Token-to-page projection (ARCHITECTURE §3.6): page b covers tokens [bB, min((b+1)B, T)).
+// Token-to-page projection (docs/architecture.md §3.6): page b covers tokens [bB, min((b+1)B, T)).
 #ifndef ENTROKV_CORE_SCORING_PAGES_H_
 #define ENTROKV_CORE_SCORING_PAGES_H_
 

@@ -1,4 +1,4 @@
-// Every policy of ARCHITECTURE §3.10 and the name registry. Pooling policies share one path:
+// Every policy (docs/architecture.md §3.10) and the name registry. Pooling policies share one path:
 // pool the group's rows into one vector, take page maxima, select exactly K pages.
 #include <algorithm>
 #include <array>

@@ -1,5 +1,3 @@
-#include "core/scoring/policy.h"
-
 #include <cmath>
 #include <map>
 #include <optional>
@@ -7,6 +5,7 @@
 #include <vector>
 
 #include "core/scoring/pages.h"
+#include "core/scoring/policy.h"
 #include "core/scoring/weights.h"
 #include "core/testing/random_rows.h"
 #include "core/testing/status_matchers.h"
@@ -112,7 +111,7 @@ TEST(WeightsTest, TemperatureLimits) {
 }
 
 TEST(PolicyTest, BlockMaxKeepsTheNeedlePageThatBlockMeanWouldLose) {
-  // One page holds a single 0.95 token, another holds sixteen 0.06 tokens (METHOD C13).
+  // One page holds a single 0.95 token, another sixteen 0.06 tokens (docs/method.md, C13).
   std::vector<float> row(48, 0.0f);
   row[16 + 5] = 0.95f;
   for (int t = 32; t < 48; ++t) row[t] = 0.06f;
@@ -148,8 +147,8 @@ TEST(PolicyTest, MaxPoolingTakesTheLargestHeadPerToken) {
   EXPECT_THAT(Select("max", rows, 2, 8, 2, options).kept_pages, ElementsAre(0, 3));
 }
 
-// Issue 14 #1: two pages whose columns hold the same six values in a different head order are a
-// tie, which goes to the lower page index (ARCHITECTURE §3.7), not to whichever rounding of
+// Two pages whose columns hold the same six values in a different head order are a tie, which
+// goes to the lower page index (docs/architecture.md §3.7), not to whichever rounding of
 // float(1/6) * x summed head by head came out one ulp higher.
 std::vector<float> PermutedColumns() {
   const std::vector<float> values = {0.1f, 0.7f, 0.3f, 0.9f, 0.05f, 0.45f};

@@ -1,4 +1,4 @@
-// Eviction policies: one small interface, one registry of names (ARCHITECTURE §3.10).
+// Eviction policies: one small interface, one registry of names (docs/architecture.md §3.10).
 // Adding a policy touches policies.cc and policies_test.cc only.
 #ifndef ENTROKV_CORE_SCORING_POLICY_H_
 #define ENTROKV_CORE_SCORING_POLICY_H_
@@ -60,7 +60,7 @@ struct GroupSelection {
   std::vector<float> page_scores;
 };
 
-// How a policy turns a group's rows into page scores (ARCHITECTURE §3.10, steps 4-6). The fused
+// How a policy turns a group's rows into page scores (docs/architecture.md §3.4-3.6). The fused
 // scorer (fused_scorer.h) computes the first three kinds itself from this description alone and
 // sends the others to SelectGroup, so a new policy touches policies.cc only.
 enum class PoolingKind : uint8_t {

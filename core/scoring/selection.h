@@ -1,4 +1,4 @@
-// Exact top-K page selection with deterministic ties and protections (ARCHITECTURE §3.7).
+// Exact top-K page selection with deterministic ties and protections (docs/architecture.md §3.7).
 #ifndef ENTROKV_CORE_SCORING_SELECTION_H_
 #define ENTROKV_CORE_SCORING_SELECTION_H_
 

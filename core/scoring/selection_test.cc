@@ -55,7 +55,7 @@ TEST(SelectionTest, ProtectionsCountInsideK) {
   EXPECT_THAT(ProtectedPages(all, 2, 6, 10), ElementsAre(5, 0, 1, 4, 3));
 }
 
-// Issue 12 #5: protections of any size cost what the page count costs and list each page once.
+// Protections of any size cost what the page count costs and list each page once.
 TEST(SelectionTest, HugeProtectionsAreClampedToThePages) {
   Protections huge;
   huge.tail_page = true;
@@ -68,7 +68,7 @@ TEST(SelectionTest, HugeProtectionsAreClampedToThePages) {
   EXPECT_THAT(SelectProtected(scores, 2, huge, 0), ElementsAre(998, 999));
 }
 
-// Issue 14 #4: evicted pages are never kept, even when they score highest or are protected,
+// Evicted pages are never kept, even when they score highest or are protected,
 // and the group keeps exactly min(K, live pages).
 TEST(SelectionTest, EvictedPagesAreNeverKept) {
   const std::vector<float> scores = {9.0f, 8.0f, 1.0f, 2.0f, 7.0f, 3.0f};

@@ -47,4 +47,28 @@ absl::Status StatisticView::ValidateValues() const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
+                                            std::span<const float> running) {
+  const int heads = chunk.query_heads();
+  const int64_t tokens = chunk.tokens();
+  if (running.size() % static_cast<size_t>(heads) != 0 ||
+      static_cast<int64_t>(running.size() / static_cast<size_t>(heads)) > tokens) {
+    return absl::FailedPreconditionError(absl::StrCat("running sum of ", running.size(),
+                                                      " values does not fit ", heads,
+                                                      " heads x at most ", tokens, " tokens"));
+  }
+  if (absl::Status valid = chunk.ValidateValues(); !valid.ok()) return valid;
+  const int64_t covered = static_cast<int64_t>(running.size() / static_cast<size_t>(heads));
+  std::vector<float> sum(static_cast<size_t>(heads * tokens));
+  std::vector<float> scratch;
+  for (int h = 0; h < heads; ++h) {
+    const std::span<const float> row = chunk.Row(h, &scratch);
+    float* out = sum.data() + static_cast<int64_t>(h) * tokens;
+    const float* before = running.data() + static_cast<int64_t>(h) * covered;
+    for (int64_t t = 0; t < covered; ++t) out[t] = before[t] + row[static_cast<size_t>(t)];
+    for (int64_t t = covered; t < tokens; ++t) out[t] = row[static_cast<size_t>(t)];
+  }
+  return sum;
+}
+
 }  // namespace entrokv

@@ -12,7 +12,7 @@
 
 namespace entrokv {
 
-// What the worker measured (ARCHITECTURE §3.1). Scoring treats all kinds alike; the kind is
+// What the worker measured (docs/architecture.md §3.1). Scoring treats all kinds alike; the kind is
 // carried so that reports and policies (h2o expects ACCUMULATED) can say what they were given.
 enum class StatisticKind : uint8_t { kLastRow, kWindowMean, kAccumulated };
 
@@ -46,6 +46,16 @@ class StatisticView {
   int query_heads_;
   int64_t tokens_;
 };
+
+// Chunked prefill: a chunk's ACCUMULATED statistic (the column sums of the chunk's queries over
+// every key so far, query_heads x T) added to the running sum of the chunks before it
+// (`running`: query_heads rows of running.size() / query_heads <= T tokens; later tokens' columns
+// count 0). Returns the new running sum, query_heads x T float32, what a decision after this
+// chunk scores. INVALID_ARGUMENT naming the head and token of a chunk value that is negative or
+// not finite (ValidateValues); FAILED_PRECONDITION when `running` is not whole rows of at most
+// T tokens. Float32 sums: a column of a 2^20-query prompt is exact to about 1e-7 relative.
+[[nodiscard]] absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
+                                                          std::span<const float> running);
 
 }  // namespace entrokv
 

@@ -63,5 +63,39 @@ TEST(StatisticViewTest, ValidateValuesNamesTheBadEntry) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head 0, token 1")));
 }
 
+// Two chunks of a 2-head prefill: 3 tokens after the first, 5 after the second. The second
+// chunk's columns add to the first's; tokens 3 and 4 start at 0.
+TEST(AddChunkTest, ChunksAddColumnByColumn) {
+  const std::vector<float> first = {1, 2, 3, 10, 20, 30};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView first_view,
+                               StatisticView::Create(first.data(), DType::kFloat32, 2, 3));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<float> running, AddChunk(first_view, {}));
+  EXPECT_EQ(running, first);
+  const std::vector<float> second = {0.5, 0.5, 0.5, 4, 5, 1, 1, 1, 6, 7};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView second_view,
+                               StatisticView::Create(second.data(), DType::kFloat32, 2, 5));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<float> sum, AddChunk(second_view, running));
+  EXPECT_THAT(sum, ::testing::ElementsAre(1.5, 2.5, 3.5, 4, 5, 11, 21, 31, 6, 7));
+}
+
+TEST(AddChunkTest, BadChunksAndSumsAreRefused) {
+  const std::vector<float> bad = {1, -2, 3, 4};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
+                               StatisticView::Create(bad.data(), DType::kFloat32, 2, 2));
+  // A negative chunk value is refused even where the running sum would have covered it.
+  const std::vector<float> running = {5, 5, 5, 5};
+  EXPECT_THAT(AddChunk(view, running),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head 0, token 1")));
+  const std::vector<float> good = {1, 2, 3, 4};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView good_view,
+                               StatisticView::Create(good.data(), DType::kFloat32, 2, 2));
+  const std::vector<float> longer = {1, 1, 1, 1, 1, 1};  // 3 tokens of a 2-token chunk
+  EXPECT_THAT(AddChunk(good_view, longer),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("at most 2 tokens")));
+  const std::vector<float> ragged = {1, 1, 1};
+  EXPECT_THAT(AddChunk(good_view, ragged),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("3 values")));
+}
+
 }  // namespace
 }  // namespace entrokv

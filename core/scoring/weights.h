@@ -1,4 +1,4 @@
-// Head weights inside one KV group and the pooled group row (ARCHITECTURE §3.4-3.5).
+// Head weights inside one KV group and the pooled group row (docs/architecture.md §3.4-3.5).
 #ifndef ENTROKV_CORE_SCORING_WEIGHTS_H_
 #define ENTROKV_CORE_SCORING_WEIGHTS_H_
 
@@ -12,7 +12,7 @@ namespace entrokv {
 [[nodiscard]] std::vector<double> EntropyWeights(std::span<const double> entropies, double tau);
 
 // out[t] = float(sum_h weights[h] * rows[h][t]) over the raw rows (sinks included), the
-// products and the sum in double (ARCHITECTURE §3.1), head by head from +0, rounded once.
+// products and the sum in double (docs/architecture.md §3.1), head by head from +0, rounded once.
 // REQUIRES: rows.size() == weights.size(); every row and `out` have the same length.
 void PoolRows(std::span<const std::span<const float>> rows, std::span<const double> weights,
               std::span<float> out);

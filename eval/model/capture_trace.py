@@ -4,7 +4,7 @@
         --task single_needle --length 1024 --seed 3 --depth 0.5 --out TRACE_DIR
 
 One trace per prompt: a directory with
-  stats.npy        float32 [L, H_Q, T], the statistic of ARCHITECTURE 3.1 step 1: by default
+  stats.npy        float32 [L, H_Q, T], the statistic (docs/architecture.md §3.1): by default
                    LAST_ROW (the attention row of the prompt's last query, over all T keys);
                    --statistic window_mean --window W gives the mean of the last W query rows;
   accumulated.npy  float32 [L, H_Q, T], the ACCUMULATED statistic (H2O): column sums of the

@@ -1,4 +1,4 @@
-"""capture_trace: deterministic captures, the statistic of ARCHITECTURE 3.1, the trace format."""
+"""capture_trace: deterministic captures, the statistic (docs/architecture.md §3.1), the trace format."""
 import filecmp
 import json
 import os

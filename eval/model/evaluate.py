@@ -60,7 +60,7 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
 
 def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     """"none", a policy name, or name+window: the policy given the question-window statistic
-    (the mean of the question's query rows, ARCHITECTURE 3.1) instead of its default."""
+    (the mean of the question's query rows, docs/architecture.md §3.1) instead of its default."""
     if name == "none":
         return pool_worker.Policy("none")
     base, _, statistic = name.partition("+")

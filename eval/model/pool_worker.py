@@ -4,7 +4,7 @@
 The worker registers the model, opens a sequence per prompt and writes every layer's K and V of
 every token into the frames of the daemon's host arena that the sequence's block tables name (the
 arena mapped by its shared-memory name, numpy views of its frames). During prefill it measures
-each layer's attention statistic (ARCHITECTURE 3.1) and sends it with DecideStream; from then on
+each layer's attention statistic (docs/architecture.md §3.1) and sends it with DecideStream; from then on
 each (layer, group) attends only to the pages its block table still names, read from the pool.
 Evicted frames are back on the daemon's free list and other sequences reuse them: the tests
 poison them to prove the worker never reads them. Decoding is greedy, one AppendTokens per token.
@@ -247,10 +247,17 @@ class PoolWorker:
     def __init__(self, client: entrokv.Client, model: numpy_model.Model,
                  registry: policy_registry.Registry, *, model_id: Optional[str] = None,
                  page_size: int = 16, frame_layout: str = "group", element: str = "f32",
-                 capacity_frames: int = 16384):
+                 capacity_frames: int = 16384, fail_open: bool = False):
+        """fail_open: decisions go through the client's fail-open calls (try_decide_stream): a
+        decision the daemon cannot give in time leaves the sequence's cache as it is (counted
+        in no_decisions), and the answer comes all the same. Pair it with a client made with
+        wait_for_ready=True, so that the calls the worker cannot do without (open, append,
+        the block tables, close) wait for a restarting daemon instead of failing."""
         c = model.config
         self.client, self.model, self.page_size = client, model, page_size
         self.registry = registry
+        self.fail_open = fail_open
+        self.no_decisions = 0  # decisions gone without (fail_open)
         self.model_id = model_id or f"entrokv-gqa-{frame_layout}-b{page_size}-{element}"
         geometry = dict(layers=c.layers, query_heads=c.query_heads, kv_groups=c.kv_heads,
                         head_dim=c.head_dim, page_size=page_size,
@@ -392,9 +399,21 @@ class PoolWorker:
         return kv
 
     def _decide_stream(self, kv: PoolKV, policy: Policy, layer_stats) -> list:
-        return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
-                                              policy=policy.name, kind=self.kind(policy),
-                                              **policy.budget(), **dict(policy.params)))
+        """The decisions of the stream; with fail_open, [] when there is no decision (the
+        layers decided before a broken stream are applied all the same: every caller rereads
+        the block tables after this)."""
+        arguments = dict(policy=policy.name, kind=self.kind(policy), **policy.budget(),
+                         **dict(policy.params))
+        if not self.fail_open:
+            return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
+                                                  **arguments))
+        decisions = self.client.try_decide_stream(self.model_id, kv.sequence_id, layer_stats,
+                                                  **arguments)
+        if decisions is None:
+            with self._lock:
+                self.no_decisions += 1
+            return []
+        return decisions
 
     def decide(self, kv: PoolKV, policy: Policy) -> list:
         """Sends the sequence's kept statistics (of a prefill without a policy, or its fork)
@@ -414,6 +433,16 @@ class PoolWorker:
         kv._reserve(length)
         kv.length = length
         kv.assign(rows)
+
+    def truncate(self, kv: PoolKV, tokens: int) -> int:
+        """Rolls back the last `tokens` tokens (speculative drafts the target model rejected):
+        TruncateSequence, then the tables as the pool holds them. The rolled-back positions are
+        unreadable until written again; returns the frames the pool freed."""
+        length, freed = self.client.truncate_sequence(self.model_id, kv.sequence_id, tokens)
+        kv.length = length
+        kv.valid[:, :, length:] = False
+        self._fetch_tables(kv)
+        return freed
 
     def decode(self, kv: PoolKV, max_new: int,
                eos: int = tasks.EOS) -> Tuple[List[int], np.ndarray]:
@@ -513,9 +542,9 @@ class PoolWorker:
 class LocalDaemon:
     """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM."""
 
-    def __init__(self, binary: str, *args: str):
+    def __init__(self, binary: str, *args: str, listen: str = "127.0.0.1:0"):
         self.process = subprocess.Popen(
-            [binary, "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1:0", *args],
+            [binary, f"--listen={listen}", "--metrics_listen=127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         addresses = entrokv.parse_listening_line(line)
@@ -558,6 +587,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--element", choices=sorted(ELEMENTS), default="f32")
     parser.add_argument("--concurrency", type=int, default=2, help="prompts in flight")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fail-open", action="store_true",
+                        help="a decision the daemon cannot give in time leaves the cache as it "
+                             "is; the other calls wait for a restarting daemon")
     args = parser.parse_args(argv)
 
     registry = policy_registry.load(args.entrokv)
@@ -582,9 +614,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
           f"(multi-value: any order)")
     started = time.perf_counter()
     try:
-        with entrokv.Client(address, timeout_s=60) as client:
+        with entrokv.Client(address, timeout_s=60, wait_for_ready=args.fail_open) as client:
             worker = PoolWorker(client, model, registry, page_size=args.page_size,
-                                frame_layout=args.frame_layout, element=args.element)
+                                frame_layout=args.frame_layout, element=args.element,
+                                fail_open=args.fail_open)
             try:
                 with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
                     runs = list(pool.map(lambda e: worker.run_forked(e, policies), examples))
@@ -611,6 +644,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     print(f"prefill {prefill:.0f} ms/prompt, fork + decide + decode + close {cycle:.0f} ms; "
           f"{elapsed:.1f} s in all; pool after every close: "
           f"{stats.used_frames} used + {stats.free_frames} free = {stats.capacity_frames} frames")
+    if args.fail_open:
+        print(f"fail-open: {worker.no_decisions} decisions gone without "
+              f"({client.no_decisions})")
     # Every sequence is closed by now: a frame still in use, or one missing from the count, is a
     # leak and fails the run.
     balanced = stats.used_frames + stats.free_frames == stats.capacity_frames

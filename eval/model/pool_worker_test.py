@@ -246,6 +246,97 @@ class PoolWorkerTest(unittest.TestCase):
         np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
         self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
 
+    def test_rejected_speculative_tokens_leave_no_trace(self):
+        # Speculative decoding: k draft tokens are appended and run through the model in one
+        # step (the verification), the last j are rejected and truncated, and greedy decoding
+        # goes on. The answer and every logit equal a run that never appended the rejected
+        # drafts (token by token: the verification's batched rows agree to float32 rounding),
+        # with the frames the truncation freed, and the rolled-back slots of the kept tail page,
+        # poisoned. A decision before the drafts (evicted pages stay evicted) and a fork whose
+        # shared tail the drafts copy (the parent is untouched) are covered too.
+        steps = 14  # more than any k below
+        example = tasks.make_example("multi_key", 250, 3)  # 15 pages and 10 tokens
+        vocab = self.model.config.vocab
+        for policy, forked in ((Policy("page_entrokv", pages=5), False), (Policy("none"), True)):
+            worker = self.worker(f"speculative-{policy.name}", capacity_frames=1024)
+
+            def start():
+                if not forked:
+                    return worker.prefill(example.prompt, policy=policy)[0], None
+                parent, _ = worker.prefill(example.prompt, kinds=("last_row",))
+                return worker.fork(parent), parent
+
+            kv, parent = start()
+            want_answer, want_logits = worker.decode(kv, max_new=steps, eos=-1)
+            worker.close_sequence(kv)
+            if parent is not None:
+                worker.close_sequence(parent)
+            # (k, j): within the tail page, across one page edge, everything rejected, and
+            # back across the edge the drafts crossed.
+            for k, j in ((4, 2), (9, 3), (7, 7), (12, 11)):
+                with self.subTest(policy=policy.label(), forked=forked, k=k, j=j):
+                    kv, parent = start()
+                    tables_before = kv.tables.copy()
+                    accepted = k - j
+                    draft = want_answer[:accepted] + [
+                        (want_answer[accepted + i] + 1 + i) % vocab for i in range(j)]
+                    position = kv.length
+                    worker.append(kv, k)
+                    rows = worker.model.step(np.array(draft), np.arange(position, position + k),
+                                             kv)
+                    used = self.assert_pool_consistent(worker).used_frames
+                    freed = worker.truncate(kv, j)
+                    self.assertEqual(kv.length, position + accepted)
+                    # The pages only the rejected drafts reached are freed in every (layer,
+                    # group); the page that is the tail again keeps its frame.
+                    b = worker.page_size
+                    dropped = -(-(position + k) // b) - -(-(position + accepted) // b)
+                    self.assertEqual(freed, dropped * LAYERS * GROUPS)
+                    self.assertEqual(self.assert_pool_consistent(worker).used_frames,
+                                     used - freed)
+                    # Poison what the rolled-back drafts left: every free frame, and the slots
+                    # past the new end of each kept tail page.
+                    live = {int(f) for s in self.client.list_sequences(
+                                worker.model_id, block_tables=True)
+                            for t in s.block_tables for f in t.frames if f >= 0}
+                    worker.arena.frames[sorted(set(range(worker.pool.capacity_frames)) -
+                                               live)] = np.nan
+                    tail_page, tail_slot = divmod(kv.length, b)
+                    if tail_slot:
+                        tails = kv.tables[:, :, tail_page]
+                        worker.arena.frames[tails[tails >= 0], :, :, tail_slot:] = np.nan
+                    # The pages before the drafts keep their frames (evicted ones stay evicted).
+                    pages = -(-position // b)
+                    np.testing.assert_array_equal(kv.tables[:, :, :pages - 1],
+                                                  tables_before[:, :, :pages - 1])
+                    np.testing.assert_allclose(rows[:accepted], want_logits[1:1 + accepted],
+                                               **TOLERANCE)
+                    # Greedy decoding resumes after the last accepted token.
+                    last = rows[accepted - 1] if accepted else kv.prefill_logits[-1]
+                    answer, logits = list(draft[:accepted]), [last]
+                    token = int(np.argmax(last))
+                    while len(answer) < steps:
+                        answer.append(token)
+                        at = kv.length
+                        worker.append(kv, 1)
+                        logits.append(worker.model.step(np.array([token]), np.array([at]),
+                                                        kv)[-1])
+                        token = int(np.argmax(logits[-1]))
+                    self.assertEqual(answer, want_answer)
+                    np.testing.assert_allclose(np.stack(logits), want_logits[accepted:],
+                                               **TOLERANCE)
+                    if parent is not None:
+                        # The parent's shared pages still hold the prompt: its decode is the
+                        # same as the child's reference.
+                        parent_answer, parent_logits = worker.decode(parent, max_new=steps,
+                                                                     eos=-1)
+                        self.assertEqual(parent_answer, want_answer)
+                        np.testing.assert_allclose(parent_logits, want_logits, **TOLERANCE)
+                        worker.close_sequence(parent)
+                    worker.close_sequence(kv)
+                    stats = self.assert_pool_consistent(worker)
+                    self.assertEqual(stats.used_frames, 0)
+
     def test_command_prints_accuracy_and_frames(self):
         with tempfile.TemporaryDirectory() as tmp:
             weights = os.path.join(tmp, "w.npz")

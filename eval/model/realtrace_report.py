@@ -1,4 +1,4 @@
-"""The paper's real-attention claims (METHOD section 7, C17-C22) on the small GQA model.
+"""The paper's real-attention claims (C17-C22, docs/method.md) on the small GQA model.
 
     nice -n 19 /usr/bin/python3 eval/model/realtrace_report.py \\
         --weights eval/model/weights.npz --entrokv build/client/cli/entrokv \\

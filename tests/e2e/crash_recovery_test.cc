@@ -1,7 +1,7 @@
-// R16 with the real binaries: entrokvd under load, kill -9, restarted on the same --state_dir,
-// holds exactly what it held (models, sequences, block tables, free frames, the host arena's
-// bytes); a damaged journal stops the start with exit 2; and without --state_dir the arenas of
-// a killed daemon do not stay behind in /dev/shm.
+// Crash safety (docs/reliability.md) with the real binaries: entrokvd under load, kill -9,
+// restarted on the same --state_dir, holds exactly what it held (models, sequences, block tables,
+// free frames, the host arena's bytes); a damaged journal stops the start with exit 2; and without
+// --state_dir the arenas of a killed daemon do not stay behind in /dev/shm.
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -133,7 +133,7 @@ void Load(Daemon& daemon) {
   }
 }
 
-TEST(CrashRecoveryTest, KillNineAndRestartRecoverEverythingExactly) {  // R16
+TEST(CrashRecoveryTest, KillNineAndRestartRecoverEverythingExactly) {
   const std::string dir = FreshDir("crash_recovery");
   Snapshot before;
   std::string group_bytes;

@@ -1,5 +1,5 @@
-// `entrokv replay` against a real entrokvd in the LAYER frame layout (ARCHITECTURE §3.9): every
-// pooled policy ends at exactly the planned frames, counted in the layout's own frames; with
+// `entrokv replay` against a real entrokvd in the LAYER frame layout (docs/architecture.md §3.9):
+// every pooled policy ends at exactly the planned frames, counted in the layout's own frames; with
 // --scope group the replay shows the union per-group selection keeps instead.
 #include <string>
 

@@ -151,8 +151,8 @@ TEST_F(SelectCliTest, BudgetIsPlannedOverTheLayers) {
             "\"kept_pages\":[0,1]");
 }
 
-// Issue 14 #1: the two columns hold the same six values in a different head order, a tie that
-// goes to page 0 (ARCHITECTURE §3.7) under mean pooling, whatever the rounding.
+// The two columns hold the same six values in a different head order, a tie that goes to page 0
+// (docs/architecture.md §3.7) under mean pooling, whatever the rounding.
 TEST_F(SelectCliTest, MeanPoolingTieKeepsTheLowerPage) {
   const std::vector<float> values = {0.1f, 0.7f, 0.3f, 0.9f, 0.05f, 0.45f};
   std::vector<float> data;  // [6, 2]
@@ -170,14 +170,14 @@ TEST_F(SelectCliTest, MeanPoolingTieKeepsTheLowerPage) {
   }
 }
 
-// Issue 14 #7: the table's headline counts the pages kept, not the pages a layer has.
+// The table's headline counts the pages kept, not the pages a layer has.
 TEST_F(SelectCliTest, TableHeadlineCountsThePagesKept) {
   std::vector<float> data(2 * 4 * 160, 1.0f);
   const std::string path =
       Write("flat.npy", NpyType::kFloat32, {2, 4, 160}, data.data(), data.size() * 4);
   // 5 layer-pages: 3 per group in layer 0, 2 in layer 1, 2 groups; 10 pages per (layer, group).
-  const CliRun run = RunCli(absl::StrCat("select --stats ", path,
-                                         " --kv-heads 2 --page-size 16 --budget 0.25 --format table"));
+  const CliRun run = RunCli(absl::StrCat(
+      "select --stats ", path, " --kv-heads 2 --page-size 16 --budget 0.25 --format table"));
   ASSERT_EQ(run.exit_code, 0) << run.out;
   EXPECT_THAT(run.out, HasSubstr("10 of 40 pages kept"));
 }

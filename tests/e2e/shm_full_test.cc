@@ -6,13 +6,13 @@
 // The outer test re-runs this binary's ShmFullInside tests in a private mount namespace
 // (`unshare --mount`) with a 64 MiB tmpfs mounted on /dev/shm, so nothing outside sees it. That
 // needs root (or CAP_SYS_ADMIN) and util-linux's unshare: elsewhere the test skips, saying why.
+#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <dirent.h>
 #include <climits>
 #include <cstdio>
 #include <cstdlib>

@@ -160,7 +160,8 @@ def recovery_seeds():
 # ---- request: selector, u16-length serialized request -------------------------------------------
 RPCS = ["RegisterModelRequest", "GetModelRequest", "ListModelsRequest", "OpenSequenceRequest",
         "AppendTokensRequest", "DecideRequest", "DecideLayerRequest", "CloseSequenceRequest",
-        "GetPoolStatsRequest", "ListSequencesRequest", "UnregisterModelRequest"]
+        "GetPoolStatsRequest", "ListSequencesRequest", "UnregisterModelRequest",
+        "TruncateSequenceRequest"]
 
 
 def encode(message, text):
@@ -182,6 +183,13 @@ STAT_F32 = "".join("\\%03o" % b for b in np.full(40, 0.25, "<f4").tobytes())
 def decide_text(layer_stat, budget="pages_per_group: 2", policy=""):
     return ('model_id: "m" sequence_id: "s" layers { layer: 0 %s } budget { %s } policy { %s }'
             % (layer_stat, budget, policy))
+
+
+def acc_stat(tokens):
+    """A chunk of a chunked prefill: ACCUMULATED column sums over `tokens` keys, accumulated."""
+    data = "".join("\\%03o" % b for b in np.full(4 * tokens, 0.5, "<f4").tobytes())
+    return ('statistic { dtype: DTYPE_FLOAT32 query_heads: 4 tokens: %d '
+            'kind: STATISTIC_KIND_ACCUMULATED data: "%s" } accumulate: true' % (tokens, data))
 
 
 def request_seeds():
@@ -232,6 +240,29 @@ def request_seeds():
         "decide-layer": [("DecideLayerRequest",
                           'model_id: "m" sequence_id: "s" layer { layer: 1 %s } '
                           'budget { pages_per_group: 1 } policy { name: "snapkv" }' % bytes_stat)],
+        "truncate": [("AppendTokensRequest", 'model_id: "m" sequence_id: "s" tokens: 6'),
+                     ("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s" tokens: 7'),
+                     ("ListSequencesRequest", 'model_id: "m" include_block_tables: true')],
+        "truncate-past-length": [("TruncateSequenceRequest",
+                                  'model_id: "m" sequence_id: "s" tokens: 11')],
+        "truncate-zero": [("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s"')],
+        "truncate-fork-tail": [("OpenSequenceRequest", 'model_id: "m" sequence_id: "f" '
+                                'parent_sequence_id: "s" prefix_pages: 3'),
+                               ("TruncateSequenceRequest",
+                                'model_id: "m" sequence_id: "f" tokens: 1'),
+                               ("AppendTokensRequest", 'model_id: "m" sequence_id: "f" tokens: 3')],
+        "decide-chunks": [("DecideRequest", decide_text(acc_stat(10))),
+                          ("AppendTokensRequest", 'model_id: "m" sequence_id: "s" tokens: 4'),
+                          ("DecideRequest", decide_text(acc_stat(14))),
+                          ("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s" tokens: 5'),
+                          ("DecideRequest", decide_text(acc_stat(9)))],
+        "decide-chunk-wrong-kind": [("DecideRequest", decide_text(
+            acc_stat(10).replace(" kind: STATISTIC_KIND_ACCUMULATED", "")))],
+        "decide-chunk-wrong-tokens": [("DecideRequest", decide_text(acc_stat(11)))],
+        "decide-degraded": [("DecideRequest", decide_text(bytes_stat).replace(
+            'budget', 'degrade_on_deadline: true answer_within_ms: 1 budget'))],
+        "decide-answer-within-negative": [("DecideRequest", decide_text(bytes_stat).replace(
+            'budget', 'answer_within_ms: -1 budget'))],
         "unregister-refused": [("UnregisterModelRequest", 'model_id: "m"')],
         "unregister-forced": [("UnregisterModelRequest", 'model_id: "m" force: true'),
                               ("GetModelRequest", 'model_id: "m"')],

@@ -7,13 +7,13 @@
 // Input: records, each a u16-length-prefixed key then a u16-length-prefixed value; sorted by
 // key, later duplicates win (as in LevelDB). Keys and values are the store's own encodings
 // (store/records.h).
+#include <unistd.h>
+
 #include <cstdint>
 #include <map>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "core/pool/arena.h"

@@ -20,10 +20,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/util/log.h"
 #include "entrokv/v1/cache_manager.pb.h"
 #include "service/arena_names.h"
 #include "service/cache_manager_service.h"
-#include "service/log.h"
 #include "service/metrics.h"
 #include "service/options.h"
 #include "service/worker_pool.h"
@@ -104,7 +104,7 @@ bool Parse(const std::string& bytes, Request* request) {
 std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
                                 const std::string& bytes) {
   const auto never_cancelled = [] { return false; };
-  switch (selector % 11) {
+  switch (selector % 12) {
     case 0: {
       v1::RegisterModelRequest request;
       v1::RegisterModelResponse response;
@@ -171,11 +171,17 @@ std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoListSequences(request, &response);
     }
-    default: {
+    case 10: {
       v1::UnregisterModelRequest request;
       v1::UnregisterModelResponse response;
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoUnregisterModel(request, &response);
+    }
+    default: {
+      v1::TruncateSequenceRequest request;
+      v1::TruncateSequenceResponse response;
+      if (!Parse(bytes, &request)) return std::nullopt;
+      return service.DoTruncateSequence(request, &response);
     }
   }
 }
@@ -231,7 +237,7 @@ struct World {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace entrokv;
   static const bool quiet = [] {
-    service::SetMinLogLevel(service::LogLevel::kError);  // registrations log at INFO
+    SetMinLogLevel(LogLevel::kError);  // registrations log at INFO
     return true;
   }();
   (void)quiet;

@@ -12,6 +12,7 @@ import tempfile
 import numpy as np
 
 import entrokv
+from entrokv.v1 import cache_manager_pb2 as pb
 
 GEOMETRY = dict(layers=3, query_heads=6, kv_groups=2, head_dim=32, page_size=16)
 FRAME_BYTES = 2 * 16 * 32 * 2  # K and V, B tokens, head_dim, 2-byte elements
@@ -310,6 +311,61 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             entrokv.client.statistic_message(np.zeros((2, 3), dtype=np.float64))
 
+    def test_truncate_drops_the_speculative_tokens(self):
+        self.register("spec")
+        self.client.open_sequence("spec", "s", initial_tokens=40)  # 3 pages, the last partial
+        before = self.assert_pool_consistent("spec")
+        self.assertEqual(self.client.append_tokens("spec", "s", 30), 70)  # 5 pages
+        self.assertEqual(self.client.truncate_sequence("spec", "s", 30),
+                         (40, 2 * GEOMETRY["layers"] * GEOMETRY["kv_groups"]))
+        self.assertEqual(self.assert_pool_consistent("spec").used_frames, before.used_frames)
+        # More than the sequence holds: OUT_OF_RANGE naming the field, nothing changed.
+        with self.assertRaisesRegex(entrokv.OutOfRangeError, "tokens"):
+            self.client.truncate_sequence("spec", "s", 41)
+        with self.assertRaisesRegex(entrokv.InvalidArgumentError, "tokens"):
+            self.client.truncate_sequence("spec", "s", 0)
+        self.assertEqual([s.length_tokens for s in self.client.list_sequences("spec")], [40])
+        self.assertEqual(self.assert_pool_consistent("spec").used_frames, before.used_frames)
+
+    def test_chunks_accumulate_into_the_running_sum(self):
+        # Two chunks' column sums sent one at a time decide as their sum sent at once.
+        self.register("chunks")
+        first, second = layer_stats(5, 64), layer_stats(6, 96)
+        whole = second.copy()
+        whole[:, :, :64] += first
+        self.client.open_sequence("chunks", "whole", initial_tokens=96)
+        want = self.client.decide("chunks", "whole", whole, pages=3, policy="h2o",
+                                  kind="accumulated")
+        self.client.open_sequence("chunks", "chunked", initial_tokens=64)
+        self.client.decide("chunks", "chunked", first, pages=4, policy="h2o",
+                           kind="accumulated", accumulate=True)
+        self.client.append_tokens("chunks", "chunked", 32)
+        got = self.client.decide("chunks", "chunked", second, pages=3, policy="h2o",
+                                 kind="accumulated", accumulate=True)
+        for g, w in zip(got, want):
+            for gg, wg in zip(g.groups, w.groups):
+                np.testing.assert_array_equal(gg.kept_pages, wg.kept_pages)
+            self.assertFalse(g.degraded)
+        with self.assertRaisesRegex(ValueError, "accumulate"):
+            self.client.decide("chunks", "chunked", second, pages=3, accumulate=True)
+
+    def test_deadline_fields_reach_the_daemon_and_degraded_comes_back(self):
+        # When a layer is degraded is the daemon's (tests/service/lifecycle_test.cc, with a
+        # forced estimate); here: the fields are sent, and the flag is read.
+        self.register("deadline")
+        self.client.open_sequence("deadline", "s", initial_tokens=64)
+        with self.assertRaisesRegex(entrokv.InvalidArgumentError, "answer_within_ms"):
+            self.client.decide("deadline", "s", layer_stats(7, 64), pages=2,
+                               degrade_on_deadline=True, answer_within_ms=-1)
+        with self.assertRaisesRegex(entrokv.FailedPreconditionError, "cached"):
+            self.client.decide("deadline", "s", layer_stats(7, 64), pages=2,
+                               use_cached_weights=True)
+        decisions = self.client.decide("deadline", "s", layer_stats(7, 64), pages=2,
+                                       degrade_on_deadline=True, answer_within_ms=60000)
+        self.assertEqual([d.degraded for d in decisions], [False] * GEOMETRY["layers"])
+        message = pb.LayerDecision(layer=1, policy="streaming", degraded=True)
+        self.assertTrue(entrokv.LayerDecision.from_message(message).degraded)
+
     def test_bad_arguments_raise_value_error_before_anything_is_sent(self):
         self.register("args")
         self.client.open_sequence("args", "s", initial_tokens=64)
@@ -422,8 +478,16 @@ class ClientTest(unittest.TestCase):
             capture_output=True, text=True, timeout=120,
             env=dict(os.environ))
         self.assertEqual(result.returncode, 0, result.stderr)
-        self.assertIn("layer 3: kept", result.stdout)
-        self.assertRegex(result.stdout, r"pool: \d+ used \+ \d+ free = \d+ frames")
+        # The steps of docs/integrating.md: chunked prefill decisions, decode-time decisions
+        # on cached weights, speculative drafts rolled back, close.
+        self.assertIn("prefill chunk 0-512: 4 layers kept [16] pages per group of 32, freed 128 "
+                      "frames", result.stdout)
+        self.assertRegex(result.stdout, r"decode step 8: 4 layers kept \[16\] pages per group "
+                                        r"of 3\d, freed \d+ frames")
+        self.assertRegex(result.stdout, r"decode step \d+: \d of 4 drafts accepted, truncated "
+                                        r"to \d+ tokens")
+        self.assertRegex(result.stdout, r"pool: 128 used \+ \d+ free = \d+ frames")
+        self.assertIn("closed: 128 frames released; decisions gone without: 0", result.stdout)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import grpc
 import numpy as np
 
 import entrokv
+from entrokv.v1 import cache_manager_pb2 as pb
 from entrokv.v1 import cache_manager_pb2_grpc as pb_grpc
 from entrokv.v1 import types_pb2 as types
 
@@ -97,6 +98,103 @@ class RetryPolicyTest(unittest.TestCase):
         with self.client(4) as client, self.assertRaises(entrokv.UnavailableError):
             list(client.decide_stream("m", "s", [(0, stats)], pages=1))
         self.assertEqual(self.servicer.attempts, 1)
+
+
+class DecidingServicer(pb_grpc.CacheManagerServicer):
+    """Decide and DecideStream answer with `code` (OK: one empty decision per layer), after
+    `delay_s`; a stream reads every layer first."""
+
+    def __init__(self):
+        self.code = grpc.StatusCode.OK
+        self.delay_s = 0.0
+
+    def _answer(self, context):
+        time.sleep(self.delay_s)
+        if self.code != grpc.StatusCode.OK:
+            context.abort(self.code, "not now")
+
+    def Decide(self, request, context):
+        self._answer(context)
+        return pb.DecideResponse(layers=[pb.LayerDecision(layer=l.layer) for l in request.layers])
+
+    def DecideStream(self, request_iterator, context):
+        layers = [message.layer.layer for message in request_iterator]
+        self._answer(context)
+        for layer in layers:
+            yield pb.LayerDecision(layer=layer)
+
+
+class FailOpenTest(unittest.TestCase):
+    """try_decide and try_decide_stream: "no decision" (None) for UNAVAILABLE,
+    DEADLINE_EXCEEDED and RESOURCE_EXHAUSTED, within decision_timeout_s, counted and logged;
+    every other error raised. (A real daemon killed and restarted under the pool-backed worker:
+    eval/model/fail_open_test.py.)"""
+
+    STATS = np.full((2, 4, 32), 1 / 32, dtype=np.float32)
+
+    def setUp(self):
+        self.servicer = DecidingServicer()
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+        pb_grpc.add_CacheManagerServicer_to_server(self.servicer, self.server)
+        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.addCleanup(self.server.stop, None)
+        self.client = entrokv.Client(f"127.0.0.1:{self.port}", decision_timeout_s=0.3)
+        self.addCleanup(self.client.close)
+
+    def decide(self):
+        return self.client.try_decide("m", "s", self.STATS, pages=1)
+
+    def decide_stream(self):
+        return self.client.try_decide_stream("m", "s", list(enumerate(self.STATS)), pages=1)
+
+    def test_a_decision_in_time_is_returned(self):
+        self.assertEqual([d.layer for d in self.decide()], [0, 1])
+        self.assertEqual([d.layer for d in self.decide_stream()], [0, 1])
+        self.assertEqual(sum(self.client.no_decisions.values()), 0)
+
+    def test_no_decision_codes_give_none_counted_and_logged(self):
+        for code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED):
+            self.servicer.code = code
+            for call in (self.decide, self.decide_stream):
+                with self.subTest(code=code.name, call=call.__name__), \
+                        self.assertLogs("entrokv", "WARNING") as logged:
+                    self.assertIsNone(call())
+                self.assertIn("no decision for m/s", logged.output[0])
+                self.assertIn(code.name, logged.output[0])
+        self.assertEqual(self.client.no_decisions,
+                         {"UNAVAILABLE": 2, "DEADLINE_EXCEEDED": 0, "RESOURCE_EXHAUSTED": 2})
+
+    def test_a_slow_daemon_gives_none_once_the_decision_timeout_passed(self):
+        self.servicer.delay_s = 2.0
+        for call in (self.decide, self.decide_stream):
+            with self.subTest(call=call.__name__), self.assertLogs("entrokv", "WARNING"):
+                start = time.monotonic()
+                self.assertIsNone(call())
+                elapsed = time.monotonic() - start
+            self.assertGreaterEqual(elapsed, 0.25)
+            self.assertLess(elapsed, 1.5)
+        self.assertEqual(self.client.no_decisions["DEADLINE_EXCEEDED"], 2)
+
+    def test_other_errors_are_raised_and_not_counted(self):
+        self.servicer.code = grpc.StatusCode.FAILED_PRECONDITION
+        with self.assertRaises(entrokv.FailedPreconditionError):
+            self.decide()
+        with self.assertRaises(entrokv.FailedPreconditionError):
+            self.decide_stream()
+        with self.assertRaises(ValueError):  # a bad argument is still the caller's
+            self.client.try_decide("m", "s", self.STATS)
+        self.assertEqual(sum(self.client.no_decisions.values()), 0)
+
+    def test_nobody_listening_gives_none_quickly(self):
+        with entrokv.Client(f"127.0.0.1:{free_port()}", decision_timeout_s=0.5) as client:
+            for call in (lambda: client.try_decide("m", "s", self.STATS, pages=1),
+                         lambda: client.try_decide_stream("m", "s", list(enumerate(self.STATS)),
+                                                          pages=1)):
+                start = time.monotonic()
+                self.assertIsNone(call())
+                self.assertLess(time.monotonic() - start, 1.0)
+            self.assertEqual(client.no_decisions["UNAVAILABLE"], 2)
 
 
 def free_port() -> int:

@@ -1,4 +1,4 @@
-// A real entrokvd subprocess against hostile clients and local users (issue 12): whatever they
+// A real entrokvd subprocess against hostile clients and local users: whatever they
 // send or do to their shared-memory segments, the call may fail but the daemon lives and keeps
 // deciding for everyone else.
 #include <fcntl.h>
@@ -101,7 +101,7 @@ class HostileClientTest : public ::testing::Test {
   std::unique_ptr<v1::CacheManager::Stub> stub_;
 };
 
-// Issue 12 #1: a worker shrinking its segment while the daemon reads it used to SIGBUS the
+// A worker shrinking its segment while the daemon reads it used to SIGBUS the
 // daemon within a few calls.
 TEST_F(HostileClientTest, ShrinkingASegmentWhileDecidingFailsTheCallNotTheDaemon) {
   constexpr int64_t kTokens = 65536;
@@ -141,7 +141,7 @@ TEST_F(HostileClientTest, ShrinkingASegmentWhileDecidingFailsTheCallNotTheDaemon
   RecordProperty("refused", refused);
 }
 
-// Issue 12 #2: a FIFO named as a segment used to block the worker threads in open(2) for good,
+// A FIFO named as a segment used to block the worker threads in open(2) for good,
 // and with them every later decision and the shutdown.
 TEST_F(HostileClientTest, AFifoNamedAsASegmentIsRefusedWithoutBlocking) {
   constexpr int64_t kTokens = 256;
@@ -197,7 +197,7 @@ TEST_F(HostileClientTest, AnotherDaemonsArenaIsNeverReadAsAStatistic) {
   EXPECT_EQ(other.WaitExit(15000), 0);
 }
 
-// Issue 12 #8: a directory as --token_file or --tls_cert aborted (rc 134), garbage TLS material
+// A directory as --token_file or --tls_cert aborted (rc 134), garbage TLS material
 // exited 1 blaming --listen after binding the metrics port, a huge --drain_timeout_ms overflowed
 // at SIGTERM. Each must exit 2 naming the option, with no port bound.
 TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {

@@ -1,5 +1,5 @@
-// The real entrokvd binary as a subprocess: start-up and shutdown health (R6, R7), bad
-// configuration (R15), and the /metrics endpoint checked by promtool and a real Prometheus.
+// The real entrokvd binary as a subprocess: start-up and shutdown health, drain, bad
+// configuration, and the /metrics endpoint checked by promtool and a real Prometheus.
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -78,7 +78,7 @@ v1::DecideRequest Workload(v1::CacheManager::Stub& stub, int layers, int64_t tok
   return decide;
 }
 
-TEST(EntrokvdProcessTest, BadConfigurationExitsNonZeroNamingTheOption) {  // R15
+TEST(EntrokvdProcessTest, BadConfigurationExitsNonZeroNamingTheOption) {
   const int port = FreePort();
   struct Case {
     std::vector<std::string> args;
@@ -159,7 +159,7 @@ v1::DecideLayerRequest StreamLayer(int layer, int64_t tokens) {
 // The calls in flight are DecideStreams the test holds open, so the drain has work to wait for
 // for exactly as long as the test wants, whatever the machine's speed: each has had one layer
 // decided before SIGTERM, and ends only when the test writes to it or half-closes it.
-TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {  // R6, R7
+TEST(EntrokvdProcessTest, HealthDuringStartAndGracefulSigterm) {
   DaemonProcess daemon(ENTROKVD_PATH, With({"--drain_timeout_ms=60000"}));
   ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
   auto channel = MakeChannel("127.0.0.1:" + std::to_string(daemon.port()));
@@ -255,7 +255,7 @@ int RunCommand(const std::string& command, std::string* output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {  // R11
+TEST(EntrokvdProcessTest, MetricsPassPromtoolAndReachPrometheus) {
   DaemonProcess daemon(ENTROKVD_PATH, kLoopback);
   ASSERT_TRUE(daemon.WaitListening(10000)) << daemon.Stderr();
   auto channel = MakeChannel("127.0.0.1:" + std::to_string(daemon.port()));

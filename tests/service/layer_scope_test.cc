@@ -1,6 +1,6 @@
-// Selection scope over loopback (ARCHITECTURE §3.9): in the LAYER frame layout a pooled policy
-// ends at exactly the planned frames (layer scope, the pool's default there); group scope keeps
-// the union of the groups' pages, reported per layer and equal to what the block tables hold.
+// Selection scope over loopback (docs/architecture.md §3.9): in the LAYER frame layout a pooled
+// policy ends at exactly the planned frames (layer scope, the pool's default there); group scope
+// keeps the union of the groups' pages, reported per layer and equal to what the block tables hold.
 #include <algorithm>
 #include <string>
 #include <vector>

@@ -1,4 +1,4 @@
-// Issue 12's resource and security cases against the in-process daemon over loopback: models
+// Resource and security cases against the in-process daemon over loopback: models
 // come and go without leaking descriptors or metric series, limits answer RESOURCE_EXHAUSTED,
 // and nothing changes when a call is refused.
 #include <dirent.h>
@@ -108,7 +108,7 @@ class HardeningTest : public ServiceTest {
   }
 };
 
-// Issue 12 #3: every model kept its arena descriptor for good and added ~84 series.
+// Every model used to keep its arena descriptor for good and add ~84 series.
 TEST_F(HardeningTest, UnregisteringModelsReleasesDescriptorsAndSeries) {
   ASSERT_TRUE(RegisterStatus("warm").ok());
   ASSERT_TRUE(Unregister("warm", false).ok());
@@ -149,7 +149,7 @@ TEST_F(HardeningTest, MaxModelsIsAnsweredWithResourceExhausted) {
   EXPECT_TRUE(RegisterStatus("c").ok());
 }
 
-// Issue 12 #10: any /entrokv* segment was read, another model's arena included.
+// Any /entrokv* segment used to be read, another model's arena included.
 TEST_F(HardeningTest, ArenasAreNeverReadAsStatistics) {
   Register("victim");
   Register("m");
@@ -176,7 +176,7 @@ TEST_F(HardeningTest, ArenasAreNeverReadAsStatistics) {
   EXPECT_TRUE(ok.ok()) << ok.error_message();
 }
 
-// Issue 12 #10: a daemon running as root read other users' 0600 segments for anyone.
+// A daemon running as root used to read other users' 0600 segments for anyone.
 TEST_F(HardeningTest, SegmentsOfOtherUsersNeedAllowedShmUids) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root to give a segment to another uid";
   constexpr uid_t kOther = 4242;
@@ -201,7 +201,7 @@ TEST_F(HardeningTest, SegmentsOfOtherUsersNeedAllowedShmUids) {
   EXPECT_TRUE(allowed.ok()) << allowed.error_message();
 }
 
-// Issue 12 #10: with --reflection, reflection answered without the bearer token.
+// With --reflection, reflection used to answer without the bearer token.
 TEST_F(HardeningTest, ReflectionRequiresTheBearerToken) {
   const std::string path = ::testing::TempDir() + "/entrokv_reflection_token";
   FILE* f = std::fopen(path.c_str(), "w");
@@ -220,8 +220,8 @@ TEST_F(HardeningTest, ReflectionRequiresTheBearerToken) {
   EXPECT_TRUE(with_token.ok()) << with_token.error_message();
 }
 
-// Issue 12 #7: OpenSequence whose reply exceeded --max_message_bytes answered
-// RESOURCE_EXHAUSTED but kept the sequence and its frames; a retry got ALREADY_EXISTS.
+// An OpenSequence whose reply exceeded --max_message_bytes used to answer RESOURCE_EXHAUSTED
+// but keep the sequence and its frames; a retry got ALREADY_EXISTS.
 TEST_F(HardeningTest, OpenSequenceChangesNothingWhenItsReplyCannotBeSent) {
   ServerOptions options = LoopbackOptions();
   options.max_message_bytes = 64 << 10;
@@ -244,7 +244,7 @@ double RpcCount(const Server& server, const std::string& method, const std::stri
   return series.has_value() ? series->counter.value : -1;
 }
 
-// Issue 12 #9: a 1 MB policy name came back in the message and broke the client's trailer limit.
+// A 1 MB policy name used to come back in the message and break the client's trailer limit.
 TEST_F(HardeningTest, ErrorMessagesEchoABoundedPartOfTheInput) {
   Register("m");
   Open("m", "s", 100);
@@ -284,8 +284,8 @@ TEST_F(HardeningTest, AnUnknownAllocatorIsEchoedWithinTheLimit) {
   EXPECT_TRUE(known.ok()) << known.error_message();
 }
 
-// Issue 12 #9: an unparsable message in the middle of a DecideStream was dropped and the
-// stream ended OK.
+// An unparsable message in the middle of a DecideStream used to be dropped, and the stream
+// ended OK.
 TEST_F(HardeningTest, AnUnparsableStreamMessageEndsTheStreamWithInvalidArgument) {
   Register("m");
   Open("m", "s", 100);
@@ -313,7 +313,7 @@ TEST_F(HardeningTest, AnUnparsableStreamMessageEndsTheStreamWithInvalidArgument)
   EXPECT_THAT(status.error_message(), HasSubstr("message 1"));
 }
 
-// Issue 12 #9: an unparsable unary request got UNIMPLEMENTED with no message, and no metric.
+// An unparsable unary request used to get UNIMPLEMENTED with no message, and no metric.
 TEST_F(HardeningTest, UnparsableUnaryRequestsAreInvalidArgumentAndCounted) {
   const double before = RpcCount(*server_, "GetModel", "INVALID_ARGUMENT");
   ASSERT_GE(before, 0);
@@ -334,7 +334,7 @@ uint64_t LayersScored(const Server& server) {
   return series.has_value() ? series->histogram.sample_count : 0;
 }
 
-// Issue 12 #5: a 26-layer request whose client had given up still scored every layer, holding
+// A 26-layer request whose client had given up used to score every layer, holding
 // the only worker. The deadline is a fifth of what the whole job takes, measured first.
 TEST_F(HardeningTest, ADeadlineStopsScoringBetweenLayers) {
   constexpr int kDeepLayers = 26;
@@ -406,8 +406,8 @@ TEST_F(HardeningTest, ADeadlineStopsScoringBetweenLayers) {
   ExpectInvariants("deep");
 }
 
-// Issue 12 #4 (part): 2-byte frames in a 256 MiB pool made 134M frames of bookkeeping, and
-// sequences per model were unbounded.
+// 2-byte frames in a 256 MiB pool used to make 134M frames of bookkeeping, and sequences per
+// model were unbounded.
 TEST_F(HardeningTest, PoolFramesAndSequencesPerModelAreBounded) {
   ServerOptions options = LoopbackOptions();
   options.max_pool_frames = 1000;

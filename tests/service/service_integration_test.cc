@@ -199,7 +199,7 @@ TEST_F(ServiceTest, DecisionsEqualTheCoreAndCachedWeightsAreReused) {
   ExpectInvariants("m");
 }
 
-// Issue 14 #4: a decode-time decision (cached weights) selects among the pages still held, so
+// A decode-time decision (cached weights) selects among the pages still held, so
 // the sequence keeps exactly G * K frames per layer, not fewer because it chose evicted pages.
 TEST_F(ServiceTest, DecodeTimeDecisionKeepsExactlyTheQuotaOfLiveFrames) {
   Register("m");

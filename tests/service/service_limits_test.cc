@@ -1,6 +1,6 @@
-// Issue 12 #4 and #5 against the in-process daemon over loopback: the bookkeeping a model and
-// a sequence may hold is bounded and exported, ListSequences answers page by page with bounded
-// replies, and a deadline frees the worker between the KV groups of a layer.
+// Bounded bookkeeping and cancellation against the in-process daemon over loopback: the bookkeeping
+// a model and a sequence may hold is bounded and exported, ListSequences answers page by page with
+// bounded replies, and a deadline frees the worker between the KV groups of a layer.
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -80,7 +80,7 @@ class LimitsTest : public ServiceTest {
   }
 };
 
-// Issue 12 #4: a model of 4096 layers x 4096 KV groups registered, and each
+// A model of 4096 layers x 4096 KV groups used to register, and each
 // OpenSequence(initial_tokens = 0) then allocated ~390 MB of empty block tables.
 TEST_F(LimitsTest, AGeometryWhoseEmptySequenceIsTooLargeIsRefused) {
   grpc::ClientContext context;
@@ -92,7 +92,7 @@ TEST_F(LimitsTest, AGeometryWhoseEmptySequenceIsTooLargeIsRefused) {
   EXPECT_EQ(server_->service().registry().size(), 0);
 }
 
-// Issue 12 #4: bookkeeping is accounted (GetPoolStats, entrokv_pool_bookkeeping_bytes) and a
+// Bookkeeping is accounted (GetPoolStats, entrokv_pool_bookkeeping_bytes) and a
 // sequence or a model past its bound is refused naming the flag, with nothing changed.
 TEST_F(LimitsTest, BookkeepingIsExportedAndBounded) {
   ServerOptions options = LoopbackOptions();
@@ -245,7 +245,7 @@ TEST_F(LimitsTest, FramesLargerThanWhatOneCallMayCopyAreRefused) {
   EXPECT_EQ(response.pool().frame_bytes(), uint64_t{64} << 20);
 }
 
-// Issue 12 #4: ListSequences had no paging; one reply held every sequence.
+// ListSequences used to have no paging: one reply held every sequence.
 TEST_F(LimitsTest, ListSequencesPagesFollowTheToken) {
   Register("m", 16 << 20);
   std::vector<std::string> ids;
@@ -276,7 +276,7 @@ TEST_F(LimitsTest, ListSequencesPagesFollowTheToken) {
   EXPECT_THAT(status.error_message(), HasSubstr("page_size"));
 }
 
-// Issue 12 #4: block tables over many sequences built one reply of GBs. A page holds what
+// Block tables over many sequences used to build one reply of GBs. A page holds what
 // --max_message_bytes allows, so every reply stays below it; a sequence too large for any
 // reply is RESOURCE_EXHAUSTED naming include_block_tables, never a half-built multi-GB reply.
 TEST_F(LimitsTest, BlockTablePagesStayBelowTheMessageLimit) {
@@ -312,7 +312,7 @@ TEST_F(LimitsTest, BlockTablePagesStayBelowTheMessageLimit) {
   EXPECT_EQ(response.sequences_size(), 1);
 }
 
-// Issue 12 #5: cancellation was checked between layers only, so one wide layer held the only
+// Cancellation used to be checked between layers only, so one wide layer held the only
 // worker to its end after the client's deadline. Now the worker is free again within about a
 // KV group's work: the next call completes well before the wide layer would have.
 TEST_F(LimitsTest, ADeadlineFreesTheWorkerBetweenTheGroupsOfALayer) {

@@ -1,6 +1,7 @@
 // Pool pressure through the real daemon over loopback gRPC: server-chosen budgets, admission
 // with its hint, quotas applied at the owner's call, tenants, preemption, swapping.
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -37,7 +38,8 @@ class PressureServiceTest : public ServiceTest {
   // A decision of every layer with a server-chosen budget: the first page of each layer holding
   // almost all the mass (`concentrated`), or every token alike.
   grpc::Status DecideAuto(const std::string& model, const std::string& sequence, int64_t tokens,
-                          double floor, v1::DecideResponse* response, bool concentrated = true) {
+                          double floor, v1::DecideResponse* response, bool concentrated = true,
+                          const std::function<void(v1::DecideRequest&)>& change = {}) {
     v1::DecideRequest request;
     request.set_model_id(model);
     request.set_sequence_id(sequence);
@@ -53,6 +55,7 @@ class PressureServiceTest : public ServiceTest {
       in->set_layer(layer);
       *in->mutable_statistic() = BytesStatistic(values, kHeads, tokens, v1::DTYPE_FLOAT32);
     }
+    if (change) change(request);
     grpc::ClientContext context;
     return stub_->Decide(&context, request, response);
   }
@@ -265,6 +268,59 @@ TEST_F(PressureServiceTest, BadPressureInputNamesTheFieldAndChangesNothing) {
   }
   const v1::PoolStats stats = Stats("m");
   EXPECT_EQ(stats.sequences_active(), 1);
+  EXPECT_EQ(stats.used_frames(), 16);
+  EXPECT_EQ(stats.pages_evicted_total(), 0);
+  ExpectInvariants("m");
+}
+
+// A server-chosen budget with the request lifecycle: a chunk's running sum and a decision by
+// position have no place in the pool's quota, so both are refused naming the field, and a
+// swapped-out sequence is not truncated. Nothing changes.
+TEST_F(PressureServiceTest, AServerChosenBudgetRefusesChunksAndDegradingAndSwappedTruncation) {
+  Register("m", 80 * kFrameBytes);
+  Open("m", "s", 32);
+  v1::DecideResponse decided;
+  grpc::Status status = DecideAuto("m", "s", 32, 0.5, &decided, true, [](v1::DecideRequest& r) {
+    r.mutable_layers(1)->set_accumulate(true);
+    r.mutable_layers(1)->mutable_statistic()->set_kind(v1::STATISTIC_KIND_ACCUMULATED);
+  });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("layers[1].accumulate: not with budget.auto_budget"));
+  status = DecideAuto("m", "s", 32, 0.5, &decided, true,
+                      [](v1::DecideRequest& r) { r.set_degrade_on_deadline(true); });
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(),
+              HasSubstr("degrade_on_deadline: not with budget.auto_budget"));
+  {
+    grpc::ClientContext context;
+    v1::SwapOutSequenceRequest request;
+    request.set_model_id("m");
+    request.set_sequence_id("s");
+    v1::SwapOutSequenceResponse swapped;
+    ASSERT_TRUE(stub_->SwapOutSequence(&context, request, &swapped).ok());
+  }
+  {
+    grpc::ClientContext context;
+    v1::TruncateSequenceRequest request;
+    request.set_model_id("m");
+    request.set_sequence_id("s");
+    request.set_tokens(1);
+    v1::TruncateSequenceResponse truncated;
+    status = stub_->TruncateSequence(&context, request, &truncated);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    EXPECT_THAT(status.error_message(), HasSubstr("swapped out"));
+  }
+  {
+    grpc::ClientContext context;
+    v1::ResumeSequenceRequest request;
+    request.set_model_id("m");
+    request.set_sequence_id("s");
+    v1::ResumeSequenceResponse resumed;
+    ASSERT_TRUE(stub_->ResumeSequence(&context, request, &resumed).ok());
+    EXPECT_EQ(resumed.sequence().length_tokens(), 32);
+  }
+  const v1::PoolStats stats = Stats("m");
   EXPECT_EQ(stats.used_frames(), 16);
   EXPECT_EQ(stats.pages_evicted_total(), 0);
   ExpectInvariants("m");

@@ -1,5 +1,5 @@
-// ARCHITECTURE §5 error codes with the pool unchanged afterwards, and the reliability
-// requirements that an in-process daemon can show (R1-R5, R9-R11).
+// The error codes of the wire contract (docs/service.md, "Errors") with the pool unchanged
+// afterwards, and the reliability properties an in-process daemon can show (docs/reliability.md).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -296,7 +296,7 @@ TEST_F(ServiceTest, SharedMemoryStatisticDecidesLikeBytes) {
   }
 }
 
-TEST_F(ServiceTest, OversizeMessageFailsFastAndTheChannelKeepsWorking) {  // R1
+TEST_F(ServiceTest, OversizeMessageFailsFastAndTheChannelKeepsWorking) {
   ServerOptions options = LoopbackOptions();
   options.max_message_bytes = 64 << 10;
   Restart(options);
@@ -308,7 +308,7 @@ TEST_F(ServiceTest, OversizeMessageFailsFastAndTheChannelKeepsWorking) {  // R1
   EXPECT_TRUE(Decide(*stub_, OneLayer(100)).ok());
 }
 
-TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {  // R3
+TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {
   Register("m");
   Open("m", "s", 400);
   const std::string before = Snapshot(*stub_);
@@ -343,7 +343,7 @@ TEST_F(ServiceTest, DeadlineExceededAppliesNothing) {  // R3
   ExpectInvariants("m");
 }
 
-TEST_F(ServiceTest, OverloadIsShedAtOnce) {  // R5
+TEST_F(ServiceTest, OverloadIsShedAtOnce) {
   ServerOptions options = LoopbackOptions();
   options.worker_threads = 1;
   options.max_inflight_decisions = 1;
@@ -385,7 +385,7 @@ TEST_F(ServiceTest, OverloadIsShedAtOnce) {  // R5
   ExpectInvariants("m");
 }
 
-// Issue 14 #5: a call racing a multi-layer Decide. The pool's decision hook runs the racing
+// A call racing a multi-layer Decide. The pool's decision hook runs the racing
 // AppendTokens or CloseSequence right after a decision was applied (outside the pool's lock),
 // which is exactly where a per-layer apply let it in between two layers. The decision must be
 // all or nothing: either it succeeds with every layer applied and every freed frame in the
@@ -451,7 +451,7 @@ TEST_F(ServiceTest, RacingCallSeesADecisionAppliedWhollyOrNotAtAll) {
   }
 }
 
-TEST_F(ServiceTest, ReflectionIsOffByDefaultAndOnWhenAsked) {  // R10
+TEST_F(ServiceTest, ReflectionIsOffByDefaultAndOnWhenAsked) {
   EXPECT_EQ(CallReflection(*channel_).error_code(), grpc::StatusCode::UNIMPLEMENTED);
   ServerOptions options = LoopbackOptions();
   options.reflection = true;
@@ -460,7 +460,7 @@ TEST_F(ServiceTest, ReflectionIsOffByDefaultAndOnWhenAsked) {  // R10
   EXPECT_TRUE(status.ok()) << status.error_code() << " " << status.error_message();
 }
 
-TEST_F(ServiceTest, BearerTokenIsRequiredExceptForHealth) {  // R9
+TEST_F(ServiceTest, BearerTokenIsRequiredExceptForHealth) {
   const std::string path = ::testing::TempDir() + "/entrokv_token";
   FILE* f = std::fopen(path.c_str(), "w");
   std::fputs("tok-123\n", f);
@@ -491,7 +491,7 @@ TEST_F(ServiceTest, BearerTokenIsRequiredExceptForHealth) {  // R9
   EXPECT_EQ(HealthCheck(*channel_, ""), 1);
 }
 
-TEST_F(ServiceTest, DrainingRefusesNewCallsAndFlipsReadinessOnly) {  // R6/R7 in-process
+TEST_F(ServiceTest, DrainingRefusesNewCallsAndFlipsReadinessOnly) {  // in-process
   EXPECT_EQ(HealthCheck(*channel_, ""), 1);
   EXPECT_EQ(HealthCheck(*channel_, kServiceHealthName), 1);
   EXPECT_EQ(HealthCheck(*channel_, kLivenessHealthName), 1);
@@ -506,7 +506,7 @@ TEST_F(ServiceTest, DrainingRefusesNewCallsAndFlipsReadinessOnly) {  // R6/R7 in
             grpc::StatusCode::UNAVAILABLE);
 }
 
-TEST_F(ServiceTest, MetricSeriesStayBoundedOverManySequences) {  // R11
+TEST_F(ServiceTest, MetricSeriesStayBoundedOverManySequences) {
   ServerOptions options = LoopbackOptions();
   options.metrics_listen = "127.0.0.1:0";
   Restart(options);

@@ -1,6 +1,7 @@
-// Transport security and connection lifetime (RELIABILITY R8, R9): TLS refuses plaintext, mutual
-// TLS refuses clients without a certificate the CA signed, and a short max connection age
-// recycles connections without failing calls. Certificates are made here with openssl.
+// Transport security and connection lifetime (docs/reliability.md, "Connections" and "Transport
+// security"): TLS refuses plaintext, mutual TLS refuses clients without a certificate the CA
+// signed, and a short max connection age recycles connections without failing calls. Certificates
+// are made here with openssl.
 #include <atomic>
 #include <chrono>
 #include <cstdlib>

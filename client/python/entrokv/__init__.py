@@ -1,6 +1,6 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
-from entrokv.client import Client, retry_service_config, statistic_message
+from entrokv.client import NO_DECISION_CODES, Client, retry_service_config, statistic_message
 from entrokv.daemon import DaemonAddresses, parse_listening_line
 from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                             DeadlineExceededError, EntrokvError, FailedPreconditionError,
@@ -14,7 +14,7 @@ from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision,
 Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
-    "Client", "retry_service_config", "statistic_message",
+    "Client", "NO_DECISION_CODES", "retry_service_config", "statistic_message",
     "DaemonAddresses", "parse_listening_line",
     "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",
     "DataLossError", "DeadlineExceededError", "FailedPreconditionError", "InternalError",

@@ -9,7 +9,9 @@ arguments the client can see itself raise ValueError before anything is sent.
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, List, Optional, Sequence, Tuple
+import logging
+import threading
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import grpc
 import numpy as np
@@ -33,7 +35,11 @@ _SERVICE = "entrokv.v1.CacheManager"
 # Retried by the channel on UNAVAILABLE. DecideStream is not: a stream may have applied layers.
 _RETRIED_METHODS = ("RegisterModel", "GetModel", "ListModels", "OpenSequence", "AppendTokens",
                     "Decide", "CloseSequence", "GetPoolStats", "ListSequences",
-                    "SwapOutSequence", "ResumeSequence")
+                    "TruncateSequence", "SwapOutSequence", "ResumeSequence")
+# The codes a fail-open decision takes for "no decision": the daemon unreachable, restarting or
+# draining; no answer in time; shed or over a bound. Anything else is the caller's error.
+NO_DECISION_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+_log = logging.getLogger("entrokv")
 
 
 def retry_service_config(max_attempts: int, initial_backoff_s: float = 0.05) -> str:
@@ -78,7 +84,7 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
     """One layer's [query_heads, tokens] array as a Statistic (bytes, no float lists).
 
     kind: how the worker measured it, "last_row" (default), "window_mean" or "accumulated"
-    (ARCHITECTURE 3.1); informational to the daemon."""
+    (docs/architecture.md §3.1); informational to the daemon."""
     array = np.asarray(array)
     if array.ndim != 2:
         raise ValueError(f"statistic: expected [query_heads, tokens], got shape {array.shape}")
@@ -121,8 +127,8 @@ def _policy(policy: Optional[str], params: dict,
     return types.PolicyParams(name=policy or "", scope=wire_scope, **params)
 
 
-def _layer_statistic(item: Any, dtype: Optional[str],
-                     kind: Optional[str] = None) -> "pb.LayerStatistic":
+def _layer_statistic(item: Any, dtype: Optional[str], kind: Optional[str] = None,
+                     accumulate: bool = False) -> "pb.LayerStatistic":
     try:
         layer, array = item
     except (TypeError, ValueError):
@@ -130,7 +136,11 @@ def _layer_statistic(item: Any, dtype: Optional[str],
                          f"pair, got {type(item).__name__}") from None
     if not isinstance(layer, (int, np.integer)) or isinstance(layer, bool):
         raise ValueError(f"layer_stats: layer index must be an int, got {layer!r}")
-    return pb.LayerStatistic(layer=int(layer), statistic=statistic_message(array, dtype, kind))
+    if accumulate and kind != "accumulated":
+        raise ValueError("accumulate: a chunk is added to a running sum of column sums; pass "
+                         "kind='accumulated'")
+    return pb.LayerStatistic(layer=int(layer), statistic=statistic_message(array, dtype, kind),
+                             accumulate=accumulate)
 
 
 class Client:
@@ -138,13 +148,23 @@ class Client:
     retryPolicy, up to max_attempts tries in all, gRPC allowing 5 at most, the backoff doubling
     from initial_backoff_s): a daemon restarting within the backoffs' sum (0.35 s at the
     defaults) carries the call across. DecideStream is not retried. timeout_s bounds each call,
-    retries included."""
+    retries included.
+
+    Fail-open decisions (try_decide, try_decide_stream) give "no decision" (None) instead of
+    raising when the daemon cannot answer within decision_timeout_s (NO_DECISION_CODES),
+    counted in no_decisions and logged as a WARNING on the "entrokv" logger. wait_for_ready:
+    every other call waits for the channel to (re)connect within timeout_s instead of failing
+    at once while the daemon is down: for a worker whose frames the daemon hands out, which
+    has to wait for its appends while a restart runs."""
 
     def __init__(self, target: str = "127.0.0.1:50051", timeout_s: float = 10.0,
                  token: Optional[str] = None, max_attempts: int = 4,
-                 max_message_bytes: int = 256 << 20, initial_backoff_s: float = 0.05):
+                 max_message_bytes: int = 256 << 20, initial_backoff_s: float = 0.05,
+                 decision_timeout_s: float = 0.5, wait_for_ready: bool = False):
         if initial_backoff_s <= 0:
             raise ValueError(f"initial_backoff_s: {initial_backoff_s} is not > 0")
+        if decision_timeout_s <= 0:
+            raise ValueError(f"decision_timeout_s: {decision_timeout_s} is not > 0")
         options = [("grpc.max_receive_message_length", max_message_bytes),
                    ("grpc.max_send_message_length", max_message_bytes),
                    ("grpc.enable_retries", 1 if max_attempts > 1 else 0),
@@ -153,11 +173,33 @@ class Client:
         options += _reconnect_options(initial_backoff_s)
         self._channel = grpc.insecure_channel(target, options=options)
         self._stub = pb_grpc.CacheManagerStub(self._channel)
+        # Fail-open decisions go on a channel of their own without retries: one attempt, as a
+        # decision late is a decision lost, and the reason it failed is the one reported.
+        self._target = target
+        self._decision_options = [option for option in options
+                                  if option[0] not in ("grpc.enable_retries",
+                                                       "grpc.service_config")]
+        self._decision_options.append(("grpc.enable_retries", 0))
+        self._decision_channel: Optional[grpc.Channel] = None
         self._timeout_s = timeout_s
         self._metadata = [("authorization", f"Bearer {token}")] if token else None
+        self._decision_timeout_s = decision_timeout_s
+        self._wait_for_ready = wait_for_ready
+        self._no_decisions = {code: 0 for code in NO_DECISION_CODES}
+        self._no_decisions_lock = threading.Lock()
 
     def close(self) -> None:
         self._channel.close()
+        if self._decision_channel is not None:
+            self._decision_channel.close()
+
+    def _decision_stub(self) -> "pb_grpc.CacheManagerStub":
+        with self._no_decisions_lock:
+            if self._decision_channel is None:
+                self._decision_channel = grpc.insecure_channel(self._target,
+                                                               options=self._decision_options)
+                self._decision_stub_instance = pb_grpc.CacheManagerStub(self._decision_channel)
+            return self._decision_stub_instance
 
     def __enter__(self) -> "Client":
         return self
@@ -167,9 +209,27 @@ class Client:
 
     def _call(self, method, request):
         try:
-            return method(request, timeout=self._timeout_s, metadata=self._metadata)
+            return method(request, timeout=self._timeout_s, metadata=self._metadata,
+                          wait_for_ready=self._wait_for_ready)
         except grpc.RpcError as error:
             raise from_rpc_error(error) from None
+
+    @property
+    def no_decisions(self) -> Dict[str, int]:
+        """Decisions the fail-open calls went without so far, by status code name."""
+        with self._no_decisions_lock:
+            return dict(self._no_decisions)
+
+    def _no_decision(self, error: EntrokvError, model_id: str, sequence_id: str) -> bool:
+        """Counts and logs `error` when it means "no decision"; False for the caller's own
+        errors."""
+        if error.code not in NO_DECISION_CODES:
+            return False
+        with self._no_decisions_lock:
+            self._no_decisions[error.code] += 1
+        _log.warning("entrokv: no decision for %s/%s, the cache stays as it is: %s", model_id,
+                     sequence_id, error)
+        return True
 
     # --- models and sequences -------------------------------------------------------------
 
@@ -280,6 +340,18 @@ class Client:
                 frame_assignments(response.new_frames),
                 PressureInfo.from_message(response.pressure))
 
+    def truncate_sequence(self, model_id: str, sequence_id: str,
+                          tokens: int) -> Tuple[int, int]:
+        """Drops the last `tokens` tokens (speculative tokens the target model rejected).
+        Returns (the new length in tokens, frames returned to the free list). Pages past the
+        new end are released, evicted pages stay evicted, the page that becomes the tail keeps
+        its frame (a fork's shared tail is copied at the next append). OUT_OF_RANGE for more
+        tokens than the sequence holds."""
+        request = pb.TruncateSequenceRequest(model_id=model_id, sequence_id=sequence_id,
+                                             tokens=tokens)
+        response = self._call(self._stub.TruncateSequence, request)
+        return response.length_tokens, response.frames_freed
+
     def close_sequence(self, model_id: str, sequence_id: str) -> int:
         """Closes the sequence; returns the frames it referenced (shared ones return to the
         pool only at their last reference)."""
@@ -317,6 +389,8 @@ class Client:
                fraction: Optional[float] = None, token_slots: Optional[int] = None,
                policy: Optional[str] = None, dtype: Optional[str] = None,
                scope: Optional[str] = None, kind: Optional[str] = None,
+               accumulate: bool = False, use_cached_weights: bool = False,
+               degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                auto_floor: Optional[float] = None, **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
@@ -324,22 +398,63 @@ class Client:
         (default 0..n-1). `scope`: "group" (one page set per layer and group), "layer" (one per
         layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
         `kind`: the statistics' StatisticKind, as in statistic_message. `auto_floor` instead of
-        a budget: the daemon's quota decides (pool pressure), never below that floor.
+        a budget: the daemon's quota decides (pool pressure), never below that floor (not with
+        `accumulate` or `degrade_on_deadline`).
+        Lifecycle (docs/integrating.md): `accumulate` adds each layer's statistic, one prefill
+        chunk's column sums (kind "accumulated"), to the running sum the daemon keeps and decides
+        on that; `use_cached_weights` pools the heads with the weights of the layer's previous
+        decision (decode time); `degrade_on_deadline` lets layers that cannot be scored within
+        the call's deadline, or `answer_within_ms`, be decided by position, flagged `degraded`.
         """
+        request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
+                                       token_slots, policy, dtype, scope, kind, accumulate,
+                                       use_cached_weights, degrade_on_deadline,
+                                       answer_within_ms, auto_floor, params)
+        response = self._call(self._stub.Decide, request)
+        return [LayerDecision.from_message(layer) for layer in response.layers]
+
+    def try_decide(self, model_id: str, sequence_id: str, stats: np.ndarray,
+                   **kwargs) -> Optional[List[LayerDecision]]:
+        """Fail-open decide: the same arguments, but None ("no decision": keep the cache as it
+        is) when the daemon cannot answer within decision_timeout_s (NO_DECISION_CODES; one
+        attempt, on a channel of its own that is never retried and reconnects by itself).
+        Counted in no_decisions and logged. Other errors are raised as decide raises
+        them. A decision given up on may still have been applied just after: a worker whose
+        cache the daemon owns rereads its block tables before it relies on them."""
+        request = self._decide_request(model_id, sequence_id, stats, **kwargs)
+        try:
+            response = self._decision_stub().Decide(request, timeout=self._decision_timeout_s,
+                                                    metadata=self._metadata)
+        except grpc.RpcError as rpc_error:
+            error = from_rpc_error(rpc_error)
+            if self._no_decision(error, model_id, sequence_id):
+                return None
+            raise error from None
+        return [LayerDecision.from_message(layer) for layer in response.layers]
+
+    def _decide_request(self, model_id: str, sequence_id: str, stats: np.ndarray,
+                        layers: Optional[Sequence[int]] = None, pages: Optional[int] = None,
+                        fraction: Optional[float] = None, token_slots: Optional[int] = None,
+                        policy: Optional[str] = None, dtype: Optional[str] = None,
+                        scope: Optional[str] = None, kind: Optional[str] = None,
+                        accumulate: bool = False, use_cached_weights: bool = False,
+                        degrade_on_deadline: bool = False, answer_within_ms: int = 0,
+                        auto_floor: Optional[float] = None, params: Optional[dict] = None,
+                        **more_params) -> "pb.DecideRequest":
+        params = dict(params or {}, **more_params)
         stats = np.asarray(stats)
         if stats.ndim == 2:
             stats = stats[np.newaxis]
         indices = list(layers) if layers is not None else list(range(stats.shape[0]))
         if len(indices) != stats.shape[0]:
             raise ValueError(f"layers: {len(indices)} indices for {stats.shape[0]} statistics")
-        request = pb.DecideRequest(
+        return pb.DecideRequest(
             model_id=model_id, sequence_id=sequence_id,
-            layers=[_layer_statistic((index, stats[i]), dtype, kind)
+            layers=[_layer_statistic((index, stats[i]), dtype, kind, accumulate)
                     for i, index in enumerate(indices)],
             budget=_budget(pages, fraction, token_slots, auto_floor),
-            policy=_policy(policy, params, scope))
-        response = self._call(self._stub.Decide, request)
-        return [LayerDecision.from_message(layer) for layer in response.layers]
+            policy=_policy(policy, params, scope), use_cached_weights=use_cached_weights,
+            degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms)
 
     def decide_stream(self, model_id: str, sequence_id: str,
                       layer_stats: Iterable[Tuple[int, np.ndarray]], *,
@@ -347,10 +462,14 @@ class Client:
                       token_slots: Optional[int] = None, policy: Optional[str] = None,
                       dtype: Optional[str] = None, scope: Optional[str] = None,
                       kind: Optional[str] = None, stream_timeout_s: float = 300.0,
+                      accumulate: bool = False, use_cached_weights: bool = False,
+                      degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                       auto_floor: Optional[float] = None, **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
         each layer's decision in order. Not retried. `kind`: the statistics' StatisticKind, as
-        in statistic_message.
+        in statistic_message; `accumulate`, `use_cached_weights`, `degrade_on_deadline`,
+        `auto_floor` and `answer_within_ms` as in decide (answer_within_ms counts from the
+        daemon reading each layer).
 
         Arguments are checked before the stream opens: the budget and policy always, and every
         layer when `layer_stats` is a list or tuple (a bad one raises ValueError and nothing is
@@ -358,28 +477,10 @@ class Client:
         item, or an exception the generator raises, ends the stream after the layers before it
         were decided and is re-raised here as itself.
         """
-        budget = _budget(pages, fraction, token_slots, auto_floor)
-        policy_params = _policy(policy, params, scope)
-
-        def request(layer: "pb.LayerStatistic") -> "pb.DecideLayerRequest":
-            return pb.DecideLayerRequest(model_id=model_id, sequence_id=sequence_id, layer=layer,
-                                         budget=budget, policy=policy_params)
-
-        failure: List[BaseException] = []
-        if isinstance(layer_stats, (list, tuple)):
-            encoded = [request(_layer_statistic(item, dtype, kind)) for item in layer_stats]
-            requests: Iterable = iter(encoded)
-        else:
-            def lazily() -> Iterator["pb.DecideLayerRequest"]:
-                # gRPC reads this on its own thread and reports anything raised here only as
-                # UNKNOWN "Exception iterating requests!": keep the exception, end the stream.
-                try:
-                    for item in layer_stats:
-                        yield request(_layer_statistic(item, dtype, kind))
-                except Exception as error:  # noqa: BLE001 -- re-raised in the caller's thread
-                    failure.append(error)
-
-            requests = lazily()
+        requests, failure = self._stream_requests(
+            model_id, sequence_id, layer_stats, pages, fraction, token_slots, policy, dtype,
+            scope, kind, accumulate, use_cached_weights, degrade_on_deadline, answer_within_ms,
+            auto_floor, params)
         try:
             for decision in self._stub.DecideStream(requests, timeout=stream_timeout_s,
                                                     metadata=self._metadata):
@@ -391,5 +492,102 @@ class Client:
         if failure:
             raise failure[0]
 
+    def try_decide_stream(self, model_id: str, sequence_id: str,
+                          layer_stats: Iterable[Tuple[int, np.ndarray]], *,
+                          stream_timeout_s: float = 300.0,
+                          **kwargs) -> Optional[List[LayerDecision]]:
+        """Fail-open decide_stream: the same arguments; returns every layer's decision, or None
+        ("no decision") when the stream fails with one of NO_DECISION_CODES or the decisions
+        are not all in within decision_timeout_s of the last layer handed over (the stream is
+        cancelled then). Counted in no_decisions and logged; other errors are raised.
 
-__all__ = ["Client", "EntrokvError", "statistic_message", "retry_service_config"]
+        None does not mean nothing changed: layers decided before the stream broke are applied.
+        A worker whose cache the daemon owns rereads its block tables before it relies on them
+        (the pool-backed worker does, once the daemon answers again)."""
+        call: List[Any] = []
+        timer: List[threading.Timer] = []
+        late = threading.Event()
+
+        def cancel_late() -> None:
+            late.set()
+            if call:
+                call[0].cancel()
+
+        requests, failure = self._stream_requests(model_id, sequence_id, layer_stats, **kwargs)
+
+        def then_wait() -> Iterator["pb.DecideLayerRequest"]:
+            yield from requests
+            # Everything is sent: the decisions owe no more than decision_timeout_s from here.
+            timer.append(threading.Timer(self._decision_timeout_s, cancel_late))
+            timer[0].daemon = True
+            timer[0].start()
+
+        decisions: List[LayerDecision] = []
+        try:
+            stream = self._decision_stub().DecideStream(then_wait(), timeout=stream_timeout_s,
+                                                        metadata=self._metadata)
+            call.append(stream)
+            if late.is_set():  # the timer fired before the call was here to cancel
+                stream.cancel()
+            for decision in stream:
+                decisions.append(LayerDecision.from_message(decision))
+        except grpc.RpcError as rpc_error:
+            if failure:
+                raise failure[0] from None
+            error = from_rpc_error(rpc_error)
+            if late.is_set() and error.code == "CANCELLED":
+                error = EntrokvError("DEADLINE_EXCEEDED",
+                                     f"no decision within {self._decision_timeout_s} s of the "
+                                     "last layer")
+            if self._no_decision(error, model_id, sequence_id):
+                return None
+            raise error from None
+        finally:
+            if timer:
+                timer[0].cancel()
+        if failure:
+            raise failure[0]
+        return decisions
+
+    def _stream_requests(self, model_id: str, sequence_id: str,
+                         layer_stats: Iterable[Tuple[int, np.ndarray]],
+                         pages: Optional[int] = None, fraction: Optional[float] = None,
+                         token_slots: Optional[int] = None, policy: Optional[str] = None,
+                         dtype: Optional[str] = None, scope: Optional[str] = None,
+                         kind: Optional[str] = None, accumulate: bool = False,
+                         use_cached_weights: bool = False, degrade_on_deadline: bool = False,
+                         answer_within_ms: int = 0, auto_floor: Optional[float] = None,
+                         params: Optional[dict] = None,
+                         **more_params) -> Tuple[Iterable, List[BaseException]]:
+        """The stream's requests (encoded at once for a list or tuple, lazily for a generator)
+        and the list that receives what a lazy generator raised."""
+        budget = _budget(pages, fraction, token_slots, auto_floor)
+        policy_params = _policy(policy, dict(params or {}, **more_params), scope)
+
+        def request(layer: "pb.LayerStatistic") -> "pb.DecideLayerRequest":
+            return pb.DecideLayerRequest(model_id=model_id, sequence_id=sequence_id, layer=layer,
+                                         budget=budget, policy=policy_params,
+                                         use_cached_weights=use_cached_weights,
+                                         degrade_on_deadline=degrade_on_deadline,
+                                         answer_within_ms=answer_within_ms)
+
+        failure: List[BaseException] = []
+        if isinstance(layer_stats, (list, tuple)):
+            encoded = [request(_layer_statistic(item, dtype, kind, accumulate))
+                       for item in layer_stats]
+            return iter(encoded), failure
+
+        def lazily() -> Iterator["pb.DecideLayerRequest"]:
+            # gRPC reads this on its own thread and reports anything raised here only as
+            # UNKNOWN "Exception iterating requests!": keep the exception, end the stream.
+            try:
+                for item in layer_stats:
+                    yield request(_layer_statistic(item, dtype, kind, accumulate))
+            except Exception as error:  # noqa: BLE001 -- re-raised in the caller's thread
+                failure.append(error)
+
+        return lazily(), failure
+
+
+__all__ = ["Client", "EntrokvError", "NO_DECISION_CODES", "statistic_message",
+           "retry_service_config"]

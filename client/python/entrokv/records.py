@@ -252,6 +252,7 @@ class LayerDecision:
     scope: str  # "group" or "layer": the selection scope that decided
     union_pages: int  # distinct pages kept over the groups (the layer's frames, layer layout)
     group_scope_union_pages: int  # what per-group selection keeps or would have kept
+    degraded: bool = False  # decided by position, the deadline too short to score it
     pressure: Optional[PressureInfo] = None  # DecideStream: the pool after this layer
 
     @classmethod
@@ -279,5 +280,6 @@ class LayerDecision:
                    scope=_name(SELECTION_SCOPES, message.scope),
                    union_pages=message.union_pages,
                    group_scope_union_pages=message.group_scope_union_pages,
+                   degraded=message.degraded,
                    pressure=(PressureInfo.from_message(message.pressure)
                              if message.HasField("pressure") else None))

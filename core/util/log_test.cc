@@ -1,11 +1,11 @@
-#include "service/log.h"
+#include "core/util/log.h"
 
 #include "absl/time/civil_time.h"
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
-namespace entrokv::service {
+namespace entrokv {
 namespace {
 
 using ::entrokv::testing::StatusIs;
@@ -19,6 +19,8 @@ TEST(LogTest, LineHasTimestampLevelAndMessage) {
             "2026-11-30T12:00:05.042Z entrokvd WARNING: drain started\n");
   EXPECT_EQ(FormatLogLine(time, LogLevel::kError, "x"),
             "2026-11-30T12:00:05.042Z entrokvd ERROR: x\n");
+  EXPECT_EQ(FormatLogLine(time, LogLevel::kFatal, "y"),
+            "2026-11-30T12:00:05.042Z entrokvd FATAL: y\n");
 }
 
 TEST(LogTest, ParsesLevelsAndNamesTheFlag) {
@@ -26,6 +28,9 @@ TEST(LogTest, ParsesLevelsAndNamesTheFlag) {
   EXPECT_EQ(*ParseLogLevel("warning"), LogLevel::kWarning);
   EXPECT_EQ(*ParseLogLevel("error"), LogLevel::kError);
   EXPECT_THAT(ParseLogLevel("loud"),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log_level")));
+  // Fatal lines cannot be dropped, so "fatal" is no minimum level.
+  EXPECT_THAT(ParseLogLevel("fatal"),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("--log_level")));
 }
 
@@ -41,5 +46,14 @@ TEST(LogTest, DropsLinesBelowTheMinimumLevel) {
   EXPECT_THAT(written, ::testing::Not(HasSubstr("dropped")));
 }
 
+TEST(LogDeathTest, FatalWritesItsLineAtAnyLevelAndAborts) {
+  EXPECT_DEATH(
+      {
+        SetMinLogLevel(LogLevel::kError);
+        LogFatal("journal write failed; stopping");
+      },
+      "[0-9]Z entrokvd FATAL: journal write failed; stopping\n");
+}
+
 }  // namespace
-}  // namespace entrokv::service
+}  // namespace entrokv

@@ -1,13 +1,14 @@
-#include "service/log.h"
+#include "core/util/log.h"
 
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
-namespace entrokv::service {
+namespace entrokv {
 namespace {
 
 std::atomic<int> min_level{static_cast<int>(LogLevel::kInfo)};
@@ -20,6 +21,8 @@ absl::string_view LevelName(LogLevel level) {
       return "WARNING";
     case LogLevel::kError:
       return "ERROR";
+    case LogLevel::kFatal:
+      return "FATAL";
   }
   return "?";
 }
@@ -48,4 +51,9 @@ void Log(LogLevel level, absl::string_view message) {
   (void)!::write(STDERR_FILENO, line.data(), line.size());
 }
 
-}  // namespace entrokv::service
+void LogFatal(absl::string_view message) {
+  Log(LogLevel::kFatal, message);
+  std::abort();
+}
+
+}  // namespace entrokv
