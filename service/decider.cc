@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
@@ -52,8 +53,10 @@ struct LayerWork {
   std::string field;                  // "layers[i]" for messages
   std::optional<StatisticView> view;  // absent for policies without a statistic
   // A shared-memory statistic is checked in step 1 but copied only just before its layer is
-  // scored (into the job's one buffer), so a job holds one layer's copy at a time.
+  // scored (into the job's one buffer), so a job holds one layer's copy at a time. `segment` is
+  // the held segment it was checked in, or null when it must be opened again for the copy.
   const v1::SharedMemoryRegion* shm = nullptr;
+  const ShmSegment* segment = nullptr;
   std::string shm_field;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
@@ -72,6 +75,49 @@ const Policy& DegradedPolicy() {
   return *policy;
 }
 
+// The shared-memory segments a job's layers name, each opened and checked once and held open
+// until the job ends, so that a layer's copy reads the very object its checks passed (a worker
+// usually names one segment for all its layers). Past kHeld distinct names, a layer's segment is
+// checked now and opened again for its copy, which bounds the descriptors a job holds.
+class HeldSegments {
+ public:
+  HeldSegments() { held_.reserve(kHeld); }
+
+  // Checks `length` bytes at `offset` of segment `name` (errors name `field`). Returns the held
+  // segment, or null when it was checked but is not held. The pointer lives as long as this.
+  absl::StatusOr<const ShmSegment*> Check(const ShmReader& reader, absl::string_view field,
+                                          absl::string_view name, uint64_t offset,
+                                          uint64_t length) {
+    for (const ShmSegment& segment : held_) {
+      if (segment.name() == name) {
+        RETURN_IF_ERROR(segment.CheckRange(field, offset, length));
+        return &segment;
+      }
+    }
+    ASSIGN_OR_RETURN(ShmSegment segment, reader.Open(field, name));
+    RETURN_IF_ERROR(segment.CheckRange(field, offset, length));
+    if (held_.size() == kHeld) return nullptr;
+    held_.push_back(std::move(segment));
+    return &held_.back();
+  }
+
+ private:
+  static constexpr size_t kHeld = 8;
+  std::vector<ShmSegment> held_;  // never grows past its reserved kHeld: pointers stay valid
+};
+
+// A layer's shared-memory statistic into `out` (its length_bytes bytes), read with pread from
+// the segment its checks passed, or from the segment opened and checked again when not held.
+absl::Status CopyStatistic(const ShmReader& reader, const LayerWork& work, char* out) {
+  const v1::SharedMemoryRegion& ref = *work.shm;
+  if (work.segment != nullptr) {
+    return work.segment->Read(work.shm_field, ref.offset_bytes(), ref.length_bytes(), out);
+  }
+  ASSIGN_OR_RETURN(const ShmSegment segment, reader.Open(work.shm_field, ref.segment()));
+  RETURN_IF_ERROR(segment.CheckRange(work.shm_field, ref.offset_bytes(), ref.length_bytes()));
+  return segment.Read(work.shm_field, ref.offset_bytes(), ref.length_bytes(), out);
+}
+
 }  // namespace
 
 struct Decider::Job {
@@ -79,6 +125,7 @@ struct Decider::Job {
   ResolvedPolicy policy;
   SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
+  HeldSegments segments;  // declared before `layers`, whose LayerWork::segment point into it
   std::vector<LayerWork> layers;
   // The request's deadline (the call's, or answer_within_ms after receipt, the earlier), and
   // which of the two it is; what it allows (degrade_on_deadline); the time kept back for
@@ -93,8 +140,8 @@ namespace {
 
 // Step 1 for one layer's statistic.
 absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeometry& geometry,
-                              int64_t sequence_tokens, const Policy& policy, ShmReader& shm,
-                              ServiceMetrics& metrics, LayerWork& work) {
+                              int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
+                              HeldSegments& segments, ServiceMetrics& metrics, LayerWork& work) {
   const std::string field = absl::StrCat(work.field, ".statistic");
   const v1::Statistic& stat = input.statistic();
   const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
@@ -149,7 +196,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
       return absl::InvalidArgumentError(absl::StrCat(
           shm_field, ".offset_bytes: ", ref.offset_bytes(), " is not element-aligned"));
     }
-    RETURN_IF_ERROR(shm.Check(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
+    ASSIGN_OR_RETURN(work.segment, segments.Check(shm, shm_field, ref.segment(), ref.offset_bytes(),
+                                                  ref.length_bytes()));
     work.shm = &ref;
     work.shm_field = shm_field;
     work.dtype = dtype;
@@ -194,6 +242,54 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
 
 }  // namespace
 
+// What one job at a time uses and the next one reuses: the scorer's buffers, and the buffer a
+// shared-memory statistic is copied into (grown to the largest seen, never zero-filled).
+struct Decider::Scratch {
+  explicit Scratch(const PolicyOptions& options) : scorer(options) {}
+
+  // At least `bytes` of copy buffer, aligned for any statistic element type (operator new[]).
+  char* CopyBuffer(size_t bytes) {
+    if (copy_bytes < bytes) {
+      copy.reset();  // the old buffer goes first: at most one is held
+      copy.reset(new char[bytes]);
+      copy_bytes = bytes;
+    }
+    return copy.get();
+  }
+
+  FusedScorer scorer;
+  std::unique_ptr<char[]> copy;
+  size_t copy_bytes = 0;
+};
+
+Decider::Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
+    : defaults_(defaults), metrics_(metrics), shm_(shm) {}
+
+Decider::~Decider() = default;
+
+std::unique_ptr<Decider::Scratch> Decider::TakeScratch(const PolicyOptions& options) const {
+  {
+    absl::MutexLock lock(&scratch_mu_);
+    if (!spare_scratch_.empty()) {
+      std::unique_ptr<Scratch> scratch = std::move(spare_scratch_.back());
+      spare_scratch_.pop_back();
+      scratch->scorer.set_options(options);
+      return scratch;
+    }
+  }
+  return std::make_unique<Scratch>(options);
+}
+
+void Decider::ReturnScratch(std::unique_ptr<Scratch> scratch) const {
+  // An exceptionally large statistic's copy is not kept for the jobs after it.
+  if (scratch->copy_bytes > kKeptCopyBytes) {
+    scratch->copy.reset();
+    scratch->copy_bytes = 0;
+  }
+  absl::MutexLock lock(&scratch_mu_);
+  spare_scratch_.push_back(std::move(scratch));
+}
+
 void Decider::SetBeforeApplyHookForTest(BeforeApplyHook hook) {
   absl::MutexLock lock(&hook_mu_);
   before_apply_hook_ = std::move(hook);
@@ -220,10 +316,11 @@ void Decider::RecordScoringTime(int64_t values, double seconds) const {
 absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                           std::vector<v1::LayerDecision*>& outputs) const {
   const ModelGeometry& geometry = model.state().geometry();
-  // Step 2: score every layer. One scorer per job: it is not thread-safe, and its scratch
-  // buffers are reused across the job's layers.
-  FusedScorer scorer(job.policy.options);
-  std::vector<char> copied;  // the shared-memory statistic of the layer being scored
+  // Step 2: score every layer, with a scorer (not thread-safe) and a copy buffer of this job's
+  // own, taken from the spares and given back when the job ends, however it ends.
+  std::unique_ptr<Scratch> scratch = TakeScratch(job.policy.options);
+  absl::Cleanup give_back = [this, &scratch] { ReturnScratch(std::move(scratch)); };
+  FusedScorer& scorer = scratch->scorer;
   // The moment a layer must be done by: the deadline less the reserve when the rest may be
   // degraded; answer_within_ms itself when it may not. A call's own deadline without
   // degrade_on_deadline is left to `cancelled`, as it always was.
@@ -264,10 +361,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
     // running sum, so the next decision of the layer scores every chunk.
     if (work.shm != nullptr && (!degrading || work.accumulate)) {
-      RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
-                                 work.shm->length_bytes(), &copied));
-      ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
-                                                        job.tokens));
+      char* copied = scratch->CopyBuffer(work.shm->length_bytes());
+      RETURN_IF_ERROR(CopyStatistic(*shm_, work, copied));
+      ASSIGN_OR_RETURN(work.view,
+                       StatisticView::Create(copied, work.dtype, work.query_heads, job.tokens));
       metrics_->AddStatsBytes(StatSource::kSharedMemory,
                               static_cast<int64_t>(work.shm->length_bytes()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
@@ -325,7 +422,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       work.decision = *std::move(decision);
       work.degraded = true;
     }
-    if (work.shm != nullptr) work.view.reset();  // it may point into `copied`
+    if (work.shm != nullptr) work.view.reset();  // it may point into the copy buffer
   }
   BeforeApplyHook hook;
   {
@@ -452,8 +549,9 @@ void PrepareDeadline(const Request& request, const CallTiming& timing,
 
 absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
                           const ResolvedPolicy& policy, const ResolvedBudget& quotas,
-                          const v1::LayerStatistic& input, bool use_cached_weights, ShmReader& shm,
-                          ServiceMetrics& metrics, LayerWork& work) {
+                          const v1::LayerStatistic& input, bool use_cached_weights,
+                          const ShmReader& shm, HeldSegments& segments, ServiceMetrics& metrics,
+                          LayerWork& work) {
   const ModelGeometry& geometry = model.state().geometry();
   if (input.layer() < 0 || input.layer() >= geometry.layers) {
     return absl::InvalidArgumentError(
@@ -461,7 +559,8 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
   }
   work.layer = input.layer();
   work.quota_pages = quotas.pages_per_layer[work.layer];
-  RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
+  RETURN_IF_ERROR(
+      ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (!work.cached_weights.has_value()) {
@@ -494,8 +593,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
     LayerWork& work = job.layers[i];
     work.field = absl::StrCat("layers[", i, "]");
     RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
-                                 request.layers(i), request.use_cached_weights(), *shm_, *metrics_,
-                                 work));
+                                 request.layers(i), request.use_cached_weights(), *shm_,
+                                 job.segments, *metrics_, work));
     if (!seen.insert(work.layer).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(work.field, ".layer: ", work.layer, " appears twice"));
@@ -523,8 +622,8 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
-                               request.layer(), request.use_cached_weights(), *shm_, *metrics_,
-                               job.layers[0]));
+                               request.layer(), request.use_cached_weights(), *shm_, job.segments,
+                               *metrics_, job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
   std::vector<v1::LayerDecision*> outputs = {response};
   return Run(model, job, cancelled, outputs);
