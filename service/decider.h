@@ -5,14 +5,11 @@
 
 #include <chrono>
 #include <functional>
-#include <memory>
 #include <optional>
-#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "core/scoring/policy.h"
 #include "entrokv/v1/cache_manager.pb.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
@@ -28,16 +25,13 @@ struct CallTiming {
   std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
-// Stateless apart from the pointers it is given, which must outlive it, its estimate of the
-// scoring time per statistic value (the recent decisions') and the scratch buffers the jobs
-// reuse. Thread-safe: one instance serves every worker thread. Blocking (it scores): call it on
-// the worker pool only.
+// Stateless apart from the pointers it is given, which must outlive it, and its estimate of
+// the scoring time per statistic value (the recent decisions'). Thread-safe: one instance
+// serves every worker thread. Blocking (it scores): call it on the worker pool only.
 class Decider {
  public:
-  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm);
-  ~Decider();
-  Decider(const Decider&) = delete;
-  Decider& operator=(const Decider&) = delete;
+  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
+      : defaults_(defaults), metrics_(metrics), shm_(shm) {}
 
   // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
   // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
@@ -77,17 +71,10 @@ class Decider {
 
  private:
   struct Job;
-  struct Scratch;
-  // A copy buffer larger than this is freed after its job instead of kept for the next.
-  static constexpr size_t kKeptCopyBytes = size_t{64} << 20;
-
   [[nodiscard]] absl::Status Run(Model& model, Job& job, const std::function<bool()>& cancelled,
                                  std::vector<v1::LayerDecision*>& outputs) const;
   // Folds one scored layer's time into SecondsPerValue.
   void RecordScoringTime(int64_t values, double seconds) const;
-  // A spare Scratch set to `options`, or a new one; and back to the spares.
-  [[nodiscard]] std::unique_ptr<Scratch> TakeScratch(const PolicyOptions& options) const;
-  void ReturnScratch(std::unique_ptr<Scratch> scratch) const;
 
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;
@@ -96,10 +83,6 @@ class Decider {
   BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
   mutable absl::Mutex estimate_mu_;
   mutable double seconds_per_value_ ABSL_GUARDED_BY(estimate_mu_) = 0.0;
-  // One per job running at once (at most the worker threads), reused by the jobs after it:
-  // scoring a layer then allocates and zero-fills nothing.
-  mutable absl::Mutex scratch_mu_;
-  mutable std::vector<std::unique_ptr<Scratch>> spare_scratch_ ABSL_GUARDED_BY(scratch_mu_);
 };
 
 }  // namespace entrokv::service

@@ -27,9 +27,6 @@ class FusedScorer {
  public:
   explicit FusedScorer(const PolicyOptions& options) : options_(options) {}
 
-  // Scores with `options` from the next call on; the scratch buffers stay for reuse.
-  void set_options(const PolicyOptions& options) { options_ = options; }
-
   // Same contract, errors and result as DecideLayer(policy, options, request); the decisions,
   // weights, entropies and, with `measure`, the shadow UOR, disagreement and retained mass are
   // identical. The measurement's inputs (per-head page maxima, page sums of the head-mean row)

@@ -7,7 +7,6 @@
 #include <random>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/entropy.h"
 #include "core/scoring/pages.h"
@@ -228,43 +227,6 @@ TEST(FusedScorerTest, ReusedScorerMatchesAcrossShrinkingAndGrowingLayers) {
     request.kv_groups = 2;
     request.tokens = tokens;
     request.quota_pages = std::max<int64_t>(1, PageCount(tokens, 16) / 5);
-    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected,
-                                 DecideLayer(policy, options, request));
-    ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision actual, scorer.DecideLayer(policy, request));
-    ExpectSameDecision(expected, actual);
-  }
-}
-
-// The daemon keeps its scorers between requests and sets each request's options on one: a
-// scorer whose buffers were sized by other options (page size, protections, policy) decides as
-// a new one does.
-TEST(FusedScorerTest, ScorerGivenNewOptionsMatchesTheReference) {
-  FusedScorer scorer(PolicyOptions{});
-  std::mt19937_64 rng(11);
-  const struct {
-    int page_size;
-    bool tail_page;
-    const char* policy;
-    int64_t tokens;
-  } cases[] = {{16, true, "page_entrokv", 5000},
-               {64, false, "h2o", 777},
-               {1, true, "page_entrokv", 300},
-               {32, false, "raw_entropy", 10000},
-               {16, false, "max", 64}};
-  for (const auto& c : cases) {
-    SCOPED_TRACE(absl::StrCat(c.policy, " page_size ", c.page_size, " tokens ", c.tokens));
-    PolicyOptions options;
-    options.page_size = c.page_size;
-    options.protections.tail_page = c.tail_page;
-    scorer.set_options(options);
-    const Policy& policy = **FindPolicy(c.policy);
-    const Statistic statistic(DType::kBFloat16, 4, c.tokens, RandomValues(rng, 4, c.tokens, 4));
-    LayerRequest request;
-    request.statistic = statistic.View();
-    request.query_heads = 4;
-    request.kv_groups = 2;
-    request.tokens = c.tokens;
-    request.quota_pages = std::max<int64_t>(1, PageCount(c.tokens, c.page_size) / 5);
     ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision expected,
                                  DecideLayer(policy, options, request));
     ENTROKV_ASSERT_OK_AND_ASSIGN(const LayerDecision actual, scorer.DecideLayer(policy, request));
