@@ -8,10 +8,10 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
-#include <string>
-#include <vector>
 #include <optional>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"

@@ -15,23 +15,27 @@ import sys
 
 
 def load(directory, build):
-    runs = []
-    for path in sorted(glob.glob(os.path.join(directory, f"{build}_*.json"))):
-        with open(path) as f:
-            runs.append(json.load(f))
+    """The runs of one build, by their number N."""
+    runs = {}
+    for path in glob.glob(os.path.join(directory, f"{build}_*.json")):
+        number = os.path.basename(path)[len(build) + 1:-len(".json")]
+        if number.isdigit():
+            with open(path) as f:
+                runs[int(number)] = json.load(f)
     return runs
 
 
 def by_kind(runs):
+    """(source, streams) -> {N: row}."""
     kinds = {}
-    for run in runs:
+    for number, run in runs.items():
         for row in run["runs"]:
-            kinds.setdefault((row["source"], row["streams"]), []).append(row)
+            kinds.setdefault((row["source"], row["streams"]), {})[number] = row
     return kinds
 
 
 def median(rows, field):
-    values = [row[field] for row in rows if field in row]
+    values = [row[field] for row in rows.values() if field in row]
     return statistics.median(values) if values else float("nan")
 
 
@@ -43,28 +47,33 @@ def main():
     if not before or not after:
         sys.exit(f"{directory}: no before_N.json or after_N.json")
     kinds_before, kinds_after = by_kind(before), by_kind(after)
-    print(f"{len(before)} runs of each build, in turn; medians.\n")
+    print(f"{len(before)} runs of each build, in turn; medians. \"lower after\": in how many of "
+          "the pairs (the two builds' runs of the same number) the after build's daemon used less "
+          "CPU per decision.\n")
     print("| source | streams | decisions/s before | after | p50 ms before | after | "
-          "daemon CPU ms per decision before | after | core ms (after runs) |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "daemon CPU ms per decision before | after | lower after | core ms (after runs) |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for kind in sorted(kinds_after, key=lambda k: (k[0] != "none", k[0], k[1])):
-        b, a = kinds_before.get(kind, []), kinds_after[kind]
+        b, a = kinds_before.get(kind, {}), kinds_after[kind]
+        pairs = sorted(set(b) & set(a))
+        lower = sum(1 for n in pairs if a[n]["daemon_cpu_ms_per_decision"] <
+                    b[n]["daemon_cpu_ms_per_decision"])
         print(f"| {kind[0]} | {kind[1]} | {median(b, 'decisions_per_s'):.0f} | "
               f"{median(a, 'decisions_per_s'):.0f} | {median(b, 'p50_ms'):.3f} | "
               f"{median(a, 'p50_ms'):.3f} | {median(b, 'daemon_cpu_ms_per_decision'):.3f} | "
-              f"{median(a, 'daemon_cpu_ms_per_decision'):.3f} | "
+              f"{median(a, 'daemon_cpu_ms_per_decision'):.3f} | {lower} of {len(pairs)} | "
               f"{median(a, 'core_ms_per_layer'):.3f} |")
     print()
-    rows = [row for run in after for row in run["runs"]]
+    rows = {i: row for i, row in enumerate(row for run in after.values() for row in run["runs"])}
     print("References measured before each of the after runs (medians): "
           f"core {median(rows, 'core_ms_per_layer'):.3f} ms, "
           f"empty round trip p50 {median(rows, 'round_trip_p50_ms') * 1000:.0f} us, "
           f"memcpy of a statistic {median(rows, 'copy_ms_per_layer'):.3f} ms, "
           f"its pread {median(rows, 'pread_ms_per_layer'):.3f} ms.\n")
-    print("| goal (after runs) | run 1 | run 2 | run 3 |")
-    print("|---|---|---|---|")
+    print("| goal (after runs) | " + " | ".join(f"run {i + 1}" for i in range(len(after))) + " |")
+    print("|---|" + "---|" * len(after))
     cells = {}
-    for run in after:
+    for _, run in sorted(after.items()):
         for row in run["runs"]:
             goal = row.get("goal")
             if goal is None:
