@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Sets up entrokv on a Debian 12 machine and runs it: `demo` (the main job) or `test` (every
-# test). Installs what is missing with apt-get, configures and builds in ./build, with warnings
-# as errors (-DENTROKV_WERROR=ON: Debian 12's g++ builds the project warning-free).
+# test). Installs what is missing with apt-get, configures and builds in ./build as a plain
+# Release build (-O3: the build type a user or a packager tries first, and the one where g++ 12
+# warns most), with warnings as errors (-DENTROKV_WERROR=ON: Debian 12's g++ builds the project
+# warning-free).
 # CI's further stages (docs/testing.md), each in its own build folder:
 #   format         the C++ files against .clang-format (deploy/format.sh --check), no build
 #   thread-safety  clang's -Wthread-safety -Werror over the project's own sources, parsed
 #                  only (build-tsa; deploy/thread_safety.py)
-#   release   compiles everything as a plain Release build (build-release), runs nothing
 #   sanitize  every test under ASan+UBSan (build-asan)
 #   fuzz      the libFuzzer targets (clang), each run for ENTROKV_FUZZ_SECONDS (build-fuzz)
 #   tsan      core/ tests under TSan, against Abseil built with TSan from Debian's source
@@ -16,9 +17,9 @@ cd "$(dirname "$0")/.."
 
 mode="${1:-}"
 case "$mode" in
-  demo|test|build|format|thread-safety|release|sanitize|fuzz|tsan) ;;
+  demo|test|build|format|thread-safety|sanitize|fuzz|tsan) ;;
   *)
-    echo "usage: bash deploy/local.sh demo|test|build|format|thread-safety|release|sanitize|fuzz|tsan" >&2
+    echo "usage: bash deploy/local.sh demo|test|build|format|thread-safety|sanitize|fuzz|tsan" >&2
     exit 2
     ;;
 esac
@@ -70,14 +71,6 @@ install_missing "${packages[@]}"
 
 jobs="$(nproc)"
 case "$mode" in
-  release)
-    # The build type a user or a packager tries first: everything compiled at -O3, where g++ 12
-    # warns differently than at -O2 (docs/testing.md); -Werror so that a new warning fails CI.
-    echo "== Release: configuring and building everything in build-release (${jobs} jobs)"
-    cmake -S . -B build-release -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROKV_WERROR=ON \
-      ${ENTROKV_CMAKE_ARGS:-} >/dev/null
-    exec ninja -C build-release -j "$jobs"
-    ;;
   sanitize)
     echo "== ASan+UBSan: configuring and building everything in build-asan (${jobs} jobs)"
     # CUDA off: nvcc takes no sanitizer flags, and the GPU tests skip anyway.
@@ -119,7 +112,7 @@ targets=()
 # The main job needs the two binaries and the Python client (eval/model's worker imports it).
 [ "$mode" = demo ] && targets=(entrokvd entrokv entrokv_python)
 echo "== configuring and building ${targets[*]:-everything} (${jobs} jobs)"
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROKV_WERROR=ON \
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DENTROKV_WERROR=ON \
   ${ENTROKV_CMAKE_ARGS:-} >/dev/null
 ninja -C build -j "$jobs" "${targets[@]}"
 

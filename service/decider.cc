@@ -53,8 +53,10 @@ struct LayerWork {
   std::string field;                  // "layers[i]" for messages
   std::optional<StatisticView> view;  // absent for policies without a statistic
   // A shared-memory statistic is checked in step 1 but copied only just before its layer is
-  // scored (into the job's one buffer), so a job holds one layer's copy at a time.
+  // scored (into the job's one buffer), so a job holds one layer's copy at a time. `segment` is
+  // the held segment it was checked in, or null when it must be opened again for the copy.
   const v1::SharedMemoryRegion* shm = nullptr;
+  const ShmSegment* segment = nullptr;
   std::string shm_field;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
@@ -73,6 +75,49 @@ const Policy& DegradedPolicy() {
   return *policy;
 }
 
+// The shared-memory segments a job's layers name, each opened and checked once and held open
+// until the job ends, so that a layer's copy reads the very object its checks passed (a worker
+// usually names one segment for all its layers). Past kHeld distinct names, a layer's segment is
+// checked now and opened again for its copy, which bounds the descriptors a job holds.
+class HeldSegments {
+ public:
+  HeldSegments() { held_.reserve(kHeld); }
+
+  // Checks `length` bytes at `offset` of segment `name` (errors name `field`). Returns the held
+  // segment, or null when it was checked but is not held. The pointer lives as long as this.
+  absl::StatusOr<const ShmSegment*> Check(const ShmReader& reader, absl::string_view field,
+                                          absl::string_view name, uint64_t offset,
+                                          uint64_t length) {
+    for (const ShmSegment& segment : held_) {
+      if (segment.name() == name) {
+        RETURN_IF_ERROR(segment.CheckRange(field, offset, length));
+        return &segment;
+      }
+    }
+    ASSIGN_OR_RETURN(ShmSegment segment, reader.Open(field, name));
+    RETURN_IF_ERROR(segment.CheckRange(field, offset, length));
+    if (held_.size() == kHeld) return nullptr;
+    held_.push_back(std::move(segment));
+    return &held_.back();
+  }
+
+ private:
+  static constexpr size_t kHeld = 8;
+  std::vector<ShmSegment> held_;  // never grows past its reserved kHeld: pointers stay valid
+};
+
+// A layer's shared-memory statistic into `out` (its length_bytes bytes), read with pread from
+// the segment its checks passed, or from the segment opened and checked again when not held.
+absl::Status CopyStatistic(const ShmReader& reader, const LayerWork& work, char* out) {
+  const v1::SharedMemoryRegion& ref = *work.shm;
+  if (work.segment != nullptr) {
+    return work.segment->Read(work.shm_field, ref.offset_bytes(), ref.length_bytes(), out);
+  }
+  ASSIGN_OR_RETURN(const ShmSegment segment, reader.Open(work.shm_field, ref.segment()));
+  RETURN_IF_ERROR(segment.CheckRange(work.shm_field, ref.offset_bytes(), ref.length_bytes()));
+  return segment.Read(work.shm_field, ref.offset_bytes(), ref.length_bytes(), out);
+}
+
 }  // namespace
 
 struct Decider::Job {
@@ -80,6 +125,7 @@ struct Decider::Job {
   ResolvedPolicy policy;
   SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
+  HeldSegments segments;  // declared before `layers`, whose LayerWork::segment point into it
   std::vector<LayerWork> layers;
   // The request's deadline (the call's, or answer_within_ms after receipt, the earlier), and
   // which of the two it is; what it allows (degrade_on_deadline); the time kept back for
@@ -96,8 +142,8 @@ namespace {
 
 // Step 1 for one layer's statistic.
 absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeometry& geometry,
-                              int64_t sequence_tokens, const Policy& policy, ShmReader& shm,
-                              ServiceMetrics& metrics, LayerWork& work) {
+                              int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
+                              HeldSegments& segments, ServiceMetrics& metrics, LayerWork& work) {
   const std::string field = absl::StrCat(work.field, ".statistic");
   const v1::Statistic& stat = input.statistic();
   const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
@@ -152,7 +198,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
       return absl::InvalidArgumentError(absl::StrCat(
           shm_field, ".offset_bytes: ", ref.offset_bytes(), " is not element-aligned"));
     }
-    RETURN_IF_ERROR(shm.Check(shm_field, ref.segment(), ref.offset_bytes(), ref.length_bytes()));
+    ASSIGN_OR_RETURN(work.segment, segments.Check(shm, shm_field, ref.segment(), ref.offset_bytes(),
+                                                  ref.length_bytes()));
     work.shm = &ref;
     work.shm_field = shm_field;
     work.dtype = dtype;
@@ -224,7 +271,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
                           std::vector<v1::LayerDecision*>& outputs) const {
   const ModelGeometry& geometry = model.state().geometry();
   // Step 2: score every layer. One scorer per job: it is not thread-safe, and its scratch
-  // buffers are reused across the job's layers.
+  // buffers are reused across the job's layers. A fresh copy buffer per job, zero-filled, was
+  // measured no slower than one kept across jobs (docs/performance.md, "The service path").
   FusedScorer scorer(job.policy.options);
   std::vector<char> copied;  // the shared-memory statistic of the layer being scored
   // The moment a layer must be done by: the deadline less the reserve when the rest may be
@@ -267,8 +315,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
     // running sum, so the next decision of the layer scores every chunk.
     if (work.shm != nullptr && (!degrading || work.accumulate)) {
-      RETURN_IF_ERROR(shm_->Copy(work.shm_field, work.shm->segment(), work.shm->offset_bytes(),
-                                 work.shm->length_bytes(), &copied));
+      copied.resize(work.shm->length_bytes());
+      RETURN_IF_ERROR(CopyStatistic(*shm_, work, copied.data()));
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
                                                         job.tokens));
       metrics_->AddStatsBytes(StatSource::kSharedMemory,
@@ -521,8 +569,9 @@ void PrepareDeadline(const Request& request, const CallTiming& timing,
 
 absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
                           const ResolvedPolicy& policy, const ResolvedBudget& quotas,
-                          const v1::LayerStatistic& input, bool use_cached_weights, ShmReader& shm,
-                          ServiceMetrics& metrics, LayerWork& work) {
+                          const v1::LayerStatistic& input, bool use_cached_weights,
+                          const ShmReader& shm, HeldSegments& segments, ServiceMetrics& metrics,
+                          LayerWork& work) {
   const ModelGeometry& geometry = model.state().geometry();
   if (input.layer() < 0 || input.layer() >= geometry.layers) {
     return absl::InvalidArgumentError(
@@ -536,7 +585,8 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
         ".accumulate: not with budget.auto_budget (a chunk's running sum is kept with a fixed "
         "budget's decision); decide chunks with a fixed budget"));
   }
-  RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, metrics, work));
+  RETURN_IF_ERROR(
+      ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (!work.cached_weights.has_value()) {
@@ -569,8 +619,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
     LayerWork& work = job.layers[i];
     work.field = absl::StrCat("layers[", i, "]");
     RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
-                                 request.layers(i), request.use_cached_weights(), *shm_, *metrics_,
-                                 work));
+                                 request.layers(i), request.use_cached_weights(), *shm_,
+                                 job.segments, *metrics_, work));
     if (!seen.insert(work.layer).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(work.field, ".layer: ", work.layer, " appears twice"));
@@ -599,8 +649,8 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   job.layers.resize(1);
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
-                               request.layer(), request.use_cached_weights(), *shm_, *metrics_,
-                               job.layers[0]));
+                               request.layer(), request.use_cached_weights(), *shm_, job.segments,
+                               *metrics_, job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
   std::vector<v1::LayerDecision*> outputs = {response};
   RETURN_IF_ERROR(Run(model, job, cancelled, outputs));

@@ -1,11 +1,12 @@
-// The shared-memory reference checks (ShmReader::Check and Copy): segment name, kind of file,
+// The shared-memory reference checks as the daemon runs them (ShmReader::Open, then the held
+// segment's CheckRange and Read): segment name, kind of file,
 // owner, arena refusal, and the [offset, offset + length) range, against segments this target
 // makes once per process: a regular one of known bytes, an empty one, a FIFO, a folder, a
 // symbolic link, a host arena (its trailer says so) under a name no arena has, one that
 // ShmReader::Access says is an arena, and a name that does not exist. Input: segment selector,
 // offset (u64), length (u64); for selector values past the fixed segments, the rest of the input is
 // the name itself. Not covered here: a segment changing while it is read (that is a race, tested in
-// tests/service).
+// tests/service and service/shm_reader_test.cc).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -146,7 +147,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const uint64_t length = input.TakeLe(8);
   const bool raw = selector >= fuzz::kKinds;
   const std::string name = raw ? input.TakeRest() : segments.names[selector];
-  const absl::Status checked = reader.Check("statistic.shared_memory", name, offset, length);
+  constexpr absl::string_view kField = "statistic.shared_memory";
+  absl::StatusOr<service::ShmSegment> segment = reader.Open(kField, name);
+  const absl::Status checked =
+      segment.ok() ? segment->CheckRange(kField, offset, length) : segment.status();
 
   if (raw) {
     const bool well_formed = absl::StartsWith(name, "/entrokv") && name.size() <= 255 &&
@@ -164,10 +168,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return 0;
   }
   if (raw && length > (size_t{1} << 20)) return 0;  // someone else's segment: don't copy much
-  std::vector<char> copied;
-  const absl::Status copy = reader.Copy("statistic.shared_memory", name, offset, length, &copied);
+  std::vector<char> copied(length);
+  const absl::Status copy = segment->Read(kField, offset, length, copied.data());
   FUZZ_CHECK(copy.ok(), copy.ToString());
-  FUZZ_CHECK(copied.size() == length, "copied size");
   if (!raw) {
     for (uint64_t i = 0; i < length; ++i) {
       FUZZ_CHECK(static_cast<uint8_t>(copied[i]) == fuzz::PatternByte(offset + i),

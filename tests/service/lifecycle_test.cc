@@ -27,6 +27,8 @@ using ::entrokv::service::testing::FindSeries;
 using ::entrokv::service::testing::LoopbackOptions;
 using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
+using ::entrokv::service::testing::SharedMemoryStatistic;
+using ::entrokv::service::testing::WriteSegment;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -320,10 +322,7 @@ TEST_F(LifecycleTest, AShortDeadlineAgainstALargeStatisticIsAnsweredInTime) {
   Open("wide", "warm", kTokens);
   const std::string segment = "/entrokv-lifecycle-" + std::to_string(::getpid());
   const std::string values = Encode(RandomStatistic(kWideHeads, kTokens, 5), v1::DTYPE_BFLOAT16);
-  const int fd = ::shm_open(segment.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
-  ::close(fd);
+  ASSERT_TRUE(WriteSegment(segment, values));
   const auto decide = [&](const std::string& sequence, bool degrade, int64_t deadline_ms,
                           v1::DecideResponse* response, int64_t* elapsed_ms, int layers) {
     v1::DecideRequest request;
@@ -334,12 +333,8 @@ TEST_F(LifecycleTest, AShortDeadlineAgainstALargeStatisticIsAnsweredInTime) {
     for (int layer = 0; layer < layers; ++layer) {
       v1::LayerStatistic* in = request.add_layers();
       in->set_layer(layer);
-      v1::Statistic* stat = in->mutable_statistic();
-      stat->set_dtype(v1::DTYPE_BFLOAT16);
-      stat->set_query_heads(kWideHeads);
-      stat->set_tokens(kTokens);
-      stat->mutable_shared_memory()->set_segment(segment);
-      stat->mutable_shared_memory()->set_length_bytes(values.size());
+      *in->mutable_statistic() =
+          SharedMemoryStatistic(segment, values.size(), kWideHeads, kTokens, v1::DTYPE_BFLOAT16);
     }
     grpc::ClientContext context;
     if (deadline_ms > 0) {

@@ -3,6 +3,7 @@
 #define ENTROKV_TESTS_SERVICE_SERVICE_FIXTURE_H_
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -46,6 +47,12 @@ class ServiceTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     channel_ = MakeChannel(server_->address());
+    // Connected before the test's first call: a channel whose first connection attempt fails
+    // (seen once under load: every call of the test then failed fast with UNAVAILABLE during
+    // the reconnect backoff) reconnects here instead. A server that never accepts fails here.
+    ASSERT_TRUE(
+        channel_->WaitForConnected(std::chrono::system_clock::now() + std::chrono::seconds(10)))
+        << "no connection to " << server_->address();
     stub_ = v1::CacheManager::NewStub(channel_);
   }
   void SetUp() override { StartServer(); }

@@ -34,6 +34,7 @@ using ::entrokv::service::testing::LoopbackOptions;
 using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
 using ::entrokv::service::testing::ServiceTest;
+using ::entrokv::service::testing::WriteSegment;
 using ::testing::HasSubstr;
 
 int OpenDescriptors() {
@@ -100,10 +101,7 @@ class HardeningTest : public ServiceTest {
   static std::string MakeSegment(const std::string& tag, int64_t tokens) {
     const std::string name = "/entrokv-" + tag + "-" + std::to_string(::getpid());
     const std::string values = Encode(RandomStatistic(kHeads, tokens, 5), v1::DTYPE_BFLOAT16);
-    const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-    EXPECT_GE(fd, 0);
-    EXPECT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
-    ::close(fd);
+    EXPECT_TRUE(WriteSegment(name, values)) << name;
     return name;
   }
 };
@@ -356,10 +354,7 @@ TEST_F(HardeningTest, ADeadlineStopsScoringBetweenLayers) {
   Open("deep", "b", kTokens);
   const std::string segment = "/entrokv-deep-" + std::to_string(::getpid());
   const std::string values = Encode(RandomStatistic(kDeepHeads, kTokens, 21), v1::DTYPE_BFLOAT16);
-  const int fd = ::shm_open(segment.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
-  ::close(fd);
+  ASSERT_TRUE(WriteSegment(segment, values)) << segment;
   const auto request = [&](const std::string& sequence, int layers) {
     v1::DecideRequest decide;
     decide.set_model_id("deep");

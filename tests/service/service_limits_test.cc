@@ -32,6 +32,8 @@ using ::entrokv::service::testing::LoopbackOptions;
 using ::entrokv::service::testing::RandomStatistic;
 using ::entrokv::service::testing::RegisterRequest;
 using ::entrokv::service::testing::ServiceTest;
+using ::entrokv::service::testing::SharedMemoryStatistic;
+using ::entrokv::service::testing::WriteSegment;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
@@ -337,10 +339,7 @@ TEST_F(LimitsTest, ADeadlineFreesTheWorkerBetweenTheGroupsOfALayer) {
   Open("small", "s", 100);
   const std::string segment = "/entrokv-wide-" + std::to_string(::getpid());
   const std::string values = Encode(RandomStatistic(kWideGroups, kTokens, 31), v1::DTYPE_BFLOAT16);
-  const int fd = ::shm_open(segment.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
-  ASSERT_GE(fd, 0);
-  ASSERT_EQ(::pwrite(fd, values.data(), values.size(), 0), static_cast<ssize_t>(values.size()));
-  ::close(fd);
+  ASSERT_TRUE(WriteSegment(segment, values));
   const auto wide_decide = [&](const std::string& sequence, int64_t timeout_ms) {
     v1::DecideRequest request;
     request.set_model_id("wide");
@@ -349,12 +348,8 @@ TEST_F(LimitsTest, ADeadlineFreesTheWorkerBetweenTheGroupsOfALayer) {
     request.mutable_budget()->set_pages_per_group(1000);
     v1::LayerStatistic* layer = request.add_layers();
     layer->set_layer(0);
-    v1::Statistic* stat = layer->mutable_statistic();
-    stat->set_dtype(v1::DTYPE_BFLOAT16);
-    stat->set_query_heads(kWideGroups);
-    stat->set_tokens(kTokens);
-    stat->mutable_shared_memory()->set_segment(segment);
-    stat->mutable_shared_memory()->set_length_bytes(values.size());
+    *layer->mutable_statistic() =
+        SharedMemoryStatistic(segment, values.size(), kWideGroups, kTokens, v1::DTYPE_BFLOAT16);
     grpc::ClientContext context;
     if (timeout_ms > 0) {
       context.set_deadline(std::chrono::system_clock::now() +

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -119,6 +120,26 @@ v1::Statistic BytesStatistic(const std::vector<float>& values, int heads, int64_
   stat.set_tokens(tokens);
   stat.set_data(Encode(values, dtype));
   return stat;
+}
+
+v1::Statistic SharedMemoryStatistic(const std::string& segment, uint64_t length_bytes, int heads,
+                                    int64_t tokens, v1::DType dtype) {
+  v1::Statistic stat;
+  stat.set_dtype(dtype);
+  stat.set_query_heads(heads);
+  stat.set_tokens(tokens);
+  stat.mutable_shared_memory()->set_segment(segment);
+  stat.mutable_shared_memory()->set_length_bytes(length_bytes);
+  return stat;
+}
+
+bool WriteSegment(const std::string& name, const std::string& bytes) {
+  const int fd = ::shm_open(name.c_str(), O_CREAT | O_RDWR | O_TRUNC, 0600);
+  if (fd < 0) return false;
+  const bool written =
+      ::pwrite(fd, bytes.data(), bytes.size(), 0) == static_cast<ssize_t>(bytes.size());
+  ::close(fd);
+  return written;
 }
 
 int HealthCheck(grpc::Channel& channel, const std::string& service, grpc::Status* status,

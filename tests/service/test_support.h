@@ -36,6 +36,13 @@ std::string Encode(const std::vector<float>& values, v1::DType dtype);
 // A Statistic message carrying `values` inline.
 v1::Statistic BytesStatistic(const std::vector<float>& values, int heads, int64_t tokens,
                              v1::DType dtype);
+// A Statistic message naming `length_bytes` bytes at offset 0 of shared-memory segment
+// `segment`.
+v1::Statistic SharedMemoryStatistic(const std::string& segment, uint64_t length_bytes, int heads,
+                                    int64_t tokens, v1::DType dtype);
+// Creates (or empties) shared-memory segment `name` and writes `bytes` at its start; false when
+// it cannot. The caller unlinks it.
+[[nodiscard]] bool WriteSegment(const std::string& name, const std::string& bytes);
 
 // grpc.health.v1.Health/Check through a generic call: 1 SERVING, 2 NOT_SERVING, 0 UNKNOWN,
 // -1 when the call itself failed (code in *status when given).
