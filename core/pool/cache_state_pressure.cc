@@ -119,10 +119,47 @@ static std::vector<Unit> EvictableUnits(const Sequence& sequence, const Sequence
       }
     }
   }
+  // Each (layer, group unit)'s own order: its pages by value, as the policy ranks them.
   std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
-    return std::tie(a.value, a.layer, a.first_group, a.page) <
-           std::tie(b.value, b.layer, b.first_group, b.page);
+    return std::tie(a.layer, a.first_group, a.value, a.page) <
+           std::tie(b.layer, b.first_group, b.value, b.page);
   });
+  // Then in rounds: round r takes the r-th cheapest page of every (layer, group unit), so that
+  // a sequence gives the same number of pages from each of them (the exact page quota per
+  // (layer, group) of a fixed budget) and never strips one group while another keeps all. A
+  // round's value, the one other sequences are compared by, is the mean of its units' values,
+  // made non-decreasing (a round without the shortest lists may average lower).
+  std::vector<int64_t> round(units.size());
+  for (size_t i = 0; i < units.size(); ++i) {
+    const bool same = i > 0 && units[i].layer == units[i - 1].layer &&
+                      units[i].first_group == units[i - 1].first_group;
+    round[i] = same ? round[i - 1] + 1 : 0;
+  }
+  const int64_t rounds = units.empty() ? 0 : *std::max_element(round.begin(), round.end()) + 1;
+  std::vector<double> sum(static_cast<size_t>(rounds), 0.0);
+  std::vector<int64_t> count(static_cast<size_t>(rounds), 0);
+  for (size_t i = 0; i < units.size(); ++i) {
+    sum[static_cast<size_t>(round[i])] += units[i].value;
+    ++count[static_cast<size_t>(round[i])];
+  }
+  std::vector<float> value(static_cast<size_t>(rounds), 0.0f);
+  for (int64_t r = 0; r < rounds; ++r) {
+    const auto mean = static_cast<float>(sum[static_cast<size_t>(r)] /
+                                         static_cast<double>(count[static_cast<size_t>(r)]));
+    value[static_cast<size_t>(r)] =
+        r == 0 ? mean : std::max(value[static_cast<size_t>(r - 1)], mean);
+  }
+  std::vector<std::pair<int64_t, Unit>> ordered;
+  ordered.reserve(units.size());
+  for (size_t i = 0; i < units.size(); ++i) ordered.emplace_back(round[i], units[i]);
+  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
+    return std::tie(a.first, a.second.value, a.second.layer, a.second.first_group, a.second.page) <
+           std::tie(b.first, b.second.value, b.second.layer, b.second.first_group, b.second.page);
+  });
+  for (size_t i = 0; i < units.size(); ++i) {
+    units[i] = ordered[i].second;
+    units[i].value = value[static_cast<size_t>(ordered[i].first)];
+  }
   return units;
 }
 
@@ -345,9 +382,12 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
     return absl::ResourceExhaustedError(
         absl::StrCat(why, "; more than the pool holds, it can never fit"));
   }
-  out.reclaiming_frames = PlanQuotas(out.missing_frames, ReclaimReason::kAdmission);
+  // What must be freed before it fits: its own missing frames and, when older admissions hold
+  // more than is free, the rest of theirs (planned for once, by whichever asks).
+  const int64_t shortfall = need - available;
+  out.reclaiming_frames = PlanQuotas(shortfall, ReclaimReason::kAdmission);
   out.retry_after_ms = RetryAfterMs();
-  const bool delayed = out.reclaiming_frames >= out.missing_frames;
+  const bool delayed = out.reclaiming_frames >= shortfall;
   if (admission) {
     auto [it, inserted] = pending_.try_emplace(std::string(sequence_id));
     if (inserted) it->second.order = order;
@@ -375,8 +415,7 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
       victims.push_back(
           {.id = id, .priority = terms.priority, .admitted = terms.admitted, .frees = frees});
     }
-    out.preempt =
-        ChooseVictims(victims, priority, order, out.missing_frames - out.reclaiming_frames);
+    out.preempt = ChooseVictims(victims, priority, order, shortfall - out.reclaiming_frames);
     std::sort(out.preempt.begin(), out.preempt.end());
     for (const std::string& id : out.preempt) {
       SequencePressure& terms = TermsOf(id);

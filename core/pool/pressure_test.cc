@@ -241,6 +241,58 @@ TEST(PressureTest, TheConcentratedSequenceGivesMorePagesThanTheFlatOne) {
   EXPECT_GT(peaked_gives, flat_gives);
 }
 
+// Within a sequence the quota is taken in rounds, one page of each (layer, group) a round, as a
+// fixed budget keeps an exact page quota per (layer, group): a group whose attention sits on
+// one page does not give every other page while a flat group keeps all of its.
+TEST(PressureTest, ASequenceGivesTheSameNumberOfPagesFromEachGroup) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(20)));
+  ASSERT_THAT(Admit(*state, "a", 30, Auto(0.1)), IsOk());  // 8 pages, 16 frames
+  std::vector<std::vector<float>> mixed = {Concentrated(8)[0], Flat(8)[1]};
+  Decide(*state, "a", std::move(mixed));
+  // 4 free: an admission of 4 pages (8 frames) needs 4 of a's.
+  EXPECT_THAT(Admit(*state, "c", 16, SequenceTerms()),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  EXPECT_EQ(Quota(*state, "a"), 12);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult grown, state->AppendTokens("a", 1));
+  EXPECT_EQ(grown.reclaimed_frames, 4);
+  std::vector<size_t> per_group(2, 0);
+  for (const AppendResult::Evicted& group : grown.evicted) {
+    per_group[static_cast<size_t>(group.group)] += group.pages.size();
+  }
+  EXPECT_THAT(per_group, ElementsAre(2, 2));
+  ASSERT_THAT(Admit(*state, "c", 16, SequenceTerms()), IsOk());
+  ExpectBalanced(*state);
+}
+
+// A waiting admission is told DELAYED only when the frames being reclaimed cover it and every
+// older admission still waiting: here the floors leave 24 frames to reclaim, enough for the
+// older admission's 16 but not for both, so the newer one is REFUSED (and, being the newest,
+// preempts nobody), and it still does not fit once the owners have given.
+TEST(PressureTest, AnAdmissionBehindAnotherIsDelayedOnlyWhenTheReclaimCoversBoth) {
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(64)));
+  ASSERT_THAT(Admit(*state, "a", 62, Auto(0.6)), IsOk());  // 32 frames, floor 20
+  ASSERT_THAT(Admit(*state, "b", 62, Auto(0.6)), IsOk());
+  Decide(*state, "a", Flat(16));
+  Decide(*state, "b", Flat(16));
+  AdmissionRefusal refusal;
+  EXPECT_THAT(Admit(*state, "c", 30, SequenceTerms(), &refusal),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  EXPECT_FALSE(refusal.refused);
+  EXPECT_EQ(refusal.reclaiming_frames, 16);
+  EXPECT_THAT(Admit(*state, "d", 30, SequenceTerms(), &refusal),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("16 held for older")));
+  EXPECT_TRUE(refusal.refused);
+  EXPECT_EQ(refusal.missing_frames, 16);
+  EXPECT_EQ(refusal.reclaiming_frames, 24);
+  EXPECT_THAT(refusal.preempt, IsEmpty());
+  ASSERT_THAT(state->AppendTokens("a", 1).status(), IsOk());
+  ASSERT_THAT(state->AppendTokens("b", 1).status(), IsOk());
+  EXPECT_THAT(Admit(*state, "c", 30, SequenceTerms()), IsOk());
+  EXPECT_THAT(Admit(*state, "d", 30, SequenceTerms()),
+              StatusIs(absl::StatusCode::kResourceExhausted, _));
+  ExpectBalanced(*state);
+}
+
 TEST(PressureTest, FloorsReachedRefuseAndNameLowerPriorityVictims) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(auto state, CacheState::Create(Options(40)));
   ASSERT_THAT(Admit(*state, "low", 30, Auto(1.0, /*priority=*/0)), IsOk());
