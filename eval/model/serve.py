@@ -22,8 +22,12 @@ Strategies (the names the report uses):
   manager      entrokvd's server-chosen budgets: every sequence is opened with an AutoBudget
                (floor `--floor`); the daemon reclaims from them where pages are worth least,
                delays admissions that do not fit until the owners' next calls, and names the
-               sequences to preempt when floors are reached (closed and recomputed).
+               sequences to preempt when floors are reached (closed and recomputed). The worker
+               asks, in queue order, for up to two steps' prefill at once.
   manager_swap the same, preempted sequences swapped out to host memory and resumed.
+  fixed_matched
+               fixed at the fraction that gives the manager's mean used frames at the same pool
+               share (runs last, after fixed and manager): the comparison at equal memory.
 
 A prompt's prefill does not depend on what is evicted (every layer attends over the whole prompt
 before its decision is applied), so each prompt is prefilled once with the plain model and its
@@ -32,9 +36,11 @@ runs the model for real through the pool (pool_worker.PoolKV). A recomputed requ
 prefilled again, its generated tokens' K/V as first computed (no eviction: the same values a
 prefill of prompt and answer gives).
 
-The report (docs/evaluation/pressure/):
-  PYTHONPATH=build/client/python /usr/bin/python3 eval/model/serve.py --entrokvd build/service/entrokvd \\
-      --entrokv build/client/cli/entrokv --weights eval/model/weights.npz --out docs/evaluation/pressure
+The report (docs/evaluation/pressure/; docs/evaluation.md says how --floor and
+--target-occupancy were chosen on development seeds):
+  PYTHONPATH=build/client/python /usr/bin/python3 eval/model/serve.py \\
+      --entrokvd build/service/entrokvd --entrokv build/client/cli/entrokv \\
+      --weights eval/model/weights.npz --requests 200 --seed 7001 --out docs/evaluation/pressure
 The main job's short version (deploy/demo.sh): --requests 12 --lengths 1024 --shares 0.25 --short.
 """
 from __future__ import annotations
@@ -61,15 +67,16 @@ from evaluate import mcnemar, wilson  # noqa: E402
 
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
-STRATEGIES = ("fcfs", "recompute", "fixed", "manager", "manager_swap")
+STRATEGIES = ("fcfs", "recompute", "fixed", "manager", "manager_swap", "fixed_matched")
 POLICY = "page_entrokv"
 SUMMARY_FIELDS = ("strategy", "pool_share", "requests", "completed", "accuracy", "ci_low",
                   "ci_high", "completed_per_1k_steps", "steps", "mean_wait_steps",
                   "p99_wait_steps", "max_wait_steps", "preemptions", "swaps", "peak_used_frames",
-                  "mean_used_frames", "pool_frames", "mean_kept_share")
+                  "mean_used_frames", "pool_frames", "mean_kept_share",
+                  "mean_final_share", "fixed_fraction")
 REQUEST_FIELDS = ("strategy", "pool_share", "request", "task", "length", "arrival", "admitted",
                   "done", "wait_steps", "preemptions", "correct", "kept_frames",
-                  "prompt_frames")
+                  "final_frames", "prompt_frames", "final_uncompressed_frames")
 
 
 # ---- prefill, once per prompt ------------------------------------------------------------------
@@ -209,6 +216,7 @@ class Running:
     swapped: bool = False
     correct: bool = False
     kept_frames: int = 0  # after its first prefill's decisions
+    final_frames: int = 0  # when its answer ended (the manager takes pages while it decodes)
     sid: Optional[str] = None  # the sequence id of its current admission (and its retries)
 
 
@@ -223,6 +231,7 @@ class RunResult:
     preemptions: int
     swaps: int
     unfinished: int
+    fraction: Optional[float] = None  # the fixed budget's, for fixed and fixed_matched
 
 
 class Serving:
@@ -233,11 +242,13 @@ class Serving:
     def __init__(self, client: entrokv.Client, model: numpy_model.Model,
                  registry: policy_registry.Registry, cache: PrefillCache, strategy: str,
                  share: float, pool_frames: int, *, floor: float, prefill_tokens: int,
-                 page_size: int = 16, poison: bool = False, max_steps: int = 100_000):
+                 fraction: Optional[float] = None, page_size: int = 16, poison: bool = False,
+                 max_steps: int = 100_000):
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(STRATEGIES)}, got {strategy}")
         self.client, self.model, self.cache = client, model, cache
         self.strategy, self.share, self.pool_frames = strategy, share, pool_frames
+        self.fraction = share if fraction is None else fraction  # fixed, fixed_matched
         self.floor, self.prefill_tokens, self.poison = floor, prefill_tokens, poison
         self.max_steps = max_steps
         self.page_size = page_size
@@ -289,8 +300,8 @@ class Serving:
             kv.assign(rows)
             for layer in range(self.model.config.layers):
                 kv.write(layer, np.arange(n), prefill.k[layer], prefill.v[layer])
-            if self.strategy == "fixed" or auto:
-                budget = {"auto_floor": self.floor} if auto else {"fraction": self.share}
+            if self.strategy.startswith("fixed") or auto:
+                budget = {"auto_floor": self.floor} if auto else {"fraction": self.fraction}
                 layers = [(layer, prefill.stats[layer]) for layer in range(len(prefill.stats))]
                 for decision in self.client.decide_stream(self.model_id, sid, layers,
                                                           policy=POLICY, kind="last_row",
@@ -393,6 +404,7 @@ class Serving:
         if token != tasks.EOS and len(state.out) < state.request.max_new:
             return False
         state.done = step
+        state.final_frames = state.kv.live_frames()
         state.correct = tasks.is_correct(state.request.example, state.out)
         self.client.close_sequence(self.model_id, state.kv.sequence_id)
         self._poison()
@@ -452,15 +464,23 @@ class Serving:
                 if not self._resume(swapped[0], step):
                     break
                 running.append(swapped.pop(0))
-            while queue and not swapped:
-                head = queue[0]
+            # The worker's own admission stops at the first request that does not fit (first
+            # come, first served). The manager asks, in queue order, for up to two steps'
+            # prefill: a delayed admission keeps its place (the daemon holds its frames back
+            # from newer ones) and every request asked for has its frames planned at the
+            # owners' calls of this step, so the next step's prefill finds them free.
+            asked = 0
+            for head in list(queue) if not swapped else []:
                 cost = head.request.prompt_len + len(head.out)
-                if cost > budget:
+                if cost > budget or asked + cost > 2 * self.prefill_tokens:
                     break
+                asked += cost
                 if not self._admit(head, step, running):
+                    if self.strategy.startswith("manager"):
+                        continue
                     break
-                queue.pop(0)
                 budget -= cost
+                queue.remove(head)
                 if head.done is None:
                     running.append(head)
             for state in sorted(running, key=lambda s: s.order):
@@ -473,6 +493,7 @@ class Serving:
             used.append(self.client.pool_stats(self.model_id).used_frames)
             step += 1
         return RunResult(strategy=self.strategy, share=self.share, pool_frames=self.pool_frames,
+                         fraction=self.fraction if self.strategy.startswith("fixed") else None,
                          steps=step, states=states, used_frames=used,
                          preemptions=self.preemptions, swaps=self.swaps,
                          unfinished=sum(s.done is None for s in states))
@@ -504,6 +525,12 @@ def summarize(result: RunResult, config: numpy_model.Config,
         "mean_used_frames": round(float(np.mean(result.used_frames or [0])), 1),
         "pool_frames": result.pool_frames,
         "mean_kept_share": round(float(np.mean(shares)), 4) if shares else 0.0,
+        # What each request held when its answer ended, of its prompt and answer uncompressed.
+        "fixed_fraction": "" if result.fraction is None else round(result.fraction, 4),
+        "mean_final_share": round(float(np.mean([
+            s.final_frames / frames_for(s.request.prompt_len + len(s.out), page_size,
+                                        config.layers, config.kv_heads) for s in done])), 4)
+        if done else 0.0,
     }
 
 
@@ -518,8 +545,10 @@ def request_rows(result: RunResult, config: numpy_model.Config,
             "admitted": s.admitted, "done": s.done,
             "wait_steps": None if s.admitted is None else s.admitted - r.arrival,
             "preemptions": s.preemptions, "correct": int(s.correct),
-            "kept_frames": s.kept_frames,
-            "prompt_frames": frames_for(r.prompt_len, page_size, config.layers, config.kv_heads)})
+            "kept_frames": s.kept_frames, "final_frames": s.final_frames,
+            "prompt_frames": frames_for(r.prompt_len, page_size, config.layers, config.kv_heads),
+            "final_uncompressed_frames": frames_for(r.prompt_len + len(s.out), page_size,
+                                                    config.layers, config.kv_heads)})
     return rows
 
 
@@ -545,7 +574,7 @@ def plot(summary: List[Dict[str, object]], path: str) -> None:
     import matplotlib.pyplot as plt
     shares = sorted({s["pool_share"] for s in summary}, reverse=True)
     fig, axes = plt.subplots(1, len(shares), figsize=(5 * len(shares), 4), squeeze=False)
-    markers = dict(zip(STRATEGIES, "osD^v"))
+    markers = dict(zip(STRATEGIES, "osD^vP"))
     for ax, share in zip(axes[0], shares):
         for s in summary:
             if s["pool_share"] != share:
@@ -566,6 +595,41 @@ def plot(summary: List[Dict[str, object]], path: str) -> None:
     plt.close(fig)
 
 
+def matched_fraction(summary: List[Dict[str, object]], share: float) -> float:
+    """fixed_matched's budget: the fixed fraction scaled by the manager's mean used frames over
+    fixed's at this pool share (one calibration step: a fixed budget's frames grow about in
+    proportion to its fraction), so that the two compare at about the same memory."""
+    runs = {s["strategy"]: s for s in summary if s["pool_share"] == share}
+    if "manager" not in runs or "fixed" not in runs:
+        raise ValueError("fixed_matched runs after manager and fixed at the same pool share")
+    scale = runs["manager"]["mean_used_frames"] / max(runs["fixed"]["mean_used_frames"], 1.0)
+    return float(min(1.0, max(0.01, share * scale)))
+
+
+def markdown_tables(summary: List[Dict[str, object]], pairs: List[Dict[str, object]]) -> str:
+    """The report's tables, generated from the rows summary.csv and paired.csv hold."""
+    lines = ["| strategy | pool | completed | accuracy (Wilson 95%) | completed / 1k steps | "
+             "mean wait | p99 wait | preemptions | mean used frames | kept at end |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for s in summary:
+        fraction = f" ({100 * float(s['fixed_fraction']):.0f}%)" \
+            if s["strategy"] == "fixed_matched" else ""
+        lines.append(
+            f"| {s['strategy']}{fraction} | {100 * float(s['pool_share']):g}% | "
+            f"{s['completed']}/{s['requests']} | {100 * float(s['accuracy']):.1f}% "
+            f"({100 * float(s['ci_low']):.1f}-{100 * float(s['ci_high']):.1f}) | "
+            f"{float(s['completed_per_1k_steps']):.0f} | {float(s['mean_wait_steps']):.1f} | "
+            f"{float(s['p99_wait_steps']):.0f} | {s['preemptions']} | "
+            f"{float(s['mean_used_frames']):.0f} | {100 * float(s['mean_final_share']):.0f}% |")
+    lines += ["", "| pool | a | b | a right | b right | only a | only b | McNemar p |",
+              "|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        lines.append(f"| {100 * float(p['pool_share']):g}% | {p['a']} | {p['b']} | "
+                     f"{p['a_correct']}/{p['requests']} | {p['b_correct']}/{p['requests']} | "
+                     f"{p['a_only']} | {p['b_only']} | {p['p']} |")
+    return "\n".join(lines) + "\n"
+
+
 def write_csv(path: str, fields: Sequence[str], rows: List[Dict[str, object]]) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(fields), extrasaction="ignore")
@@ -576,13 +640,13 @@ def write_csv(path: str, fields: Sequence[str], rows: List[Dict[str, object]]) -
 
 def print_table(summary: List[Dict[str, object]]) -> None:
     print(f"{'strategy':<13} {'pool':>5} {'done':>6} {'accuracy':>9} {'per 1k steps':>13} "
-          f"{'wait mean':>10} {'p99':>6} {'preempt':>8} {'mean frames':>12} {'kept':>6}")
+          f"{'wait mean':>10} {'p99':>6} {'preempt':>8} {'mean frames':>12} {'kept at end':>12}")
     for s in summary:
         print(f"{s['strategy']:<13} {100 * s['pool_share']:>4g}% "
               f"{s['completed']:>3}/{s['requests']:<3} {100 * s['accuracy']:>8.1f}% "
               f"{s['completed_per_1k_steps']:>13.1f} {s['mean_wait_steps']:>10.1f} "
               f"{s['p99_wait_steps']:>6.0f} {s['preemptions']:>8} {s['mean_used_frames']:>12.0f} "
-              f"{100 * s['mean_kept_share']:>5.0f}%")
+              f"{100 * s['mean_final_share']:>11.0f}%")
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -590,23 +654,42 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--server", help="entrokvd address; default: start --entrokvd privately")
     parser.add_argument("--entrokvd", default="entrokvd")
     parser.add_argument("--entrokv", default="entrokv", help="the CLI (the policy registry)")
-    parser.add_argument("--weights", required=True)
+    parser.add_argument("--weights")
     parser.add_argument("--requests", type=int, default=200)
     parser.add_argument("--rate", type=float, default=2.0, help="arrivals per decode step")
     parser.add_argument("--lengths", default="1024,2048", help="prompt lengths, drawn evenly")
     parser.add_argument("--shares", default="0.5,0.25,0.125",
                         help="pool sizes as shares of the offered uncompressed KV")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--floor", type=float, default=0.1,
+    parser.add_argument("--floor", type=float, default=0.25,
                         help="manager: the AutoBudget floor (share of a sequence always kept)")
+    parser.add_argument("--target-occupancy", type=float, default=0.7,
+                        help="manager: the daemon's --target_occupancy (chosen with --floor on "
+                             "development seeds 202 and 203; the daemon's own default is 0.9)")
     parser.add_argument("--prefill-tokens", type=int, default=4096,
                         help="prompt tokens prefilled per step at most")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cache", help="directory for the prompts' prefills (default: memory)")
     parser.add_argument("--out", help="write summary.csv, requests.csv, paired.csv and the plot")
     parser.add_argument("--short", action="store_true", help="print the table only")
+    parser.add_argument("--tables", metavar="DIR",
+                        help="only regenerate DIR/tables.md and the plot from DIR's CSV files")
     args = parser.parse_args(argv)
+    if args.tables:
+        with open(os.path.join(args.tables, "summary.csv")) as f:
+            summary = list(csv.DictReader(f))
+        with open(os.path.join(args.tables, "paired.csv")) as f:
+            pairs = list(csv.DictReader(f))
+        for row in summary:
+            for key in ("pool_share", "accuracy", "ci_low", "ci_high", "completed_per_1k_steps"):
+                row[key] = float(row[key])
+        with open(os.path.join(args.tables, "tables.md"), "w") as f:
+            f.write(markdown_tables(summary, pairs))
+        plot(summary, os.path.join(args.tables, "accuracy_throughput.png"))
+        return 0
 
+    if not args.weights:
+        parser.error("--weights is required (except with --tables)")
     model = numpy_model.Model.load(args.weights)
     registry = policy_registry.load(args.entrokv)
     config = model.config
@@ -616,6 +699,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for s in strategies:
         if s not in STRATEGIES:
             parser.error(f"--strategies: {s} is not one of {', '.join(STRATEGIES)}")
+    if "fixed_matched" in strategies and (
+            "fixed_matched" != strategies[-1] or not {"fixed", "manager"} <= set(strategies)):
+        parser.error("--strategies: fixed_matched comes last, after fixed and manager (it is "
+                     "fixed at the manager's mean frames)")
     requests = workload(args.requests, args.rate, args.seed, lengths)
     offered = offered_frames(requests, args.rate, config, 16)
     largest = max(frames_for(r.prompt_len + r.max_new, 16, config.layers, config.kv_heads)
@@ -640,7 +727,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if not args.server:
         daemon = pool_worker.LocalDaemon(
             args.entrokvd, f"--pool_capacity_bytes={max(pools.values()) * frame_bytes * 2}",
-            f"--max_swap_bytes={max(pools.values()) * frame_bytes * 4}")
+            f"--max_swap_bytes={max(pools.values()) * frame_bytes * 4}",
+            f"--target_occupancy={args.target_occupancy}")
     address = args.server or daemon.address
     summary, rows = [], []
     try:
@@ -650,7 +738,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     run_started = time.perf_counter()
                     serving = Serving(client, model, registry, cache, strategy, share,
                                       pools[share], floor=args.floor,
-                                      prefill_tokens=args.prefill_tokens)
+                                      prefill_tokens=args.prefill_tokens,
+                                      fraction=matched_fraction(summary, share)
+                                      if strategy == "fixed_matched" else None)
                     try:
                         result = serving.run(requests)
                         stats = client.pool_stats(serving.model_id)
@@ -669,7 +759,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if daemon is not None:
             daemon.stop()
     print_table(summary)
-    pairs = [p for a, b in (("manager", "fixed"), ("manager", "fcfs"), ("manager", "recompute"),
+    pairs = [p for a, b in (("manager", "fixed"), ("manager", "fixed_matched"),
+                            ("manager", "fcfs"), ("manager", "recompute"),
                             ("manager_swap", "manager"))
              if a in strategies and b in strategies for p in paired(rows, a, b)]
     for p in pairs:
@@ -686,6 +777,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                   ("pool_share", "a", "b", "requests", "a_correct", "b_correct", "a_only",
                    "b_only", "p"), pairs)
         plot(summary, os.path.join(args.out, "accuracy_throughput.png"))
+        with open(os.path.join(args.out, "tables.md"), "w") as f:
+            f.write(markdown_tables(summary, pairs))
     return 0
 
 

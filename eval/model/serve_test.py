@@ -46,10 +46,10 @@ class ServeTest(unittest.TestCase):
         if code != 0:
             raise AssertionError(f"entrokvd exited with {code} after SIGTERM")
 
-    def run_strategy(self, strategy, poison=False, pool=None):
+    def run_strategy(self, strategy, poison=False, pool=None, fraction=None):
         serving = serve.Serving(self.client, self.model, self.registry, self.cache, strategy,
                                 0.25, pool or self.pool, floor=0.1, prefill_tokens=1024,
-                                poison=poison, max_steps=400)
+                                poison=poison, max_steps=400, fraction=fraction)
         try:
             result = serving.run(self.requests)
             stats = self.client.pool_stats(serving.model_id)
@@ -111,8 +111,15 @@ class ServeTest(unittest.TestCase):
                             for row in s.logits[1:]))
 
     def test_every_strategy_finishes_every_request(self):
-        results = {s: self.run_strategy(s)[0] for s in serve.STRATEGIES}
+        results = {s: self.run_strategy(s)[0] for s in serve.STRATEGIES if s != "fixed_matched"}
         summary = {s: serve.summarize(r, self.model.config, 16) for s, r in results.items()}
+        # fixed at the manager's mean frames: the fixed fraction scaled by their ratio.
+        fraction = serve.matched_fraction(list(summary.values()), 0.25)
+        self.assertAlmostEqual(fraction, min(1.0, 0.25 * summary["manager"]["mean_used_frames"] /
+                                             summary["fixed"]["mean_used_frames"]))
+        results["fixed_matched"] = self.run_strategy("fixed_matched", fraction=fraction)[0]
+        summary["fixed_matched"] = serve.summarize(results["fixed_matched"], self.model.config, 16)
+        self.assertEqual(summary["fixed_matched"]["fixed_fraction"], round(fraction, 4))
         for strategy, row in summary.items():
             self.assertEqual(row["completed"], len(self.requests), strategy)
             self.assertLessEqual(row["peak_used_frames"], self.pool, strategy)
