@@ -11,6 +11,7 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=deploy/entrokvd_line.sh
 . "$repo/deploy/entrokvd_line.sh"
 model_prompts="${ENTROKV_DEMO_MODEL_PROMPTS:-8}"
+serve_requests="${ENTROKV_DEMO_SERVE_REQUESTS:-12}"
 tokens="${ENTROKV_DEMO_TOKENS:-8192}"
 sequences="${ENTROKV_DEMO_SEQUENCES:-4}"
 work="$(mktemp -d)"
@@ -57,6 +58,14 @@ if [ -f "$weights" ]; then
     --entrokv "$build/client/cli/entrokv" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
     --policies page_entrokv,mean --ratio 0.75
+  echo "== serving under pool pressure: the same model behind a continuous-batching loop (time in"
+  echo "   decode steps) whose pool holds 25% of the offered KV. fcfs and recompute keep every page,"
+  echo "   fixed keeps 25% of each prompt, manager leaves the budgets to entrokvd (admission, quotas"
+  echo "   where pages are worth least, preemption); the full report is docs/evaluation/pressure"
+  PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
+    "$repo/eval/model/serve.py" --server "$server" --weights "$weights" \
+    --entrokv "$build/client/cli/entrokv" --requests "$serve_requests" --lengths 1024 \
+    --shares 0.25 --strategies fcfs,recompute,fixed,manager --short
 else
   echo "== (no eval/model/weights.npz in this checkout: the real-model run is skipped)"
 fi

@@ -11,10 +11,12 @@
 namespace entrokv {
 
 // Same code (the numeric values of both enums are the gRPC codes), same message. Any code
-// outside the gRPC range becomes INTERNAL.
+// outside the gRPC range becomes INTERNAL. The status's payloads (absl::Status::SetPayload,
+// keyed by type URL) become the details: a serialized entrokv.v1.StatusDetails (the wire form
+// of google.rpc.Status), which gRPC sends as the grpc-status-details-bin trailer.
 [[nodiscard]] grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// The reverse: same code and message; OK stays OK.
+// The reverse: same code and message, and the details' entries as payloads; OK stays OK.
 [[nodiscard]] absl::Status FromGrpcStatus(const grpc::Status& status);
 
 // The canonical codes, OK (0) to UNAUTHENTICATED (16).

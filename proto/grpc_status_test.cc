@@ -2,6 +2,8 @@
 
 #include <iterator>
 
+#include "absl/strings/cord.h"
+#include "entrokv/v1/types.pb.h"
 #include "gtest/gtest.h"
 
 namespace entrokv {
@@ -32,6 +34,26 @@ TEST(FromGrpcStatusTest, RoundTrips) {
       FromGrpcStatus(ToGrpcStatus(absl::FailedPreconditionError("tokens: 3 != 5")));
   EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(back.message(), "tokens: 3 != 5");
+}
+
+TEST(ToGrpcStatusTest, PayloadsTravelAsStatusDetails) {
+  absl::Status status = absl::ResourceExhaustedError("pool exhausted");
+  EXPECT_TRUE(ToGrpcStatus(status).error_details().empty());
+  status.SetPayload("type.googleapis.com/entrokv.v1.AdmissionHint", absl::Cord("\x08\x01"));
+  const grpc::Status wire = ToGrpcStatus(status);
+  v1::StatusDetails details;
+  ASSERT_TRUE(details.ParseFromString(wire.error_details()));
+  EXPECT_EQ(details.code(), static_cast<int>(grpc::StatusCode::RESOURCE_EXHAUSTED));
+  EXPECT_EQ(details.message(), "pool exhausted");
+  ASSERT_EQ(details.details_size(), 1);
+  EXPECT_EQ(details.details(0).type_url(), "type.googleapis.com/entrokv.v1.AdmissionHint");
+  EXPECT_EQ(details.details(0).value(), "\x08\x01");
+  const absl::Status back = FromGrpcStatus(wire);
+  EXPECT_EQ(back, status);  // code, message and payloads
+  // Details that do not parse are left out, the code and message kept.
+  const absl::Status garbled = FromGrpcStatus(
+      grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "pool exhausted", "\xff\xff"));
+  EXPECT_EQ(garbled, absl::ResourceExhaustedError("pool exhausted"));
 }
 
 TEST(FromGrpcStatusTest, OkStaysOk) { EXPECT_TRUE(FromGrpcStatus(grpc::Status::OK).ok()); }

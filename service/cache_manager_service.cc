@@ -12,6 +12,7 @@
 #include "service/list_pages.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
+#include "wire/pressure.h"
 #include "wire/resolve.h"
 
 namespace entrokv::service {
@@ -56,6 +57,9 @@ void FillSequence(const SequenceInfo& info, v1::SequenceInfo* out) {
   out->set_sequence_id(info.id);
   out->set_length_tokens(info.length);
   out->set_live_frames(info.live_frames);
+  out->set_tenant(info.tenant);
+  out->set_priority(info.priority);
+  *out->mutable_pressure() = wire::ToProto(info.pressure);
   for (size_t layer = 0; layer < info.block_tables.size(); ++layer) {
     for (size_t group = 0; group < info.block_tables[layer].size(); ++group) {
       v1::BlockTable* table = out->add_block_tables();
@@ -101,6 +105,13 @@ absl::Status CheckReplyFits(const Model& model, int64_t first_page, int64_t end_
                      " allows; nothing was allocated. Ask for fewer tokens and append the rest"));
   }
   return absl::OkStatus();
+}
+
+// `status` with the AdmissionHint of `refusal` when the pool refused the call for frames
+// (CacheState filled it); as it is otherwise.
+absl::Status WithRefusal(absl::Status status, const AdmissionRefusal& refusal) {
+  if (!absl::IsResourceExhausted(status) || refusal.missing_frames <= 0) return status;
+  return wire::WithAdmissionHint(std::move(status), refusal);
 }
 
 // The call's timing for the Decider: read now, its deadline moved to the steady clock (none
@@ -175,7 +186,9 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
       wire_defaults_(WireDefaults(options)),
-      decider_(wire_defaults_, metrics, &shm_) {}
+      decider_(wire_defaults_, metrics, &shm_) {
+  registry_.UsePressure(ToPressureOptions(options));
+}
 
 absl::Status CacheManagerService::Admit(const grpc::CallbackServerContext& context) const {
   if (draining_.load()) return absl::UnavailableError("entrokvd is draining; retry elsewhere");
@@ -264,11 +277,12 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   }
   // --max_sequences_per_model and the bookkeeping bounds are checked by the CacheState under
   // its lock, so concurrent opens cannot pass them together.
+  const SequenceTerms terms = wire::ToSequenceTerms(request);
   if (request.parent_sequence_id().empty()) {
     if (request.prefix_pages() != 0) {
       return absl::InvalidArgumentError("prefix_pages: needs parent_sequence_id");
     }
-    RETURN_IF_ERROR(state.OpenSequence(request.sequence_id(), 0));
+    RETURN_IF_ERROR(state.OpenSequence(request.sequence_id(), 0, terms));
   } else {
     RETURN_IF_ERROR(ValidateId("parent_sequence_id", request.parent_sequence_id()));
     if (request.prefix_pages() < 0) {
@@ -276,16 +290,18 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
           absl::StrCat("prefix_pages: must be >= 0, got ", request.prefix_pages()));
     }
     RETURN_IF_ERROR(state.ForkSequence(request.sequence_id(), request.parent_sequence_id(),
-                                       request.prefix_pages()));
+                                       request.prefix_pages(), terms));
   }
   if (request.initial_tokens() > 0) {
+    AdmissionRefusal refusal;
     absl::StatusOr<AppendResult> appended =
-        state.AppendTokens(request.sequence_id(), request.initial_tokens());
+        state.AppendTokens(request.sequence_id(), request.initial_tokens(),
+                           AppendOptions{.admission = true, .refusal = &refusal});
     if (!appended.ok()) {
       // All or nothing: the sequence goes again (its only frames are the shared prefix's).
       (void)state.CloseSequence(request.sequence_id());
       model->RefreshOccupancy();
-      return Annotate(appended.status(), "initial_tokens");
+      return WithRefusal(Annotate(appended.status(), "initial_tokens"), refusal);
     }
     FillFrames(appended->new_frames, response->mutable_new_frames());
   }
@@ -297,6 +313,7 @@ absl::Status CacheManagerService::DoOpenSequence(const v1::OpenSequenceRequest& 
   ASSIGN_OR_RETURN(const SequenceInfo info,
                    state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
   FillSequence(info, response->mutable_sequence());
+  *response->mutable_pressure() = response->sequence().pressure();
   model->RefreshOccupancy();
   return absl::OkStatus();
 }
@@ -327,11 +344,46 @@ absl::Status CacheManagerService::DoAppendTokens(const v1::AppendTokensRequest& 
   RETURN_IF_ERROR(CheckReplyFits(*model, length / page_size,
                                  PageCount(length + request.tokens(), page_size),
                                  options_.max_message_bytes, "tokens"));
-  ASSIGN_OR_RETURN(const AppendResult appended,
-                   model->state().AppendTokens(request.sequence_id(), request.tokens()));
-  response->set_length_tokens(appended.length);
-  FillFrames(appended.new_frames, response->mutable_new_frames());
+  AdmissionRefusal refusal;
+  absl::StatusOr<AppendResult> appended =
+      model->state().AppendTokens(request.sequence_id(), request.tokens(),
+                                  AppendOptions{.admission = false, .refusal = &refusal});
   model->RefreshOccupancy();
+  if (!appended.ok()) return WithRefusal(appended.status(), refusal);
+  response->set_length_tokens(appended->length);
+  FillFrames(appended->new_frames, response->mutable_new_frames());
+  wire::FillEvicted(appended->evicted, response->mutable_evicted());
+  ASSIGN_OR_RETURN(PressureReport pressure, model->state().Pressure(request.sequence_id()));
+  pressure.reclaimed_frames = appended->reclaimed_frames;
+  *response->mutable_pressure() = wire::ToProto(pressure);
+  return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoSwapOutSequence(const v1::SwapOutSequenceRequest& request,
+                                                    v1::SwapOutSequenceResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  ASSIGN_OR_RETURN(const SwapOutResult swapped, model->state().SwapOut(request.sequence_id()));
+  response->set_freed_frames(swapped.freed_frames);
+  response->set_swapped_bytes(swapped.swapped_bytes);
+  model->RefreshOccupancy();
+  return absl::OkStatus();
+}
+
+absl::Status CacheManagerService::DoResumeSequence(const v1::ResumeSequenceRequest& request,
+                                                   v1::ResumeSequenceResponse* response) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Model> model,
+                   FindSequenceModel(request.model_id(), request.sequence_id()));
+  CacheState& state = model->state();
+  AdmissionRefusal refusal;
+  absl::StatusOr<AppendResult> resumed = state.Resume(request.sequence_id(), &refusal);
+  model->RefreshOccupancy();
+  if (!resumed.ok()) return WithRefusal(resumed.status(), refusal);
+  FillFrames(resumed->new_frames, response->mutable_new_frames());
+  ASSIGN_OR_RETURN(const SequenceInfo info,
+                   state.GetSequence(request.sequence_id(), /*with_block_tables=*/false));
+  FillSequence(info, response->mutable_sequence());
+  *response->mutable_pressure() = response->sequence().pressure();
   return absl::OkStatus();
 }
 
@@ -384,6 +436,7 @@ absl::Status CacheManagerService::DoGetPoolStats(const v1::GetPoolStatsRequest& 
   response->set_frames_freed_total(stats.frames_freed_total);
   response->set_bytes_moved_total(stats.bytes_moved_total);
   response->set_bookkeeping_bytes(stats.bookkeeping_bytes);
+  wire::FillPressureStats(stats.pressure, response);
   return absl::OkStatus();
 }
 
@@ -443,6 +496,20 @@ grpc::ServerUnaryReactor* CacheManagerService::AppendTokens(grpc::CallbackServer
                                                             const v1::AppendTokensRequest* request,
                                                             v1::AppendTokensResponse* response) {
   return Serve(context, Method::kAppendTokens, &CacheManagerService::DoAppendTokens, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::SwapOutSequence(
+    grpc::CallbackServerContext* context, const v1::SwapOutSequenceRequest* request,
+    v1::SwapOutSequenceResponse* response) {
+  return Serve(context, Method::kSwapOutSequence, &CacheManagerService::DoSwapOutSequence, request,
+               response);
+}
+
+grpc::ServerUnaryReactor* CacheManagerService::ResumeSequence(
+    grpc::CallbackServerContext* context, const v1::ResumeSequenceRequest* request,
+    v1::ResumeSequenceResponse* response) {
+  return Serve(context, Method::kResumeSequence, &CacheManagerService::DoResumeSequence, request,
                response);
 }
 

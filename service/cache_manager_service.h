@@ -40,7 +40,9 @@ using CallbackServiceWithRawStream =
                             CacheManager::WithCallbackMethod_ListSequences<
                                 CacheManager::WithCallbackMethod_UnregisterModel<
                                     CacheManager::WithCallbackMethod_TruncateSequence<
-                                        CacheManager::Service>>>>>>>>>>>>;
+                                        CacheManager::WithCallbackMethod_SwapOutSequence<
+                                            CacheManager::WithCallbackMethod_ResumeSequence<
+                                                CacheManager::Service>>>>>>>>>>>>>>;
 }  // namespace internal
 
 class CacheManagerService final : public internal::CallbackServiceWithRawStream {
@@ -92,6 +94,13 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   grpc::ServerUnaryReactor* TruncateSequence(grpc::CallbackServerContext* context,
                                              const v1::TruncateSequenceRequest* request,
                                              v1::TruncateSequenceResponse* response) override;
+  // Pool pressure: preemption by swapping.
+  grpc::ServerUnaryReactor* SwapOutSequence(grpc::CallbackServerContext* context,
+                                            const v1::SwapOutSequenceRequest* request,
+                                            v1::SwapOutSequenceResponse* response) override;
+  grpc::ServerUnaryReactor* ResumeSequence(grpc::CallbackServerContext* context,
+                                           const v1::ResumeSequenceRequest* request,
+                                           v1::ResumeSequenceResponse* response) override;
 
   // The handlers' bodies without gRPC: every unary method above calls one of them between
   // admission and Finish (Decide and DecideStream: FindModel, then decider()). Public so that
@@ -121,6 +130,10 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
                                             v1::PoolStats* response);
   [[nodiscard]] absl::Status DoListSequences(const v1::ListSequencesRequest& request,
                                              v1::ListSequencesResponse* response);
+  [[nodiscard]] absl::Status DoSwapOutSequence(const v1::SwapOutSequenceRequest& request,
+                                               v1::SwapOutSequenceResponse* response);
+  [[nodiscard]] absl::Status DoResumeSequence(const v1::ResumeSequenceRequest& request,
+                                              v1::ResumeSequenceResponse* response);
 
  private:
   class UnaryCall;

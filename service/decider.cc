@@ -32,6 +32,7 @@
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
+#include "wire/pressure.h"
 #include "wire/resolve.h"
 
 namespace entrokv::service {
@@ -133,6 +134,8 @@ struct Decider::Job {
   bool deadline_is_answer_within = false;
   bool degrade = false;
   Clock::duration reserve{};
+  std::optional<double> auto_floor;  // budget.auto_budget: the pool's quota decides
+  PressureReport pressure;           // after the decision
 };
 
 namespace {
@@ -340,6 +343,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
                                              job.tokens, work.quota_pages);
       request.scope = job.scope;
+      request.page_scores = job.auto_floor.has_value();
+      // Measured against what the scorer keeps, which for a server-chosen budget is every page
+      // (the quota decides later): not measured there rather than measured wrong.
+      if (job.auto_floor.has_value()) request.measure = false;
       // Polled between the layer's groups too: a call that gave up, or a layer still running at
       // the moment it must be done by, stops there.
       request.cancelled = [&cancelled, &out_of_time] { return cancelled() || out_of_time(); };
@@ -386,17 +393,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // Step 3: apply every layer at once, all or nothing under the pool's lock: a racing
   // AppendTokens or CloseSequence then lands wholly before (nothing applied) or after (every
   // layer applied and reported), never between two layers. Chunks' running sums go with it.
-  std::vector<LayerKeep> keeps(job.layers.size());
-  for (size_t i = 0; i < job.layers.size(); ++i) {
-    keeps[i].layer = job.layers[i].layer;
-    for (const GroupDecision& group : job.layers[i].decision.groups) {
-      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
-    }
-    if (job.layers[i].accumulate) keeps[i].running_sum = std::move(job.layers[i].running_sum);
-  }
   auto start = Clock::now();
   absl::StatusOr<std::vector<ApplyResult>> applied =
-      model.state().ApplyDecisions(job.sequence_id, job.tokens, std::move(keeps));
+      job.auto_floor.has_value() ? ApplyAuto(model, job) : ApplyFixed(model, job);
   metrics_->ObservePhase(Phase::kApply, SecondsSince(start));
   if (!applied.ok()) return applied.status();
 
@@ -444,8 +443,70 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     if (work.degraded) model.metrics().decisions_degraded->Increment();
     metrics_->ObservePhase(Phase::kSelect, SecondsSince(start));
   }
+  absl::StatusOr<PressureReport> pressure = model.state().Pressure(job.sequence_id);
+  if (pressure.ok()) job.pressure = *pressure;
   model.RefreshOccupancy();
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyFixed(Model& model, Job& job) const {
+  std::vector<LayerKeep> keeps(job.layers.size());
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    keeps[i].layer = job.layers[i].layer;
+    for (const GroupDecision& group : job.layers[i].decision.groups) {
+      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
+    }
+    if (job.layers[i].accumulate) keeps[i].running_sum = std::move(job.layers[i].running_sum);
+  }
+  return model.state().ApplyDecisions(job.sequence_id, job.tokens, std::move(keeps));
+}
+
+absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyAuto(Model& model, Job& job) const {
+  // The scorer kept every live page and ranked them; the pool's quota decides what goes.
+  std::vector<AutoLayer> layers(job.layers.size());
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    layers[i].layer = job.layers[i].layer;
+    for (GroupDecision& group : job.layers[i].decision.groups) {
+      if (group.page_scores.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "budget.auto_budget: policy ", job.policy.policy->name(),
+            " ranks no pages; a server-chosen budget needs a pooling policy (page_entrokv, mean, "
+            "max, raw_entropy, h2o, snapkv)"));
+      }
+      layers[i].page_scores.push_back(std::move(group.page_scores));
+    }
+  }
+  const Protections& protections = job.policy.options.protections;
+  AutoTerms terms;
+  terms.floor_fraction = job.auto_floor;
+  terms.protect_tail = protections.tail_page;
+  terms.sink_pages = protections.sink_pages ? SinkPageCount(job.policy.options, job.tokens) : 0;
+  terms.recent_pages = protections.recent_pages;
+  ASSIGN_OR_RETURN(AutoResult result,
+                   model.state().ApplyAutoDecision(job.sequence_id, job.tokens, layers, terms));
+  job.pressure.reclaimed_frames = result.reclaimed_frames;
+  // What each group keeps is what it held, less what the quota took.
+  for (size_t i = 0; i < job.layers.size(); ++i) {
+    LayerDecision& decision = job.layers[i].decision;
+    const ApplyResult& applied = result.layers[i];
+    for (size_t g = 0; g < decision.groups.size(); ++g) {
+      std::vector<int32_t>& kept = decision.groups[g].kept_pages;
+      if (g >= applied.evicted_pages_per_group.size()) continue;
+      const std::vector<int64_t>& evicted = applied.evicted_pages_per_group[g];
+      kept.erase(std::remove_if(kept.begin(), kept.end(),
+                                [&evicted](int32_t page) {
+                                  return std::binary_search(evicted.begin(), evicted.end(),
+                                                            static_cast<int64_t>(page));
+                                }),
+                 kept.end());
+    }
+    decision.quota_pages = 0;  // K as kept: the groups may keep different counts
+    for (const GroupDecision& group : decision.groups) {
+      decision.quota_pages =
+          std::max(decision.quota_pages, static_cast<int64_t>(group.kept_pages.size()));
+    }
+  }
+  return std::move(result.layers);
 }
 
 namespace {
@@ -455,7 +516,8 @@ namespace {
 template <typename Request>
 absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaults& defaults,
                         std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
-                        SelectionScope* scope, ResolvedBudget* quotas) {
+                        SelectionScope* scope, ResolvedBudget* quotas,
+                        std::optional<double>* auto_floor) {
   RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
   RETURN_IF_ERROR(wire::ValidateAnswerWithin("answer_within_ms", request.answer_within_ms()));
   *sequence_id = request.sequence_id();
@@ -470,6 +532,13 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
   }
   ASSIGN_OR_RETURN(*quotas,
                    wire::ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
+  *auto_floor = quotas->auto_floor;
+  // A layer decided by position ranks no pages, so the pool would have no shares to take by.
+  if (auto_floor->has_value() && request.degrade_on_deadline()) {
+    return absl::InvalidArgumentError(
+        "degrade_on_deadline: not with budget.auto_budget (a layer decided by position ranks no "
+        "pages for the pool's quota); use a fixed budget, or answer_within_ms alone");
+  }
   return absl::OkStatus();
 }
 
@@ -510,6 +579,12 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
   }
   work.layer = input.layer();
   work.quota_pages = quotas.pages_per_layer[work.layer];
+  if (quotas.auto_floor.has_value() && input.accumulate()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        work.field,
+        ".accumulate: not with budget.auto_budget (a chunk's running sum is kept with a fixed "
+        "budget's decision); decide chunks with a fixed budget"));
+  }
   RETURN_IF_ERROR(
       ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, metrics, work));
   if (use_cached_weights) {
@@ -532,7 +607,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas));
+                             &job.scope, &quotas, &job.auto_floor));
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   if (request.layers().empty()) {
@@ -556,6 +631,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   v1::DecideResponse staged;
   for (int i = 0; i < request.layers_size(); ++i) outputs.push_back(staged.add_layers());
   RETURN_IF_ERROR(Run(model, job, cancelled, outputs));
+  *staged.mutable_pressure() = wire::ToProto(job.pressure);
   *response = std::move(staged);
   return absl::OkStatus();
 }
@@ -567,7 +643,7 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   Job job;
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas));
+                             &job.scope, &quotas, &job.auto_floor));
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   job.layers.resize(1);
@@ -577,7 +653,9 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
                                *metrics_, job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
   std::vector<v1::LayerDecision*> outputs = {response};
-  return Run(model, job, cancelled, outputs);
+  RETURN_IF_ERROR(Run(model, job, cancelled, outputs));
+  *response->mutable_pressure() = wire::ToProto(job.pressure);
+  return absl::OkStatus();
 }
 
 }  // namespace entrokv::service

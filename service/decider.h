@@ -75,6 +75,12 @@ class Decider {
                                  std::vector<v1::LayerDecision*>& outputs) const;
   // Folds one scored layer's time into SecondsPerValue.
   void RecordScoringTime(int64_t values, double seconds) const;
+  // Step 3 for an explicit budget: the scorer's kept pages, every layer at once, with the
+  // chunks' running sums (moved out of the job).
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyFixed(Model& model, Job& job) const;
+  // Step 3 for budget.auto_budget: the layers' page scores to the pool, which evicts down to
+  // the sequence's quota; the job's kept pages and pressure follow what it did.
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyAuto(Model& model, Job& job) const;
 
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;

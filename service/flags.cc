@@ -5,6 +5,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/usage_config.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,27 @@ bool AbslParseFlag(absl::string_view text, UidList* uids, std::string* error) {
 }
 
 std::string AbslUnparseFlag(const UidList& uids) { return absl::StrJoin(uids, ","); }
+
+bool AbslParseFlag(absl::string_view text, TenantShares* shares, std::string* error) {
+  TenantShares parsed;
+  for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    const std::pair<absl::string_view, absl::string_view> pair = absl::StrSplit(item, '=');
+    double share = 0.0;
+    if (!absl::StrContains(item, '=') || !absl::SimpleAtod(pair.second, &share)) {
+      *error = absl::StrCat("'", item, "' is not name=share");
+      return false;
+    }
+    parsed.push_back({std::string(absl::StripAsciiWhitespace(pair.first)), share});
+  }
+  *shares = std::move(parsed);
+  return true;
+}
+
+std::string AbslUnparseFlag(const TenantShares& shares) {
+  return absl::StrJoin(shares, ",", [](std::string* out, const TenantShare& tenant) {
+    absl::StrAppend(out, tenant.name, "=", tenant.share);
+  });
+}
 
 std::string AbslUnparseFlag(ScopeSetting setting) {
   switch (setting) {

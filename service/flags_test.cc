@@ -68,6 +68,10 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"state_sync_ms", "100"},
       {"state_accept_loss", "false"},
       {"log_level", "info"},
+      {"target_occupancy", "0.9"},
+      {"tenant_share", ""},
+      {"admission_hold_ms", "5000"},
+      {"max_swap_bytes", "1073741824"},
   };
   return *defaults;
 }
@@ -123,6 +127,22 @@ TEST(OptionsFromFlagsTest, EnumFlagsRejectUnknownNames) {
   EXPECT_THAT(error, HasSubstr("diagonal"));
   EXPECT_EQ(AbslUnparseFlag(Backend::kHost), "host");
   EXPECT_EQ(AbslUnparseFlag(FrameLayout::kLayer), "layer");
+}
+
+TEST(OptionsFromFlagsTest, TenantSharesParseAsNameEqualsShare) {
+  absl::FlagSaver saver;
+  std::string error;
+  ASSERT_TRUE(absl::FindCommandLineFlag("tenant_share")->ParseFrom("gold=0.5, silver=0.25", &error))
+      << error;
+  const ServerOptions options = OptionsFromFlags();
+  ASSERT_EQ(options.tenant_share.size(), 2u);
+  EXPECT_EQ(options.tenant_share[0].name, "gold");
+  EXPECT_DOUBLE_EQ(options.tenant_share[0].share, 0.5);
+  EXPECT_EQ(options.tenant_share[1].name, "silver");
+  EXPECT_EQ(AbslUnparseFlag(options.tenant_share), "gold=0.5,silver=0.25");
+  EXPECT_FALSE(absl::FindCommandLineFlag("tenant_share")->ParseFrom("gold", &error));
+  EXPECT_THAT(error, HasSubstr("'gold' is not name=share"));
+  EXPECT_FALSE(absl::FindCommandLineFlag("tenant_share")->ParseFrom("gold=lots", &error));
 }
 
 TEST(OptionsFromFlagsTest, SelectionScopeIsAutoUnlessNamed) {

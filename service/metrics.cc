@@ -10,9 +10,9 @@ namespace entrokv::service {
 namespace {
 
 constexpr std::array<absl::string_view, kMethodCount> kMethodNames = {
-    "RegisterModel", "GetModel",     "OpenSequence",    "AppendTokens",
-    "Decide",        "DecideStream", "CloseSequence",   "GetPoolStats",
-    "ListSequences", "ListModels",   "UnregisterModel", "TruncateSequence"};
+    "RegisterModel",   "GetModel",         "OpenSequence",    "AppendTokens",  "Decide",
+    "DecideStream",    "CloseSequence",    "GetPoolStats",    "ListSequences", "ListModels",
+    "UnregisterModel", "TruncateSequence", "SwapOutSequence", "ResumeSequence"};
 constexpr std::array<absl::string_view, kPhaseCount> kPhaseNames = {"decode", "score", "select",
                                                                     "apply"};
 
@@ -41,13 +41,35 @@ void PoolMetrics::UpdateOccupancy(const PoolStats& stats) {
   capacity_bytes_->Set(static_cast<double>(stats.capacity_bytes));
   bookkeeping_bytes_->Set(static_cast<double>(stats.bookkeeping_bytes));
   sequences_active_->Set(static_cast<double>(stats.sequences_active));
+  const PressureStats& pressure = stats.pressure;
+  target_occupancy_->Set(pressure.target_occupancy);
+  sequences_swapped_->Set(static_cast<double>(pressure.sequences_swapped));
+  for (size_t i = 0; i < pressure.tenants.size() && i < tenant_used_.size(); ++i) {
+    tenant_used_[i]->Set(static_cast<double>(pressure.tenants[i].used_frames));
+    tenant_guaranteed_[i]->Set(static_cast<double>(pressure.tenants[i].guaranteed_frames));
+  }
+  absl::MutexLock lock(&mu_);
+  const auto advance = [](prometheus::Counter* counter, int64_t& counted, int64_t total) {
+    if (total <= counted) return;
+    counter->Increment(static_cast<double>(total - counted));
+    counted = total;
+  };
+  advance(reclaimed_admission_, counted_.frames_reclaimed_admission,
+          pressure.frames_reclaimed_admission);
+  advance(reclaimed_target_, counted_.frames_reclaimed_target, pressure.frames_reclaimed_target);
+  advance(admissions_delayed_, counted_.admissions_delayed, pressure.admissions_delayed);
+  advance(admissions_refused_, counted_.admissions_refused, pressure.admissions_refused);
+  advance(preemptions_, counted_.preemptions, pressure.preemptions);
+  advance(swaps_out_, counted_.swaps_out, pressure.swaps_out);
+  advance(swaps_in_, counted_.swaps_in, pressure.swaps_in);
 }
 
 const PoolMetrics::PolicySeries& PoolMetrics::policy(absl::string_view policy) const {
   return policies_.find(std::string(policy))->second;
 }
 
-ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Registry>()) {
+ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
+    : registry_(std::make_shared<prometheus::Registry>()), tenants_(std::move(tenants)) {
   pool_frames_ = &prometheus::BuildGauge()
                       .Name("entrokv_pool_frames")
                       .Help("Frames of the pool by state (used or free)")
@@ -134,6 +156,49 @@ ServiceMetrics::ServiceMetrics() : registry_(std::make_shared<prometheus::Regist
                        .Help("RPC handling time by method")
                        .Register(*registry_);
 
+  target_occupancy_ =
+      &prometheus::BuildGauge()
+           .Name("entrokv_pool_target_occupancy")
+           .Help("The pool's target occupancy (--target_occupancy), a share of its frames")
+           .Register(*registry_);
+  frames_reclaimed_ =
+      &prometheus::BuildCounter()
+           .Name("entrokv_frames_reclaimed_total")
+           .Help(
+               "Frames taken from sequences with server-chosen budgets at their owners' calls, "
+               "by reason (admission: to admit a call that did not fit; target: to bring the "
+               "pool under its target occupancy)")
+           .Register(*registry_);
+  admissions_ = &prometheus::BuildCounter()
+                     .Name("entrokv_admissions_total")
+                     .Help(
+                         "Admissions that did not fit, by outcome (delayed: frames being "
+                         "reclaimed; refused: floors reached)")
+                     .Register(*registry_);
+  preemptions_ = &prometheus::BuildCounter()
+                      .Name("entrokv_preemptions_total")
+                      .Help("Sequences the daemon asked their owners to preempt")
+                      .Register(*registry_);
+  swaps_ = &prometheus::BuildCounter()
+                .Name("entrokv_swaps_total")
+                .Help("Sequences swapped out to host memory and resumed, by direction")
+                .Register(*registry_);
+  sequences_swapped_ = &prometheus::BuildGauge()
+                            .Name("entrokv_sequences_swapped")
+                            .Help("Sequences of the pool swapped out to host memory")
+                            .Register(*registry_);
+  tenant_used_frames_ = &prometheus::BuildGauge()
+                             .Name("entrokv_tenant_used_frames")
+                             .Help(
+                                 "Frames a tenant's sequences hold in the pool "
+                                 "(tenant=\"default\": the default tenant)")
+                             .Register(*registry_);
+  tenant_guaranteed_frames_ =
+      &prometheus::BuildGauge()
+           .Name("entrokv_tenant_guaranteed_frames")
+           .Help("A tenant's guaranteed share of the pool (--tenant_share), in frames")
+           .Register(*registry_);
+
   for (int m = 0; m < kMethodCount; ++m) {
     const std::string method(kMethodNames[m]);
     for (int c = 0; c < kGrpcStatusCodeCount; ++c) {
@@ -182,6 +247,24 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
       &group_scope_page_union_->Add({{"pool", pool}}, Linear(1.0, std::max(2, kv_groups)));
   metrics->layer_scope_frames_saved = &layer_scope_frames_saved_->Add({{"pool", pool}});
   metrics->decisions_degraded = &decisions_degraded_->Add({{"pool", pool}});
+  metrics->target_occupancy_ = &target_occupancy_->Add({{"pool", pool}});
+  metrics->reclaimed_admission_ =
+      &frames_reclaimed_->Add({{"pool", pool}, {"reason", "admission"}});
+  metrics->reclaimed_target_ = &frames_reclaimed_->Add({{"pool", pool}, {"reason", "target"}});
+  metrics->admissions_delayed_ = &admissions_->Add({{"pool", pool}, {"outcome", "delayed"}});
+  metrics->admissions_refused_ = &admissions_->Add({{"pool", pool}, {"outcome", "refused"}});
+  metrics->preemptions_ = &preemptions_->Add({{"pool", pool}});
+  metrics->swaps_out_ = &swaps_->Add({{"pool", pool}, {"direction", "out"}});
+  metrics->swaps_in_ = &swaps_->Add({{"pool", pool}, {"direction", "in"}});
+  metrics->sequences_swapped_ = &sequences_swapped_->Add({{"pool", pool}});
+  std::vector<std::string> tenants = tenants_;
+  tenants.push_back(kDefaultTenantLabel);
+  for (const std::string& tenant : tenants) {
+    metrics->tenant_used_.push_back(
+        &tenant_used_frames_->Add({{"pool", pool}, {"tenant", tenant}}));
+    metrics->tenant_guaranteed_.push_back(
+        &tenant_guaranteed_frames_->Add({{"pool", pool}, {"tenant", tenant}}));
+  }
   it->second = std::move(metrics);
   return it->second.get();
 }
@@ -209,6 +292,19 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   group_scope_page_union_->Remove(metrics.group_scope_page_union_ratio);
   layer_scope_frames_saved_->Remove(metrics.layer_scope_frames_saved);
   decisions_degraded_->Remove(metrics.decisions_degraded);
+  target_occupancy_->Remove(metrics.target_occupancy_);
+  frames_reclaimed_->Remove(metrics.reclaimed_admission_);
+  frames_reclaimed_->Remove(metrics.reclaimed_target_);
+  admissions_->Remove(metrics.admissions_delayed_);
+  admissions_->Remove(metrics.admissions_refused_);
+  preemptions_->Remove(metrics.preemptions_);
+  swaps_->Remove(metrics.swaps_out_);
+  swaps_->Remove(metrics.swaps_in_);
+  sequences_swapped_->Remove(metrics.sequences_swapped_);
+  for (prometheus::Gauge* gauge : metrics.tenant_used_) tenant_used_frames_->Remove(gauge);
+  for (prometheus::Gauge* gauge : metrics.tenant_guaranteed_) {
+    tenant_guaranteed_frames_->Remove(gauge);
+  }
   pools_.erase(it);
 }
 

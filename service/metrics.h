@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -37,8 +38,10 @@ enum class Method : int {
   kListModels,
   kUnregisterModel,
   kTruncateSequence,
+  kSwapOutSequence,
+  kResumeSequence,
 };
-inline constexpr int kMethodCount = 12;
+inline constexpr int kMethodCount = 14;
 [[nodiscard]] absl::string_view MethodName(Method method);
 
 // Phases of a decision, for entrokv_decision_duration_seconds{phase}: decode = resolving and
@@ -64,7 +67,8 @@ class PoolMetrics {
     prometheus::Counter* retained = nullptr;
   };
 
-  // Copies the occupancy gauges from the pool's stats.
+  // Copies the occupancy gauges from the pool's stats, and advances the pressure counters to
+  // the pool's totals (never back: stats read by racing calls may arrive out of order).
   void UpdateOccupancy(const PoolStats& stats);
   // The series of `policy` (a registered policy name). REQUIRES: the name is registered.
   [[nodiscard]] const PolicySeries& policy(absl::string_view policy) const;
@@ -89,13 +93,30 @@ class PoolMetrics {
   prometheus::Gauge* bookkeeping_bytes_ = nullptr;
   prometheus::Gauge* sequences_active_ = nullptr;
   absl::flat_hash_map<std::string, PolicySeries> policies_;
+  // Pool pressure.
+  prometheus::Gauge* target_occupancy_ = nullptr;
+  prometheus::Counter* reclaimed_admission_ = nullptr;
+  prometheus::Counter* reclaimed_target_ = nullptr;
+  prometheus::Counter* admissions_delayed_ = nullptr;
+  prometheus::Counter* admissions_refused_ = nullptr;
+  prometheus::Counter* preemptions_ = nullptr;
+  prometheus::Counter* swaps_out_ = nullptr;
+  prometheus::Counter* swaps_in_ = nullptr;
+  prometheus::Gauge* sequences_swapped_ = nullptr;
+  // Per tenant, in PressureStats::tenants order (the configured tenants, then "").
+  std::vector<prometheus::Gauge*> tenant_used_;
+  std::vector<prometheus::Gauge*> tenant_guaranteed_;
+  absl::Mutex mu_;
+  PressureStats counted_ ABSL_GUARDED_BY(mu_);  // the totals the counters have reached
 };
 
 // Owns the registry and every family. Families and the series without a pool label exist from
 // construction; a pool's series from AddPool. Thread-safe.
 class ServiceMetrics {
  public:
-  ServiceMetrics();
+  // `tenants`: the daemon's configured tenants (--tenant_share), at most kMaxTenants; every pool
+  // gets a tenant series for each and for the default tenant, labelled "default".
+  explicit ServiceMetrics(std::vector<std::string> tenants = {});
   ServiceMetrics(const ServiceMetrics&) = delete;
   ServiceMetrics& operator=(const ServiceMetrics&) = delete;
 
@@ -134,6 +155,15 @@ class ServiceMetrics {
   prometheus::Family<prometheus::Counter>* stats_bytes_;
   prometheus::Family<prometheus::Counter>* rpc_requests_;
   prometheus::Family<prometheus::Histogram>* rpc_duration_;
+  prometheus::Family<prometheus::Gauge>* target_occupancy_;
+  prometheus::Family<prometheus::Counter>* frames_reclaimed_;
+  prometheus::Family<prometheus::Counter>* admissions_;
+  prometheus::Family<prometheus::Counter>* preemptions_;
+  prometheus::Family<prometheus::Counter>* swaps_;
+  prometheus::Family<prometheus::Gauge>* sequences_swapped_;
+  prometheus::Family<prometheus::Gauge>* tenant_used_frames_;
+  prometheus::Family<prometheus::Gauge>* tenant_guaranteed_frames_;
+  const std::vector<std::string> tenants_;
 
   // [method][code], all created at start-up so every series exists (zero) from the start.
   std::array<std::array<prometheus::Counter*, kGrpcStatusCodeCount>, kMethodCount> rpc_counts_{};

@@ -50,10 +50,23 @@ std::unique_ptr<CacheJournal> ModelRegistry::AttachJournal(const std::string& mo
   return journal;
 }
 
+PressureOptions ModelRegistry::PressureFor(const std::string& model_id) const {
+  PressureOptions pressure = pressure_;
+  if (namer_ != nullptr) {
+    ArenaNamer* namer = namer_;
+    pressure.swap_arena = [namer, model_id] {
+      return HostArenaSource{
+          .name = namer->Next(model_id), .attach = false, .keep_name = namer->durable()};
+    };
+  }
+  return pressure;
+}
+
 absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string& model_id,
                                                                const CacheOptions& requested) {
   CacheOptions options = requested;
   options.limits.daemon = &bookkeeping_;
+  options.pressure = PressureFor(model_id);
   {
     absl::MutexLock lock(&mu_);
     if (models_.contains(model_id) || pending_.contains(model_id)) {
@@ -172,6 +185,7 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   options.capacity_bytes = record.capacity_bytes;
   options.name = id;
   options.limits = limits_;
+  options.pressure = PressureFor(id);
   std::string lost_reason;
   absl::StatusOr<std::unique_ptr<CacheState>> state;
   if (record.backend == Backend::kHost) {
@@ -202,6 +216,7 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
     std::vector<std::string> lost_ids;
     for (const SequenceSnapshot& sequence : recovered.sequences) lost_ids.push_back(sequence.id);
     for (const auto& [sequence_id, reason] : recovered.lost) lost_ids.push_back(sequence_id);
+    for (const SwappedSnapshot& sequence : recovered.swapped) lost_ids.push_back(sequence.id);
     record.arena_name = record.backend == Backend::kHost ? (*state)->arena().name : "";
     if (store_ != nullptr) {
       RETURN_IF_ERROR(fail(store::RecordLoss(*store_, record, lost_ids, lost_reason)));
@@ -210,8 +225,9 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
     LogWarning(absl::StrCat("--state_dir: model '", id, "' recovered with a fresh arena; ",
                             lost_ids.size(), " sequences lost: ", lost_reason));
   } else {
-    const size_t count = recovered.sequences.size();
-    RETURN_IF_ERROR(fail((*state)->Restore(std::move(recovered.sequences))));
+    const size_t count = recovered.sequences.size() + recovered.swapped.size();
+    RETURN_IF_ERROR(
+        fail((*state)->Restore(std::move(recovered.sequences), std::move(recovered.swapped))));
     for (const auto& [sequence_id, reason] : recovered.lost) {
       (*state)->MarkLost({sequence_id}, reason);
     }
@@ -220,6 +236,7 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
                          " frames in use, arena ", record.arena_name));
   }
   if (record.backend == Backend::kHost) arenas_in_use.insert((*state)->arena().name);
+  for (const std::string& name : (*state)->SwapArenaNames()) arenas_in_use.insert(name);
   std::unique_ptr<CacheJournal> journal = AttachJournal(id, **state);
   absl::MutexLock lock(&mu_);
   PoolMetrics* metrics =
@@ -278,7 +295,8 @@ absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bo
     model = it->second;
     // Retired first, counted second: an OpenSequence that counts too late sees the flag.
     model->retired_.store(true);
-    const int64_t open = model->state().Stats().sequences_active;
+    const PoolStats stats = model->state().Stats();
+    const int64_t open = stats.sequences_active + stats.pressure.sequences_swapped;
     if (open > 0 && !force) {
       model->retired_.store(false);
       return absl::FailedPreconditionError(absl::StrCat(
@@ -290,6 +308,9 @@ absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bo
   int64_t closed = 0;
   for (const SequenceInfo& info : model->state().ListSequences(/*with_block_tables=*/false)) {
     if (model->state().CloseSequence(info.id).ok()) ++closed;
+  }
+  for (const std::string& id : model->state().SwappedIds()) {
+    if (model->state().CloseSequence(id).ok()) ++closed;
   }
   if (store_ != nullptr) {
     // Gone for good: its records leave the journal (a restart must not bring it back), and its

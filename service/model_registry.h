@@ -97,6 +97,9 @@ class ModelRegistry {
   // changes go to. Both must outlive the registry; call before the first Register.
   void UseArenaNames(ArenaNamer* namer) { namer_ = namer; }
   void UseStore(store::StateStore* store) { store_ = store; }
+  // Every pool's pressure settings (call before the first Register); a host pool's swapped-out
+  // sequences get arenas named like its own.
+  void UsePressure(PressureOptions pressure) { pressure_ = std::move(pressure); }
   // Re-registers the models a journal recorded, before serving: host arenas are attached again
   // by name and their sequences restored exactly; a model whose frames are gone (cuda arena,
   // host arena missing or resized) gets a fresh arena and its sequences are marked lost
@@ -140,6 +143,8 @@ class ModelRegistry {
   // The model's journal wired to `state`; null without a store.
   [[nodiscard]] std::unique_ptr<CacheJournal> AttachJournal(const std::string& model_id,
                                                             CacheState& state) const;
+  // The pressure settings of `model_id`'s pool.
+  [[nodiscard]] PressureOptions PressureFor(const std::string& model_id) const;
   [[nodiscard]] absl::Status RecoverOne(store::RecoveredModel recovered,
                                         absl::flat_hash_set<std::string>& arenas_in_use);
   // The shared_ptr deleter of every Model: drops its series and capacity, then the model.
@@ -157,6 +162,7 @@ class ModelRegistry {
   ServiceMetrics* const metrics_;
   ArenaNamer* namer_ = nullptr;
   store::StateStore* store_ = nullptr;
+  PressureOptions pressure_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::shared_ptr<Model>> models_ ABSL_GUARDED_BY(mu_);
   int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;

@@ -12,6 +12,7 @@
 
 #include "absl/strings/string_view.h"
 #include "core/pool/geometry.h"
+#include "core/pool/pressure.h"
 
 namespace entrokv::service {
 
@@ -29,6 +30,13 @@ struct UidList : std::vector<uid_t> {
 };
 bool AbslParseFlag(absl::string_view text, UidList* uids, std::string* error);
 std::string AbslUnparseFlag(const UidList& uids);
+
+// --tenant_share: tenants and their guaranteed shares, given as "gold=0.5,silver=0.2".
+struct TenantShares : std::vector<::entrokv::TenantShare> {
+  using std::vector<::entrokv::TenantShare>::vector;
+};
+bool AbslParseFlag(absl::string_view text, TenantShares* shares, std::string* error);
+std::string AbslUnparseFlag(const TenantShares& shares);
 
 }  // namespace entrokv::service
 
@@ -89,6 +97,17 @@ std::string AbslUnparseFlag(const UidList& uids);
   X(bool, state_accept_loss, false,                                                                \
     "Start from a --state_dir journal that lost synced writes (refused otherwise), logging what "  \
     "was lost")                                                                                    \
-  X(std::string, log_level, "info", "Least severe log line written: info, warning or error")
+  X(std::string, log_level, "info", "Least severe log line written: info, warning or error")       \
+  X(double, target_occupancy, 0.9,                                                                 \
+    "Pool occupancy (used / capacity frames) kept by reclaiming from sequences with "              \
+    "server-chosen budgets, in (0, 1]")                                                            \
+  X(::entrokv::service::TenantShares, tenant_share, ::entrokv::service::TenantShares(),            \
+    "Tenants and their guaranteed shares of every pool, reclaimed last: name=share,... (at most "  \
+    "16 tenants, shares summing to at most 1; \"\" is the default tenant)")                        \
+  X(int64_t, admission_hold_ms, 5000,                                                              \
+    "How long a refused admission keeps its place (its age, the frames held for it) without a "    \
+    "retry, in ms")                                                                                \
+  X(int64_t, max_swap_bytes, int64_t{1} << 30,                                                     \
+    "Host bytes swapped-out sequences may hold together (SwapOutSequence); 0: swapping off")
 
 #endif  // ENTROKV_SERVICE_OPTION_TABLE_H_

@@ -93,6 +93,15 @@ CacheLimits ToCacheLimits(const ServerOptions& options) {
                      .max_model_bookkeeping_bytes = options.max_model_bookkeeping_bytes};
 }
 
+PressureOptions ToPressureOptions(const ServerOptions& options) {
+  PressureOptions pressure;
+  pressure.target_occupancy = options.target_occupancy;
+  pressure.tenants = options.tenant_share;
+  pressure.admission_hold = absl::Milliseconds(options.admission_hold_ms);
+  pressure.max_swap_bytes = options.max_swap_bytes;
+  return pressure;
+}
+
 wire::Defaults WireDefaults(const ServerOptions& options) {
   wire::Defaults defaults;
   defaults.policy = options.policy;
@@ -200,6 +209,14 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
     if (::stat(options.state_dir.c_str(), &info) != 0 || !S_ISDIR(info.st_mode)) {
       return Invalid("state_dir", absl::StrCat("'", options.state_dir, "' is not a directory"));
     }
+  }
+  if (const absl::Status pressure = ValidatePressureOptions(ToPressureOptions(options));
+      !pressure.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", pressure.message()));
+  }
+  RETURN_IF_ERROR(ValidateMillis("admission_hold_ms", options.admission_hold_ms, 0, 3600 * 1000));
+  if (options.max_swap_bytes < 0) {
+    return Invalid("max_swap_bytes", absl::StrCat("must be >= 0, got ", options.max_swap_bytes));
   }
   if (options.state_sync_ms < 0 || options.state_sync_ms > 3600 * 1000) {
     return Invalid("state_sync_ms",

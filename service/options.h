@@ -39,6 +39,10 @@ struct ServerOptions {
 // --max_*_bookkeeping_bytes flags).
 [[nodiscard]] CacheLimits ToCacheLimits(const ServerOptions& options);
 
+// Every pool's pressure settings (--target_occupancy, --tenant_share, --admission_hold_ms,
+// --max_swap_bytes); where swapped bytes go is the registry's to add.
+[[nodiscard]] PressureOptions ToPressureOptions(const ServerOptions& options);
+
 // What a request falls back on where it leaves a field unset (--policy and its parameters,
 // --selection_scope, --frame_layout, --backend, --pool_capacity_bytes, the bookkeeping bounds):
 // the one place the daemon's options become the wire library's defaults.

@@ -41,6 +41,18 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
       {[](ServerOptions& o) { o.state_dir = "/nonexistent/dir"; }, "--state_dir"},
       {[](ServerOptions& o) { o.log_level = "loud"; }, "--log_level"},
       {[](ServerOptions& o) { o.state_sync_ms = -1; }, "--state_sync_ms"},
+      {[](ServerOptions& o) { o.target_occupancy = 0; }, "--target_occupancy"},
+      {[](ServerOptions& o) { o.target_occupancy = 1.01; }, "--target_occupancy"},
+      {[](ServerOptions& o) {
+         o.tenant_share = {{"a", 0.7}, {"b", 0.7}};
+       },
+       "--tenant_share"},
+      {[](ServerOptions& o) {
+         o.tenant_share = {{"default", 0.1}};
+       },
+       "--tenant_share"},
+      {[](ServerOptions& o) { o.admission_hold_ms = -1; }, "--admission_hold_ms"},
+      {[](ServerOptions& o) { o.max_swap_bytes = -1; }, "--max_swap_bytes"},
   };
   for (const Case& c : cases) {
     ServerOptions options;

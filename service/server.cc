@@ -138,7 +138,9 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
   } else {
     ASSIGN_OR_RETURN(server->namer_, ArenaNamer::ForProcess());
   }
-  server->metrics_ = std::make_unique<ServiceMetrics>();
+  std::vector<std::string> tenants;
+  for (const TenantShare& tenant : options.tenant_share) tenants.push_back(tenant.name);
+  server->metrics_ = std::make_unique<ServiceMetrics>(std::move(tenants));
   const int threads = options.worker_threads > 0
                           ? options.worker_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));

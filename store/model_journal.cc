@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/util/log.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::store {
@@ -42,9 +43,32 @@ void ModelJournal::Commit(leveldb::WriteBatch& batch) const {
                         "; stopping so that a restart recovers exactly what clients were told"));
 }
 
+void ModelJournal::DeleteResident(leveldb::WriteBatch& batch, absl::string_view sequence_id,
+                                  int64_t pages) const {
+  batch.Delete(AsSlice(SequenceKey(RecordKind::kSequence, model_id_, sequence_id)));
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    if (pages > 0) {
+      for (int64_t chunk = 0; chunk <= ChunkOf(pages - 1); ++chunk) {
+        batch.Delete(AsSlice(ChunkKey(model_id_, sequence_id, layer, chunk)));
+      }
+    }
+    batch.Delete(AsSlice(WeightsKey(model_id_, sequence_id, layer)));
+    batch.Delete(AsSlice(RunningSumKey(model_id_, sequence_id, layer)));
+  }
+}
+
+void ModelJournal::DeleteTerms(leveldb::WriteBatch& batch, absl::string_view sequence_id) const {
+  batch.Delete(AsSlice(SequenceKey(RecordKind::kTerms, model_id_, sequence_id)));
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    batch.Delete(AsSlice(SharesKey(model_id_, sequence_id, layer)));
+  }
+}
+
 void ModelJournal::SequenceOpened(const Sequence& sequence) {
   leveldb::WriteBatch batch;
   batch.Delete(AsSlice(SequenceKey(RecordKind::kLost, model_id_, sequence.id())));
+  // A resumed sequence was swapped out until now.
+  batch.Delete(AsSlice(SequenceKey(RecordKind::kSwapped, model_id_, sequence.id())));
   batch.Put(AsSlice(SequenceKey(RecordKind::kSequence, model_id_, sequence.id())),
             AsSlice(EncodeInt64(sequence.length())));
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
@@ -124,22 +148,50 @@ void ModelJournal::HeadWeightsSet(const Sequence& sequence, int32_t layer) {
 
 void ModelJournal::SequenceClosed(const Sequence& sequence) {
   leveldb::WriteBatch batch;
-  batch.Delete(AsSlice(SequenceKey(RecordKind::kSequence, model_id_, sequence.id())));
-  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
-    if (sequence.page_count() > 0) {
-      for (int64_t chunk = 0; chunk <= ChunkOf(sequence.page_count() - 1); ++chunk) {
-        batch.Delete(AsSlice(ChunkKey(model_id_, sequence.id(), layer, chunk)));
-      }
-    }
-    batch.Delete(AsSlice(WeightsKey(model_id_, sequence.id(), layer)));
-    batch.Delete(AsSlice(RunningSumKey(model_id_, sequence.id(), layer)));
-  }
+  DeleteResident(batch, sequence.id(), sequence.page_count());
+  DeleteTerms(batch, sequence.id());
   Commit(batch);
 }
 
 void ModelJournal::LostSequenceForgotten(absl::string_view sequence_id) {
   leveldb::WriteBatch batch;
   batch.Delete(AsSlice(SequenceKey(RecordKind::kLost, model_id_, sequence_id)));
+  Commit(batch);
+}
+
+void ModelJournal::TermsSet(absl::string_view sequence_id, const SequencePressure& terms) {
+  leveldb::WriteBatch batch;
+  batch.Put(AsSlice(SequenceKey(RecordKind::kTerms, model_id_, sequence_id)),
+            AsSlice(EncodeTerms(terms)));
+  Commit(batch);
+}
+
+void ModelJournal::SharesSet(absl::string_view sequence_id, const SequencePressure& terms,
+                             int32_t layer) {
+  leveldb::WriteBatch batch;
+  batch.Put(AsSlice(SequenceKey(RecordKind::kTerms, model_id_, sequence_id)),
+            AsSlice(EncodeTerms(terms)));
+  batch.Put(AsSlice(SharesKey(model_id_, sequence_id, layer)),
+            AsSlice(EncodeShares(terms, layer, geometry_.kv_groups)));
+  Commit(batch);
+}
+
+void ModelJournal::SequenceSwappedOut(const SwappedSnapshot& snapshot) {
+  leveldb::WriteBatch batch;
+  DeleteResident(batch, snapshot.id, PageCount(snapshot.length, geometry_.page_size));
+  batch.Put(AsSlice(SequenceKey(RecordKind::kSwapped, model_id_, snapshot.id)),
+            AsSlice(EncodeSwapped(snapshot)));
+  if (snapshot.pressure.has_value()) {
+    batch.Put(AsSlice(SequenceKey(RecordKind::kTerms, model_id_, snapshot.id)),
+              AsSlice(EncodeTerms(*snapshot.pressure)));
+  }
+  Commit(batch);
+}
+
+void ModelJournal::SwappedSequenceClosed(absl::string_view sequence_id) {
+  leveldb::WriteBatch batch;
+  batch.Delete(AsSlice(SequenceKey(RecordKind::kSwapped, model_id_, sequence_id)));
+  DeleteTerms(batch, sequence_id);
   Commit(batch);
 }
 
@@ -152,7 +204,8 @@ absl::Status RecordModel(StateStore& store, const ModelRecord& model) {
 absl::Status DeleteModel(StateStore& store, absl::string_view model_id) {
   std::vector<std::string> prefixes = {ModelKey(model_id)};
   for (const RecordKind kind : {RecordKind::kSequence, RecordKind::kTableChunk,
-                                RecordKind::kWeights, RecordKind::kRunningSum, RecordKind::kLost}) {
+                                RecordKind::kWeights, RecordKind::kRunningSum, RecordKind::kLost,
+                                RecordKind::kTerms, RecordKind::kShares, RecordKind::kSwapped}) {
     prefixes.push_back(ModelPrefix(kind, model_id));
   }
   RETURN_IF_ERROR(store.DeletePrefixes(prefixes));
@@ -162,8 +215,9 @@ absl::Status DeleteModel(StateStore& store, absl::string_view model_id) {
 absl::Status RecordLoss(StateStore& store, const ModelRecord& model,
                         const std::vector<std::string>& lost_ids, absl::string_view reason) {
   leveldb::WriteBatch batch;
-  for (const RecordKind kind : {RecordKind::kSequence, RecordKind::kTableChunk,
-                                RecordKind::kWeights, RecordKind::kRunningSum}) {
+  for (const RecordKind kind :
+       {RecordKind::kSequence, RecordKind::kTableChunk, RecordKind::kWeights,
+        RecordKind::kRunningSum, RecordKind::kTerms, RecordKind::kShares, RecordKind::kSwapped}) {
     RETURN_IF_ERROR(store.Scan(ModelPrefix(kind, model.model_id),
                                [&batch](absl::string_view key, absl::string_view) {
                                  batch.Delete(leveldb::Slice(key.data(), key.size()));

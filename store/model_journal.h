@@ -33,6 +33,11 @@ class ModelJournal final : public CacheJournal {
   void HeadWeightsSet(const Sequence& sequence, int32_t layer) override;
   void SequenceClosed(const Sequence& sequence) override;
   void LostSequenceForgotten(absl::string_view sequence_id) override;
+  void TermsSet(absl::string_view sequence_id, const SequencePressure& terms) override;
+  void SharesSet(absl::string_view sequence_id, const SequencePressure& terms,
+                 int32_t layer) override;
+  void SequenceSwappedOut(const SwappedSnapshot& snapshot) override;
+  void SwappedSequenceClosed(absl::string_view sequence_id) override;
 
  private:
   void PutChunks(leveldb::WriteBatch& batch, const Sequence& sequence, int32_t layer,
@@ -40,6 +45,11 @@ class ModelJournal final : public CacheJournal {
   // The layer's running sum as the sequence holds it (deleted when it has none).
   void PutRunningSum(leveldb::WriteBatch& batch, const Sequence& sequence, int32_t layer) const;
   void Commit(leveldb::WriteBatch& batch) const;
+  // Deletes the sequence's S, T (of `pages` pages) and W records.
+  void DeleteResident(leveldb::WriteBatch& batch, absl::string_view sequence_id,
+                      int64_t pages) const;
+  // Deletes its P and R records.
+  void DeleteTerms(leveldb::WriteBatch& batch, absl::string_view sequence_id) const;
 
   StateStore* const store_;
   const std::string model_id_;

@@ -52,6 +52,7 @@ class Reader {
     return true;
   }
   [[nodiscard]] bool done() const { return rest_.empty(); }
+  [[nodiscard]] size_t left() const { return rest_.size(); }
 
  private:
   absl::string_view rest_;
@@ -144,6 +145,12 @@ std::string ChunkKey(absl::string_view model_id, absl::string_view sequence_id, 
   return key;
 }
 
+std::string SharesKey(absl::string_view model_id, absl::string_view sequence_id, int32_t layer) {
+  std::string key = SequenceKey(RecordKind::kShares, model_id, sequence_id);
+  PutBe32(key, static_cast<uint32_t>(layer));
+  return key;
+}
+
 std::string WeightsKey(absl::string_view model_id, absl::string_view sequence_id, int32_t layer) {
   std::string key = SequenceKey(RecordKind::kWeights, model_id, sequence_id);
   PutBe32(key, static_cast<uint32_t>(layer));
@@ -170,6 +177,8 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
       break;
     case RecordKind::kSequence:
     case RecordKind::kLost:
+    case RecordKind::kTerms:
+    case RecordKind::kSwapped:
       ok = ok && reader.LengthPrefixed(&parsed.sequence_id);
       break;
     case RecordKind::kTableChunk:
@@ -178,6 +187,7 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
       break;
     case RecordKind::kWeights:
     case RecordKind::kRunningSum:
+    case RecordKind::kShares:
       ok = ok && reader.LengthPrefixed(&parsed.sequence_id) && reader.Be32(&layer);
       break;
     default:
@@ -188,7 +198,8 @@ absl::StatusOr<ParsedKey> ParseKey(absl::string_view key) {
     return Bad("malformed key");
   }
   parsed.layer = parsed.kind == RecordKind::kTableChunk || parsed.kind == RecordKind::kWeights ||
-                         parsed.kind == RecordKind::kRunningSum
+                         parsed.kind == RecordKind::kRunningSum ||
+                         parsed.kind == RecordKind::kShares
                      ? static_cast<int32_t>(layer)
                      : -1;
   parsed.chunk = parsed.kind == RecordKind::kTableChunk ? static_cast<int64_t>(chunk) : -1;
@@ -283,6 +294,203 @@ absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes) {
     std::memcpy(&value, &narrow, sizeof(value));
   }
   return values;
+}
+
+namespace {
+
+void PutDouble(std::string& out, double value) {
+  uint64_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  PutLe(out, bits, 8);
+}
+
+bool GetDouble(Reader& reader, double* value) {
+  uint64_t bits = 0;
+  if (!reader.Le(8, &bits)) return false;
+  std::memcpy(value, &bits, sizeof(bits));
+  return true;
+}
+
+void PutFloat(std::string& out, float value) {
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof(bits));
+  PutLe(out, bits, 4);
+}
+
+// A count of `unit`-byte items that the rest of the record can hold (so a damaged count cannot
+// make the reader allocate beyond the record).
+bool GetCount(Reader& reader, size_t unit, uint64_t* count) {
+  return reader.Le(4, count) && *count * unit <= reader.left();
+}
+
+}  // namespace
+
+std::string EncodeTerms(const SequencePressure& terms) {
+  std::string out;
+  out.push_back(1);  // record version
+  PutLengthPrefixed(out, terms.tenant);
+  PutLe(out, static_cast<uint32_t>(terms.priority), 4);
+  out.push_back(static_cast<char>((terms.auto_budget ? 1 : 0) | (terms.preempt ? 2 : 0) |
+                                  (terms.protect_tail ? 4 : 0)));
+  PutDouble(out, terms.floor_fraction);
+  PutLe(out, static_cast<uint64_t>(terms.quota_frames), 8);
+  out.push_back(static_cast<char>(terms.quota_reason));
+  PutLe(out, static_cast<uint64_t>(terms.admitted), 8);
+  PutLe(out, static_cast<uint64_t>(terms.sink_pages), 8);
+  PutLe(out, static_cast<uint64_t>(terms.recent_pages), 8);
+  return out;
+}
+
+absl::StatusOr<SequencePressure> DecodeTerms(absl::string_view bytes) {
+  if (bytes.empty() || bytes[0] != 1) return Bad("terms record of an unknown version");
+  Reader reader(bytes.substr(1));
+  SequencePressure terms;
+  uint64_t priority = 0;
+  uint64_t flags = 0;
+  uint64_t quota = 0;
+  uint64_t reason = 0;
+  uint64_t admitted = 0;
+  uint64_t sink = 0;
+  uint64_t recent = 0;
+  const bool ok = reader.LengthPrefixed(&terms.tenant) && reader.Le(4, &priority) &&
+                  reader.Le(1, &flags) && GetDouble(reader, &terms.floor_fraction) &&
+                  reader.Le(8, &quota) && reader.Le(1, &reason) && reader.Le(8, &admitted) &&
+                  reader.Le(8, &sink) && reader.Le(8, &recent) && reader.done();
+  if (!ok) return Bad("terms record is truncated or too long");
+  terms.priority = static_cast<int32_t>(static_cast<uint32_t>(priority));
+  if (terms.priority < kMinPriority || terms.priority > kMaxPriority || flags > 7 ||
+      !(terms.floor_fraction > 0.0 && terms.floor_fraction <= 1.0) ||
+      reason > static_cast<uint64_t>(ReclaimReason::kTarget) ||
+      quota > static_cast<uint64_t>(INT64_MAX) || admitted > static_cast<uint64_t>(INT64_MAX) ||
+      sink > static_cast<uint64_t>(INT32_MAX) || recent > static_cast<uint64_t>(INT32_MAX)) {
+    return Bad("terms record holds a value out of range");
+  }
+  terms.auto_budget = (flags & 1) != 0;
+  terms.preempt = (flags & 2) != 0;
+  terms.protect_tail = (flags & 4) != 0;
+  terms.quota_frames = static_cast<int64_t>(quota);
+  terms.quota_reason = static_cast<ReclaimReason>(reason);
+  terms.admitted = static_cast<int64_t>(admitted);
+  terms.sink_pages = static_cast<int64_t>(sink);
+  terms.recent_pages = static_cast<int64_t>(recent);
+  return terms;
+}
+
+std::string EncodeShares(const SequencePressure& terms, int32_t layer, int32_t kv_groups) {
+  std::string out;
+  PutLe(out, static_cast<uint32_t>(kv_groups), 4);
+  for (int32_t g = 0; g < kv_groups; ++g) {
+    const size_t t = static_cast<size_t>(layer) * kv_groups + g;
+    const std::vector<float> none;
+    const std::vector<float>& shares = t < terms.shares.size() ? terms.shares[t] : none;
+    PutLe(out, static_cast<uint32_t>(shares.size()), 4);
+    for (const float share : shares) PutFloat(out, share);
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<std::vector<float>>> DecodeShares(absl::string_view bytes,
+                                                             int32_t kv_groups, int64_t max_pages) {
+  Reader reader(bytes);
+  uint64_t groups = 0;
+  if (!reader.Le(4, &groups) || groups != static_cast<uint64_t>(kv_groups)) {
+    return Bad("shares record of another group count");
+  }
+  std::vector<std::vector<float>> shares(static_cast<size_t>(kv_groups));
+  for (std::vector<float>& group : shares) {
+    uint64_t count = 0;
+    if (!GetCount(reader, 4, &count) || count > static_cast<uint64_t>(max_pages)) {
+      return Bad("shares record is truncated or too long");
+    }
+    group.resize(static_cast<size_t>(count));
+    for (float& share : group) {
+      uint64_t bits = 0;
+      reader.Le(4, &bits);
+      const auto word = static_cast<uint32_t>(bits);
+      std::memcpy(&share, &word, sizeof(share));
+      if (!(share == kUnscored || (share >= 0.0f && share <= 1.0f))) {
+        return Bad("shares record holds a share out of range");
+      }
+    }
+  }
+  if (!reader.done()) return Bad("shares record is too long");
+  return shares;
+}
+
+std::string EncodeSwapped(const SwappedSnapshot& snapshot) {
+  std::string out;
+  out.push_back(1);  // record version
+  PutLe(out, static_cast<uint64_t>(snapshot.length), 8);
+  PutLe(out, static_cast<uint64_t>(snapshot.slot_count), 8);
+  PutLengthPrefixed(out, snapshot.arena_name);
+  PutLe(out, static_cast<uint32_t>(snapshot.slots.size()), 4);
+  for (const std::vector<int32_t>& table : snapshot.slots) {
+    PutLe(out, static_cast<uint32_t>(table.size()), 4);
+    for (const int32_t slot : table) PutLe(out, static_cast<uint32_t>(slot), 4);
+  }
+  PutLe(out, static_cast<uint32_t>(snapshot.head_weights.size()), 4);
+  for (const std::vector<double>& weights : snapshot.head_weights) {
+    PutLe(out, static_cast<uint32_t>(weights.size()), 4);
+    for (const double weight : weights) PutDouble(out, weight);
+  }
+  PutLe(out, static_cast<uint32_t>(snapshot.running_sums.size()), 4);
+  for (const std::vector<float>& sum : snapshot.running_sums) {
+    PutLe(out, static_cast<uint32_t>(sum.size()), 4);
+    for (const float value : sum) PutFloat(out, value);
+  }
+  return out;
+}
+
+absl::StatusOr<SwappedSnapshot> DecodeSwapped(absl::string_view bytes) {
+  if (bytes.empty() || bytes[0] != 1) return Bad("swapped record of an unknown version");
+  Reader reader(bytes.substr(1));
+  SwappedSnapshot snapshot;
+  uint64_t length = 0;
+  uint64_t slots = 0;
+  uint64_t tables = 0;
+  if (!reader.Le(8, &length) || !reader.Le(8, &slots) ||
+      !reader.LengthPrefixed(&snapshot.arena_name) || !GetCount(reader, 4, &tables) ||
+      length > static_cast<uint64_t>(INT64_MAX) || slots > static_cast<uint64_t>(INT64_MAX)) {
+    return Bad("swapped record is truncated or out of range");
+  }
+  snapshot.length = static_cast<int64_t>(length);
+  snapshot.slot_count = static_cast<int64_t>(slots);
+  snapshot.slots.resize(static_cast<size_t>(tables));
+  for (std::vector<int32_t>& table : snapshot.slots) {
+    uint64_t pages = 0;
+    if (!GetCount(reader, 4, &pages)) return Bad("swapped record is truncated");
+    table.resize(static_cast<size_t>(pages));
+    for (int32_t& slot : table) {
+      uint64_t value = 0;
+      reader.Le(4, &value);
+      slot = static_cast<int32_t>(static_cast<uint32_t>(value));
+    }
+  }
+  uint64_t layers = 0;
+  if (!GetCount(reader, 4, &layers)) return Bad("swapped record is truncated");
+  snapshot.head_weights.resize(static_cast<size_t>(layers));
+  for (std::vector<double>& weights : snapshot.head_weights) {
+    uint64_t count = 0;
+    if (!GetCount(reader, 8, &count)) return Bad("swapped record is truncated");
+    weights.resize(static_cast<size_t>(count));
+    for (double& weight : weights) GetDouble(reader, &weight);
+  }
+  uint64_t sums = 0;
+  if (!GetCount(reader, 4, &sums)) return Bad("swapped record is truncated");
+  snapshot.running_sums.resize(static_cast<size_t>(sums));
+  for (std::vector<float>& sum : snapshot.running_sums) {
+    uint64_t count = 0;
+    if (!GetCount(reader, 4, &count)) return Bad("swapped record is truncated");
+    sum.resize(static_cast<size_t>(count));
+    for (float& value : sum) {
+      uint64_t bits = 0;
+      reader.Le(4, &bits);
+      const auto word = static_cast<uint32_t>(bits);
+      std::memcpy(&value, &word, sizeof(value));
+    }
+  }
+  if (!reader.done()) return Bad("swapped record is too long");
+  return snapshot;
 }
 
 }  // namespace entrokv::store

@@ -16,6 +16,14 @@
 //   "A" lp(model) lp(seq) be32(layer)    running sum of chunked ACCUMULATED statistics:
 //                                        query_heads x covered tokens floats, [head][token]
 //   "L" lp(model) lp(seq)                a sequence lost at recovery: the reason
+//   "P" lp(model) lp(seq)                pool pressure: the sequence's terms (tenant, priority,
+//                                        server-chosen budget, quota, preemption mark); absent
+//                                        for a sequence with the default terms
+//   "R" lp(model) lp(seq) be32(layer)    the layer's page shares (server-chosen budgets):
+//                                        kv_groups lists of float32
+//   "X" lp(model) lp(seq)                a swapped-out sequence (instead of its S, T, W and A
+//                                        records): length, slot tables, weights, running sums, swap
+//                                        arena
 //
 // lp(s) is s's length as big-endian 32 bits, then s: keys of one model (or sequence) share a
 // prefix, and no id can pose as another's prefix.
@@ -30,6 +38,7 @@
 #include "absl/strings/string_view.h"
 #include "core/pool/cache_state.h"
 #include "core/pool/geometry.h"
+#include "core/pool/pressure.h"
 
 namespace entrokv::store {
 
@@ -49,6 +58,9 @@ enum class RecordKind : char {
   kWeights = 'W',
   kLost = 'L',
   kRunningSum = 'A',
+  kTerms = 'P',
+  kShares = 'R',
+  kSwapped = 'X',
 };
 
 // [0-9a-f-]+, at most 40 characters: it becomes part of shared-memory names.
@@ -79,8 +91,11 @@ struct ModelRecord {
 [[nodiscard]] std::string RunningSumKey(absl::string_view model_id, absl::string_view sequence_id,
                                         int32_t layer);
 
-// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights and kRunningSum
-// (layer only).
+[[nodiscard]] std::string SharesKey(absl::string_view model_id, absl::string_view sequence_id,
+                                    int32_t layer);
+
+// A parsed key. layer and chunk are set for kTableChunk (chunk), kWeights, kRunningSum and
+// kShares (layer only).
 struct ParsedKey {
   RecordKind kind = RecordKind::kModel;
   std::string model_id;
@@ -105,6 +120,22 @@ struct ParsedKey {
 [[nodiscard]] std::string EncodeFloats(const std::vector<float>& values);
 // DATA_LOSS unless the size is whole floats.
 [[nodiscard]] absl::StatusOr<std::vector<float>> DecodeFloats(absl::string_view bytes);
+
+// Pool pressure. A sequence's terms without its shares (those are per layer, below); DATA_LOSS
+// for bytes that are not such a record or hold a value out of range.
+[[nodiscard]] std::string EncodeTerms(const SequencePressure& terms);
+[[nodiscard]] absl::StatusOr<SequencePressure> DecodeTerms(absl::string_view bytes);
+// The page shares of `layer`'s kv_groups groups (terms.shares); DATA_LOSS unless the bytes hold
+// `kv_groups` lists of shares in [0, 1] or kUnscored, each of at most `max_pages`.
+[[nodiscard]] std::string EncodeShares(const SequencePressure& terms, int32_t layer,
+                                       int32_t kv_groups);
+[[nodiscard]] absl::StatusOr<std::vector<std::vector<float>>> DecodeShares(absl::string_view bytes,
+                                                                           int32_t kv_groups,
+                                                                           int64_t max_pages);
+// A swapped-out sequence without its terms (snapshot.pressure is not written). DATA_LOSS for
+// bytes that are not one; the shapes are CacheState::Restore's to check.
+[[nodiscard]] std::string EncodeSwapped(const SwappedSnapshot& snapshot);
+[[nodiscard]] absl::StatusOr<SwappedSnapshot> DecodeSwapped(absl::string_view bytes);
 
 }  // namespace entrokv::store
 

@@ -37,6 +37,9 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
   std::map<std::string, RecoveredModel> models;
   std::map<SequenceId, SequenceParts> sequences;
   std::map<SequenceId, std::string> lost;
+  std::map<SequenceId, std::string> terms;
+  std::map<SequenceId, std::map<int32_t, std::string>> shares;
+  std::map<SequenceId, std::string> swapped;
   absl::Status scanned = scan([&](absl::string_view key, absl::string_view value) {
     if (key == kFormatKey || key == kInstanceKey || key == kWriteKey) return absl::OkStatus();
     absl::StatusOr<ParsedKey> parsed = ParseKey(key);
@@ -80,10 +83,66 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
       case RecordKind::kLost:
         lost[id] = std::string(value);
         break;
+      case RecordKind::kTerms:
+        terms[id] = std::string(value);
+        break;
+      case RecordKind::kShares:
+        shares[id][parsed->layer] = std::string(value);
+        break;
+      case RecordKind::kSwapped:
+        swapped[id] = std::string(value);
+        break;
     }
     return absl::OkStatus();
   });
   RETURN_IF_ERROR(scanned);
+
+  // Pool pressure: every sequence's terms with their shares, by id.
+  std::map<SequenceId, SequencePressure> pressure;
+  for (const auto& [id, bytes] : terms) {
+    const std::string where = absl::StrCat("model '", id.first, "' sequence '", id.second, "'");
+    const auto model = models.find(id.first);
+    if (model == models.end()) return damaged(absl::StrCat(where, ": terms without a model"));
+    if (!sequences.contains(id) && !swapped.contains(id)) {
+      return damaged(absl::StrCat(where, ": terms without their sequence"));
+    }
+    absl::StatusOr<SequencePressure> decoded = DecodeTerms(bytes);
+    if (!decoded.ok()) return damaged(absl::StrCat(where, ": ", decoded.status().message()));
+    const ModelGeometry& g = model->second.model.geometry;
+    if (const auto layers = shares.find(id); layers != shares.end()) {
+      decoded->shares.resize(static_cast<size_t>(g.layers) * g.kv_groups);
+      for (const auto& [layer, layer_bytes] : layers->second) {
+        if (layer >= g.layers) return damaged(absl::StrCat(where, ": shares of layer ", layer));
+        absl::StatusOr<std::vector<std::vector<float>>> groups =
+            DecodeShares(layer_bytes, g.kv_groups, PageCount(kMaxSequenceTokens, g.page_size));
+        if (!groups.ok()) return damaged(absl::StrCat(where, ": ", groups.status().message()));
+        for (int32_t group = 0; group < g.kv_groups; ++group) {
+          decoded->shares[static_cast<size_t>(layer) * g.kv_groups + group] =
+              std::move((*groups)[static_cast<size_t>(group)]);
+        }
+      }
+    }
+    pressure[id] = *std::move(decoded);
+  }
+  for (const auto& [id, layers] : shares) {
+    if (!terms.contains(id)) {
+      return damaged(absl::StrCat("model '", id.first, "' sequence '", id.second,
+                                  "': page shares without terms"));
+    }
+  }
+  for (const auto& [id, bytes] : swapped) {
+    const std::string where = absl::StrCat("model '", id.first, "' sequence '", id.second, "'");
+    const auto model = models.find(id.first);
+    if (model == models.end()) return damaged(absl::StrCat(where, ": swapped out without a model"));
+    if (sequences.contains(id)) return damaged(absl::StrCat(where, ": both resident and swapped"));
+    absl::StatusOr<SwappedSnapshot> snapshot = DecodeSwapped(bytes);
+    if (!snapshot.ok()) return damaged(absl::StrCat(where, ": ", snapshot.status().message()));
+    snapshot->id = id.second;
+    if (const auto found = pressure.find(id); found != pressure.end()) {
+      snapshot->pressure = found->second;
+    }
+    model->second.swapped.push_back(*std::move(snapshot));
+  }
 
   for (auto& [id, parts] : sequences) {
     const auto& [model_id, sequence_id] = id;
@@ -132,6 +191,9 @@ absl::StatusOr<std::vector<RecoveredModel>> LoadRecords(
       if (!sum.ok()) return damaged(absl::StrCat(where, ": ", sum.status().message()));
       // The shape against the geometry and the length: Sequence::FromSnapshot.
       snapshot.running_sums[layer] = *std::move(sum);
+    }
+    if (const auto found = pressure.find(id); found != pressure.end()) {
+      snapshot.pressure = found->second;
     }
     model->second.sequences.push_back(std::move(snapshot));
   }

@@ -20,13 +20,15 @@ struct RecoveredModel {
   ModelRecord model;
   std::vector<SequenceSnapshot> sequences;                // sorted by id
   std::vector<std::pair<std::string, std::string>> lost;  // (sequence id, reason)
+  std::vector<SwappedSnapshot> swapped;                   // swapped-out sequences, sorted by id
 };
 
 // Every model in the store, sorted by id. DATA_LOSS naming --state_dir and the record for
 // anything inconsistent: a record that does not parse, a geometry that does not validate, a
 // sequence record without its model, a block-table chunk or weights without their sequence, a
-// missing or extra chunk, a chunk of the wrong size. (The pool-level checks, frames in range
-// and one layer per frame, are CacheState::Restore's.)
+// missing or extra chunk, a chunk of the wrong size; pool-pressure terms, shares or a swapped-out
+// sequence that do not parse, terms without their sequence, shares without terms. (The
+// pool-level checks, frames in range and one layer per frame, are CacheState::Restore's.)
 [[nodiscard]] absl::StatusOr<std::vector<RecoveredModel>> LoadState(const StateStore& store);
 
 // LoadState over any source of records: `scan` calls its visitor for every (key, value) in key

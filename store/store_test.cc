@@ -1,8 +1,10 @@
 // The --state_dir journal: a CacheState rebuilt from what the journal recorded is the one that
 // was journaled (lengths, block tables, reference counts, free frames, cached weights), and a
 // damaged store is refused, never trusted.
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -53,12 +55,14 @@ ModelRecord Model(FrameLayout layout, int64_t frames) {
   return model;
 }
 
-std::unique_ptr<CacheState> NewState(const ModelRecord& model) {
+std::unique_ptr<CacheState> NewState(const ModelRecord& model,
+                                     const PressureOptions& pressure = PressureOptions()) {
   CacheOptions options;
   options.geometry = model.geometry;
   options.layout = model.layout;
   options.capacity_bytes = model.capacity_bytes;
   options.name = "store_test";
+  options.pressure = pressure;
   absl::StatusOr<std::unique_ptr<CacheState>> state = CacheState::Create(options);
   EXPECT_THAT(state, IsOk());
   return *std::move(state);
@@ -450,6 +454,172 @@ TEST(CorruptionTest, ForeignOrInconsistentRecordsAreRefused) {
     }
     EXPECT_THAT(OpenAndLoad(dir2), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("--state_dir")))
         << key;
+  }
+}
+
+// Pool pressure's state: terms (tenant, priority, server-chosen budget, quota), page shares and a
+// swapped-out sequence come back from the journal, and act as before the restart: the quota is
+// applied by the owner's next call, the swapped sequence resumes with its bytes.
+TEST(RecoveryTest, PressureTermsSharesAndSwappedSequencesSurvive) {
+  const std::string dir = FreshDir("pressure");
+  ModelRecord model = Model(FrameLayout::kGroup, 60);
+  model.geometry.layers = 1;
+  model.capacity_bytes = 60 * FrameBytes(model.geometry, FrameLayout::kGroup);
+  int counter = 0;
+  PressureOptions pressure;
+  pressure.target_occupancy = 1.0;
+  pressure.tenants = {{"gold", 0.5}};
+  pressure.max_swap_bytes = int64_t{1} << 20;
+  const std::string prefix = absl::StrCat("/entrokv.store-test-", getpid(), "-swap-");
+  pressure.swap_arena = [&counter, &prefix] {
+    return HostArenaSource{
+        .name = absl::StrCat(prefix, counter++), .attach = false, .keep_name = true};
+  };
+  const int64_t frame_bytes = FrameBytes(model.geometry, FrameLayout::kGroup);
+  std::vector<float> c_sum(static_cast<size_t>(model.geometry.query_heads) * 14);
+  for (size_t i = 0; i < c_sum.size(); ++i) c_sum[i] = 0.5f + static_cast<float>(i);
+  std::string swap_name;
+  {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::ZeroDuration()));
+    ASSERT_THAT(RecordModel(*store, model), IsOk());
+    ModelJournal journal(store.get(), model.model_id, model.geometry);
+    std::unique_ptr<CacheState> state = NewState(model, pressure);
+    state->SetJournal(&journal);
+    ASSERT_THAT(state->OpenSequence(
+                    "a", 30, SequenceTerms{.tenant = "gold", .priority = 3, .auto_floor = 0.25}),
+                IsOk());  // 8 pages, 16 frames
+    std::vector<float> scores(8, 0.01f);
+    scores[0] = 1.0f;
+    const std::vector<AutoLayer> layers = {{.layer = 0, .page_scores = {scores, scores}}};
+    ASSERT_THAT(state->ApplyAutoDecision("a", 30, layers, AutoTerms()).status(), IsOk());
+    ASSERT_THAT(state->OpenSequence("c", 14), IsOk());  // 4 pages, 8 frames
+    // A chunked prefill's running sum, kept with a decision that keeps every page: it travels
+    // with the swapped-out sequence.
+    LayerKeep keep;
+    keep.layer = 0;
+    keep.kept_pages_per_group = {{0, 1, 2, 3}, {0, 1, 2, 3}};
+    keep.running_sum = c_sum;
+    ASSERT_THAT(state->ApplyDecisions("c", 14, {keep}).status(), IsOk());
+    ENTROKV_ASSERT_OK_AND_ASSIGN(const SequenceInfo c, state->GetSequence("c", true));
+    for (const FrameId frame : c.block_tables[0][0]) {
+      std::memset(state->FrameAddress(frame), 0x5a, static_cast<size_t>(frame_bytes));
+    }
+    ASSERT_THAT(state->SwapOut("c").status(), IsOk());
+    ASSERT_THAT(state->OpenSequence("b", 0), IsOk());
+    // 48 frames asked, 44 free: a's quota gives the other 4 (at its owner's next call).
+    EXPECT_THAT(
+        state->AppendTokens("b", 4 * 24, AppendOptions{.admission = true, .refusal = nullptr})
+            .status(),
+        StatusIs(absl::StatusCode::kResourceExhausted, ::testing::_));
+    ASSERT_THAT(state->CloseSequence("b"), IsOk());
+    ASSERT_EQ(state->Pressure("a")->quota_frames, 12);
+    swap_name = state->SwapArenaNames().at(0);
+    state->SetJournal(nullptr);
+  }  // the daemon dies: its swap arena stays under its name, as a --state_dir pool's does
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto store, StateStore::Open(dir, absl::Seconds(1)));
+  ENTROKV_ASSERT_OK_AND_ASSIGN(std::vector<RecoveredModel> models, LoadState(*store));
+  ASSERT_EQ(models.size(), 1u);
+  ASSERT_EQ(models[0].swapped.size(), 1u);
+  EXPECT_EQ(models[0].swapped[0].arena_name, swap_name);
+  std::unique_ptr<CacheState> state = NewState(model, pressure);
+  ASSERT_THAT(state->Restore(std::move(models[0].sequences), std::move(models[0].swapped)), IsOk());
+  const SequenceInfo a = *state->GetSequence("a", false);
+  EXPECT_EQ(a.tenant, "gold");
+  EXPECT_EQ(a.priority, 3);
+  EXPECT_EQ(a.pressure.quota_frames, 12);
+  EXPECT_EQ(a.pressure.floor_frames, 4);
+  EXPECT_THAT(state->SwappedIds(), ::testing::ElementsAre("c"));
+  // The recovered shares still rank the pages: the owner's append gives the light ones.
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult owner, state->AppendTokens("a", 1));
+  EXPECT_EQ(owner.reclaimed_frames, 4);
+  for (const AppendResult::Evicted& evicted : owner.evicted) {
+    EXPECT_THAT(evicted.pages, ::testing::Not(::testing::Contains(0)));
+  }
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const AppendResult resumed, state->Resume("c", nullptr));
+  EXPECT_EQ(*state->RunningSum("c", 0), c_sum);
+  for (const FrameAssignment& entry : resumed.new_frames) {
+    if (entry.group != 0) continue;
+    const auto* bytes = static_cast<const unsigned char*>(state->FrameAddress(entry.frame));
+    EXPECT_EQ(bytes[0], 0x5a);
+    EXPECT_EQ(bytes[frame_bytes - 1], 0x5a);
+  }
+  EXPECT_THAT(state->CheckInvariants(), IsOk());
+  EXPECT_EQ(::shm_unlink(swap_name.c_str()), -1) << "the resumed sequence's arena was left behind";
+}
+
+TEST(RecordsTest, PressureRecordsRoundTripAndGarbageIsRefused) {
+  SequencePressure terms;
+  terms.tenant = "gold";
+  terms.priority = 9;
+  terms.auto_budget = true;
+  terms.floor_fraction = 0.3;
+  terms.quota_frames = 77;
+  terms.quota_reason = ReclaimReason::kTarget;
+  terms.admitted = 12345;
+  terms.preempt = true;
+  terms.protect_tail = false;
+  terms.sink_pages = 2;
+  terms.recent_pages = 3;
+  terms.shares = {{0.5f, kUnscored}, {0.25f, 0.75f}};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(SequencePressure back, DecodeTerms(EncodeTerms(terms)));
+  EXPECT_EQ(back.tenant, "gold");
+  EXPECT_EQ(back.priority, 9);
+  EXPECT_TRUE(back.auto_budget);
+  EXPECT_EQ(back.floor_fraction, 0.3);
+  EXPECT_EQ(back.quota_frames, 77);
+  EXPECT_EQ(back.quota_reason, ReclaimReason::kTarget);
+  EXPECT_EQ(back.admitted, 12345);
+  EXPECT_TRUE(back.preempt);
+  EXPECT_FALSE(back.protect_tail);
+  EXPECT_EQ(back.sink_pages, 2);
+  EXPECT_EQ(back.recent_pages, 3);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto shares, DecodeShares(EncodeShares(terms, 0, 2), 2, 100));
+  EXPECT_EQ(shares, terms.shares);
+  EXPECT_THAT(DecodeShares(EncodeShares(terms, 0, 2), 3, 100),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("group count")));
+  EXPECT_THAT(DecodeShares(EncodeShares(terms, 0, 2), 2, 1),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  const std::string whole = EncodeTerms(terms);
+  EXPECT_THAT(DecodeTerms(whole.substr(0, whole.size() - 1)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("truncated")));
+  terms.priority = 10;
+  EXPECT_THAT(DecodeTerms(EncodeTerms(terms)),
+              StatusIs(absl::StatusCode::kDataLoss, HasSubstr("out of range")));
+  SwappedSnapshot swapped{.id = "s",
+                          .length = 9,
+                          .slots = {{0, -1, 1}, {2, 3, -1}},
+                          .slot_count = 4,
+                          .head_weights = {{0.5, 0.5}},
+                          .running_sums = {{1.5f, 2.5f, 3.5f, 4.5f}},
+                          .arena_name = "/entrokv.x",
+                          .pressure = std::nullopt};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(SwappedSnapshot round, DecodeSwapped(EncodeSwapped(swapped)));
+  EXPECT_EQ(round.length, 9);
+  EXPECT_EQ(round.slots, swapped.slots);
+  EXPECT_EQ(round.slot_count, 4);
+  EXPECT_EQ(round.head_weights, swapped.head_weights);
+  EXPECT_EQ(round.running_sums, swapped.running_sums);
+  EXPECT_EQ(round.arena_name, "/entrokv.x");
+  const std::string encoded = EncodeSwapped(swapped);
+  EXPECT_THAT(DecodeSwapped(encoded.substr(0, encoded.size() - 3)),
+              StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+  EXPECT_THAT(DecodeSwapped(encoded + "x"), StatusIs(absl::StatusCode::kDataLoss, ::testing::_));
+}
+
+TEST(CorruptionTest, PressureRecordsWithoutTheirSequenceAreRefused) {
+  for (const RecordKind kind : {RecordKind::kTerms, RecordKind::kSwapped}) {
+    const std::string dir = FreshDir(absl::StrCat("orphan", static_cast<int>(kind)));
+    WriteSomeState(dir, /*reopen=*/false);
+    {
+      leveldb::Options options;
+      leveldb::DB* raw = nullptr;
+      ASSERT_TRUE(leveldb::DB::Open(options, dir + "/journal", &raw).ok());
+      std::unique_ptr<leveldb::DB> db(raw);
+      const std::string value =
+          kind == RecordKind::kTerms ? EncodeTerms(SequencePressure()) : "garbage";
+      ASSERT_TRUE(db->Put({}, SequenceKey(kind, "m", "ghost"), value).ok());
+    }
+    EXPECT_THAT(OpenAndLoad(dir), StatusIs(absl::StatusCode::kDataLoss, HasSubstr("ghost")));
   }
 }
 

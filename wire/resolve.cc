@@ -1,5 +1,6 @@
 #include "wire/resolve.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -7,7 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/pool/geometry_bounds.h"
+#include "core/pool/pressure.h"
 #include "core/scoring/budget.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
@@ -108,9 +111,19 @@ absl::StatusOr<SelectionScope> ResolveScope(v1::SelectionScope scope, const Defa
 absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_budget,
                                              const ModelGeometry& geometry, int64_t tokens) {
   if (!has_budget || budget.kind_case() == v1::Budget::KIND_NOT_SET) {
-    return InvalidField("budget", "one of pages_per_group, fraction, token_slots must be set");
+    return InvalidField("budget",
+                        "one of pages_per_group, fraction, token_slots, auto_budget must be set");
   }
   ResolvedBudget resolved;
+  if (budget.kind_case() == v1::Budget::kAutoBudget) {
+    RETURN_IF_ERROR(
+        ValidateFloor("budget.auto_budget.floor_fraction", budget.auto_budget().floor_fraction()));
+    // Every page is a candidate: the scorer ranks them all, the pool's quota decides.
+    resolved.pages_per_layer.assign(geometry.layers,
+                                    std::max<int64_t>(1, PageCount(tokens, geometry.page_size)));
+    resolved.auto_floor = budget.auto_budget().floor_fraction();
+    return resolved;
+  }
   if (budget.kind_case() == v1::Budget::kPagesPerGroup) {
     if (budget.pages_per_group() < 1) {
       return InvalidField("budget.pages_per_group",

@@ -58,7 +58,9 @@ struct ResolvedPolicy {
 // as given, a fraction or token_slots planned by the core's PlanBudget. Fields named
 // "budget.<name>".
 struct ResolvedBudget {
-  std::vector<int64_t> pages_per_layer;  // K_l, indexed by layer
+  std::vector<int64_t> pages_per_layer;  // K_l, indexed by layer (every page for auto_budget)
+  // budget.auto_budget: the daemon chooses (pool pressure), with this floor.
+  std::optional<double> auto_floor;
 };
 [[nodiscard]] absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget,
                                                            bool has_budget,

@@ -104,8 +104,9 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
                                             bool json) {
   ASSIGN_OR_RETURN(const v1::ListModelsResponse models, client.ListModels());
   Json rows = Json::array();
-  std::string text = absl::StrFormat("%-20s %-32s %12s %12s %13s %12s\n", "model", "sequence",
-                                     "tokens", "live frames", "block tables", "table pages");
+  std::string text = absl::StrFormat("%-20s %-32s %12s %12s %13s %12s %-12s %8s %12s\n", "model",
+                                     "sequence", "tokens", "live frames", "block tables",
+                                     "table pages", "tenant", "priority", "quota");
   for (const v1::PoolInfo& pool : models.pools()) {
     if (!only_model.empty() && pool.model_id() != only_model) continue;
     // Every sequence has one table per (layer, group) and one entry per logical page in each
@@ -118,15 +119,29 @@ absl::StatusOr<std::string> SequencesReport(Client& client, const std::string& o
     request.set_model_id(pool.model_id());
     RETURN_IF_ERROR(client.ForEachSequence(request, [&](const v1::SequenceInfo& sequence) {
       const int64_t table_pages = PageCount(sequence.length_tokens(), page_size);
-      absl::StrAppend(&text, absl::StrFormat("%-20s %-32s %12d %12d %13d %12d\n", pool.model_id(),
-                                             sequence.sequence_id(), sequence.length_tokens(),
-                                             sequence.live_frames(), tables, table_pages));
+      // The quota a server-chosen budget has been given ("-": none, the sequence keeps what its
+      // decisions keep); "preempt" when the daemon asked its owner to preempt it.
+      const v1::PressureInfo& pressure = sequence.pressure();
+      const std::string quota = pressure.preempt() ? "preempt"
+                                : pressure.quota_frames() > 0
+                                    ? absl::StrCat(pressure.quota_frames())
+                                    : "-";
+      absl::StrAppend(
+          &text,
+          absl::StrFormat("%-20s %-32s %12d %12d %13d %12d %-12s %8d %12s\n", pool.model_id(),
+                          sequence.sequence_id(), sequence.length_tokens(), sequence.live_frames(),
+                          tables, table_pages, sequence.tenant().empty() ? "-" : sequence.tenant(),
+                          sequence.priority(), quota));
       rows.push_back({{"model", pool.model_id()},
                       {"sequence_id", sequence.sequence_id()},
                       {"length_tokens", sequence.length_tokens()},
                       {"live_frames", sequence.live_frames()},
                       {"block_tables", tables},
-                      {"table_pages", table_pages}});
+                      {"table_pages", table_pages},
+                      {"tenant", sequence.tenant()},
+                      {"priority", sequence.priority()},
+                      {"quota_frames", pressure.quota_frames()},
+                      {"preempt", pressure.preempt()}});
       return absl::OkStatus();
     }));
   }

@@ -119,6 +119,18 @@ absl::StatusOr<v1::CloseSequenceResponse> Client::CloseSequence(
   return Call<v1::CloseSequenceRequest, v1::CloseSequenceResponse>(
       &v1::CacheManager::Stub::CloseSequence, request);
 }
+absl::StatusOr<v1::SwapOutSequenceResponse> Client::SwapOutSequence(
+    const v1::SwapOutSequenceRequest& request) {
+  return Call<v1::SwapOutSequenceRequest, v1::SwapOutSequenceResponse>(
+      &v1::CacheManager::Stub::SwapOutSequence, request);
+}
+
+absl::StatusOr<v1::ResumeSequenceResponse> Client::ResumeSequence(
+    const v1::ResumeSequenceRequest& request) {
+  return Call<v1::ResumeSequenceRequest, v1::ResumeSequenceResponse>(
+      &v1::CacheManager::Stub::ResumeSequence, request);
+}
+
 absl::StatusOr<v1::PoolStats> Client::GetPoolStats(const v1::GetPoolStatsRequest& request) {
   return Call<v1::GetPoolStatsRequest, v1::PoolStats>(&v1::CacheManager::Stub::GetPoolStats,
                                                       request);

@@ -91,6 +91,13 @@ class Client {
   [[nodiscard]] absl::StatusOr<v1::CloseSequenceResponse> CloseSequence(
       const v1::CloseSequenceRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PoolStats> GetPoolStats(const v1::GetPoolStatsRequest& request);
+  // Pool pressure. An admission the pool refuses (OpenSequence, AppendTokens, ResumeSequence)
+  // fails RESOURCE_EXHAUSTED with a serialized v1::AdmissionHint as the status's payload under
+  // "type.googleapis.com/entrokv.v1.AdmissionHint" (how many frames are missing, when to retry).
+  [[nodiscard]] absl::StatusOr<v1::SwapOutSequenceResponse> SwapOutSequence(
+      const v1::SwapOutSequenceRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ResumeSequenceResponse> ResumeSequence(
+      const v1::ResumeSequenceRequest& request);
   // One page of the model's sequences (request.page_token empty: the first).
   [[nodiscard]] absl::StatusOr<v1::ListSequencesResponse> ListSequences(
       const v1::ListSequencesRequest& request);

@@ -8,6 +8,7 @@
 #include <span>
 
 #include "absl/strings/string_view.h"
+#include "core/pool/pressure.h"
 #include "core/pool/sequence.h"
 
 namespace entrokv {
@@ -40,6 +41,19 @@ class CacheJournal {
   virtual void SequenceClosed(const Sequence& sequence) = 0;
   // A sequence marked lost at recovery was closed by its client (or reopened).
   virtual void LostSequenceForgotten(absl::string_view sequence_id) = 0;
+
+  // Pool pressure. The terms of an open (or swapped-out) sequence changed: tenant, priority,
+  // budget, quota, preemption mark (the page shares are written by SharesSet).
+  virtual void TermsSet(absl::string_view sequence_id, const SequencePressure& terms) = 0;
+  // A decision with a server-chosen budget kept new page shares for `layer` (terms.shares);
+  // made durable with the terms, as one write.
+  virtual void SharesSet(absl::string_view sequence_id, const SequencePressure& terms,
+                         int32_t layer) = 0;
+  // The sequence was swapped out: its block tables, weights and lengths become `snapshot`
+  // (one write; its terms and shares stay). Opening it again (a resume) is SequenceOpened.
+  virtual void SequenceSwappedOut(const SwappedSnapshot& snapshot) = 0;
+  // A swapped-out sequence was closed (terms and shares go too).
+  virtual void SwappedSequenceClosed(absl::string_view sequence_id) = 0;
 };
 
 }  // namespace entrokv

@@ -20,6 +20,7 @@ absl::Status CheckId(absl::string_view field, absl::string_view id) {
 
 absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOptions& options) {
   RETURN_IF_ERROR(ValidateGeometry(options.geometry));
+  RETURN_IF_ERROR(ValidatePressureOptions(options.pressure));
   const int64_t frame_bytes = FrameBytes(options.geometry, options.layout);
   if (options.capacity_bytes < frame_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("capacity_bytes ", options.capacity_bytes,
@@ -121,7 +122,8 @@ absl::Status CacheState::ReserveGrowth(absl::string_view sequence_id, int64_t ol
 
 void CacheState::SettleDaemon() {
   if (limits_.daemon == nullptr) return;
-  const int64_t accounted = pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_;
+  const int64_t accounted =
+      pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_ + shares_bookkeeping_bytes_;
   if (daemon_reserved_bytes_ > accounted) {
     limits_.daemon->Release(daemon_reserved_bytes_ - accounted);
   } else if (daemon_reserved_bytes_ < accounted) {
@@ -135,7 +137,8 @@ CacheState::CacheState(const CacheOptions& options, std::unique_ptr<PagePool> po
       layout_(options.layout),
       name_(options.name),
       limits_(options.limits),
-      pool_(std::move(pool)) {
+      pool_(std::move(pool)),
+      pressure_options_(options.pressure) {
   absl::MutexLock lock(&mu_);
   pool_bookkeeping_bytes_ = PagePool::BookkeepingBytes(pool_->capacity_frames(), geometry_.layers);
 }
@@ -149,13 +152,19 @@ CacheState::~CacheState() {
 }
 
 absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t initial_tokens) {
+  return OpenSequence(sequence_id, initial_tokens, SequenceTerms());
+}
+
+absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t initial_tokens,
+                                      const SequenceTerms& terms) {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(ValidateSequenceTerms(terms, pressure_options_.tenants));
   if (initial_tokens < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("initial_tokens must be >= 0, got ", initial_tokens));
   }
   absl::MutexLock lock(&mu_);
-  if (sequences_.contains(sequence_id)) {
+  if (sequences_.contains(sequence_id) || swapped_.contains(sequence_id)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
   }
   RETURN_IF_ERROR(CheckOneMore());
@@ -174,15 +183,22 @@ absl::Status CacheState::OpenSequence(absl::string_view sequence_id, int64_t ini
   const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(sequence));
   ForgetLost(sequence_id);
   if (journal_ != nullptr) journal_->SequenceOpened(it->second);
+  AdoptTerms(sequence_id, terms);
   return absl::OkStatus();
 }
 
 absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::string_view parent_id,
                                       int64_t prefix_pages) {
+  return ForkSequence(sequence_id, parent_id, prefix_pages, SequenceTerms());
+}
+
+absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::string_view parent_id,
+                                      int64_t prefix_pages, const SequenceTerms& terms) {
   RETURN_IF_ERROR(CheckId("sequence_id", sequence_id));
+  RETURN_IF_ERROR(ValidateSequenceTerms(terms, pressure_options_.tenants));
   RETURN_IF_ERROR(CheckId("parent_id", parent_id));
   absl::MutexLock lock(&mu_);
-  if (sequences_.contains(sequence_id)) {
+  if (sequences_.contains(sequence_id) || swapped_.contains(sequence_id)) {
     return absl::AlreadyExistsError(absl::StrCat("sequence \"", sequence_id, "\" is already open"));
   }
   const auto parent = sequences_.find(parent_id);
@@ -204,33 +220,13 @@ absl::Status CacheState::ForkSequence(absl::string_view sequence_id, absl::strin
   const auto [it, inserted] = sequences_.emplace(std::string(sequence_id), std::move(child));
   ForgetLost(sequence_id);
   if (journal_ != nullptr) journal_->SequenceOpened(it->second);
+  AdoptTerms(sequence_id, terms);
   return absl::OkStatus();
 }
 
 absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence_id,
                                                       int64_t tokens) {
-  absl::MutexLock lock(&mu_);
-  const auto it = sequences_.find(sequence_id);
-  if (it == sequences_.end()) return Missing("sequence", sequence_id);
-  Sequence& sequence = it->second;
-  const int64_t old_bytes = sequence.bookkeeping_bytes();
-  const absl::Cleanup settle = [this]() ABSL_NO_THREAD_SAFETY_ANALYSIS { SettleDaemon(); };
-  if (tokens >= 0 && tokens <= kMaxSequenceTokens - sequence.length()) {
-    RETURN_IF_ERROR(
-        ReserveGrowth(sequence_id, old_bytes,
-                      sequence.BookkeepingBytesWithCapacity(sequence.TableCapacityAfter(tokens))));
-  }
-  ASSIGN_OR_RETURN(AppendResult result, sequence.Append(tokens, *pool_));
-  sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
-  bytes_copied_total_ += result.frames_copied * pool_->frame_bytes();
-  if (journal_ != nullptr) {
-    int64_t first_changed = it->second.page_count();
-    for (const FrameAssignment& frame : result.new_frames) {
-      first_changed = std::min(first_changed, frame.page);
-    }
-    journal_->TokensAppended(it->second, first_changed);
-  }
-  return result;
+  return AppendTokens(sequence_id, tokens, AppendOptions());
 }
 
 absl::StatusOr<TruncateResult> CacheState::TruncateSequence(absl::string_view sequence_id,
@@ -245,6 +241,23 @@ absl::StatusOr<TruncateResult> CacheState::TruncateSequence(absl::string_view se
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - old_bytes;
   SettleDaemon();
   if (journal_ != nullptr) journal_->TokensTruncated(sequence, old_pages);
+  // Page shares past the new end go with their pages: a page appended there later is unscored
+  // until a decision scores it, so no quota takes it first. Their capacity stays accounted.
+  NoteOwnerCall(sequence_id);
+  SequencePressure& terms = TermsOf(sequence_id);
+  const auto pages = static_cast<size_t>(sequence.page_count());
+  std::vector<bool> trimmed(static_cast<size_t>(geometry_.layers), false);
+  for (size_t t = 0; t < terms.shares.size(); ++t) {
+    if (terms.shares[t].size() <= pages) continue;
+    terms.shares[t].resize(pages);
+    trimmed[t / static_cast<size_t>(geometry_.kv_groups)] = true;
+  }
+  for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
+    if (trimmed[static_cast<size_t>(layer)] && journal_ != nullptr) {
+      journal_->SharesSet(sequence_id, terms, layer);
+    }
+  }
+  Rebalance();
   return result;
 }
 
@@ -385,17 +398,28 @@ absl::Status CacheState::CloseSequence(absl::string_view sequence_id) {
       ForgetLost(sequence_id);
       return absl::OkStatus();
     }
+    if (swapped_.contains(sequence_id)) return CloseSwapped(sequence_id);
     return Missing("sequence", sequence_id);
   }
   if (journal_ != nullptr) journal_->SequenceClosed(it->second);
   sequence_bookkeeping_bytes_ -= it->second.bookkeeping_bytes();
+  if (const auto terms = terms_.find(sequence_id); terms != terms_.end()) {
+    shares_bookkeeping_bytes_ -= SharesBytes(terms->second);
+    terms_.erase(terms);
+  }
+  last_call_.erase(sequence_id);
   SettleDaemon();
   const absl::Status released = it->second.Release(*pool_);
   sequences_.erase(it);
+  Rebalance();
   return released;
 }
 
 absl::Status CacheState::Missing(absl::string_view what, absl::string_view id) const {
+  if (swapped_.contains(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(what, " \"", id, "\" is swapped out; ResumeSequence it first (or close it)"));
+  }
   if (const auto lost = lost_.find(id); lost != lost_.end()) {
     return absl::FailedPreconditionError(
         absl::StrCat(what, " \"", id, "\" was lost when entrokvd restarted: ", lost->second,
@@ -422,7 +446,8 @@ void CacheState::MarkLost(const std::vector<std::string>& sequence_ids, const st
   }
 }
 
-absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
+absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots,
+                                 std::vector<SwappedSnapshot> swapped) {
   absl::MutexLock lock(&mu_);
   if (!sequences_.empty() || pool_->used_frames() != 0) {
     return absl::FailedPreconditionError("restore: the pool already holds sequences");
@@ -431,12 +456,14 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
   std::vector<int32_t> refcounts(capacity, 0);
   std::vector<int32_t> layers(capacity, -1);
   absl::flat_hash_map<std::string, Sequence> restored;
+  absl::flat_hash_map<std::string, SequencePressure> terms;
   for (SequenceSnapshot& snapshot : snapshots) {
     const std::string id = snapshot.id;
     const auto fail = [&id](absl::string_view what) {
       return absl::DataLossError(absl::StrCat("sequence \"", id, "\": ", what));
     };
     if (id.empty() || restored.contains(id)) return fail("empty or duplicate id");
+    terms[id] = snapshot.pressure.value_or(SequencePressure());
     ASSIGN_OR_RETURN(
         Sequence sequence,
         Sequence::FromSnapshot(id, geometry_, layout_, snapshot.length, std::move(snapshot.tables),
@@ -468,8 +495,16 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots) {
     }
     restored.emplace(id, std::move(sequence));
   }
+  RETURN_IF_ERROR(CheckSwapped(swapped, restored));
   RETURN_IF_ERROR(pool_->Restore(refcounts, layers));
   sequences_ = std::move(restored);
+  terms_ = std::move(terms);
+  RestoreSwapped(std::move(swapped));
+  shares_bookkeeping_bytes_ = 0;
+  for (const auto& [id, pressure] : terms_) {
+    shares_bookkeeping_bytes_ += SharesBytes(pressure);
+    next_order_ = std::max(next_order_, pressure.admitted + 1);
+  }
   // Recovery restores what was open even beyond today's limits; new growth is bounded again.
   sequence_bookkeeping_bytes_ = 0;
   for (auto& [id, sequence] : sequences_) {
@@ -494,7 +529,7 @@ absl::StatusOr<SequenceInfo> CacheState::GetSequence(absl::string_view sequence_
   absl::MutexLock lock(&mu_);
   const auto it = sequences_.find(sequence_id);
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
-  return Describe(it->second, with_block_tables);
+  return DescribeWithTerms(it->second, with_block_tables);
 }
 
 absl::StatusOr<int64_t> CacheState::SequenceLength(absl::string_view sequence_id) const {
@@ -509,7 +544,7 @@ std::vector<SequenceInfo> CacheState::ListSequences(bool with_block_tables) cons
   std::vector<SequenceInfo> infos;
   infos.reserve(sequences_.size());
   for (const auto& [id, sequence] : sequences_) {
-    infos.push_back(Describe(sequence, with_block_tables));
+    infos.push_back(DescribeWithTerms(sequence, with_block_tables));
   }
   std::sort(infos.begin(), infos.end(),
             [](const SequenceInfo& a, const SequenceInfo& b) { return a.id < b.id; });
@@ -553,7 +588,7 @@ absl::StatusOr<SequencePage> CacheState::ListSequencePage(const ListOptions& opt
       }
       entries += needed;
     }
-    page.sequences.push_back(Describe(sequence, options.with_block_tables));
+    page.sequences.push_back(DescribeWithTerms(sequence, options.with_block_tables));
   }
   page.more = page.sequences.size() < after.size();
   return page;
@@ -575,7 +610,9 @@ PoolStats CacheState::Stats() const {
   stats.bytes_moved_total = 0;
   stats.bytes_copied_total = bytes_copied_total_;
   stats.decisions_total = decisions_total_;
-  stats.bookkeeping_bytes = pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_;
+  stats.bookkeeping_bytes =
+      pool_bookkeeping_bytes_ + sequence_bookkeeping_bytes_ + shares_bookkeeping_bytes_;
+  stats.pressure = PressureStatsLocked();
   return stats;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,11 +16,13 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "core/pool/arena.h"
 #include "core/pool/bookkeeping_budget.h"
 #include "core/pool/cache_journal.h"
 #include "core/pool/geometry.h"
 #include "core/pool/page_pool.h"
+#include "core/pool/pressure.h"
 #include "core/pool/sequence.h"
 
 namespace entrokv {
@@ -44,6 +48,7 @@ struct CacheOptions {
   std::string name;            // the pool's name (metric label, arena name hint)
   HostArenaSource host_arena;  // host backend: the arena's exact name, attach or keep it
   CacheLimits limits;
+  PressureOptions pressure;  // server-chosen budgets, admission, tenants, swapping
 };
 
 // One sequence as a journal recorded it, for Restore.
@@ -53,6 +58,7 @@ struct SequenceSnapshot {
   std::vector<std::vector<FrameId>> tables;       // [layer * kv_groups + group][page]
   std::vector<std::vector<double>> head_weights;  // [layer]: empty or query_heads values
   std::vector<std::vector<float>> running_sums;   // empty, or [layer]: see Sequence::running_sum
+  std::optional<SequencePressure> pressure;       // absent: default terms
 };
 
 struct SequenceInfo {
@@ -61,6 +67,43 @@ struct SequenceInfo {
   int64_t live_frames = 0;  // distinct frames referenced, shared ones included
   // [layer][group][page]: frame id or kNoFrame; empty unless asked for.
   std::vector<std::vector<std::vector<FrameId>>> block_tables;
+  std::string tenant;
+  int32_t priority = 0;
+  PressureReport pressure;  // reclaimed_frames 0
+};
+
+// AppendTokens' options (pool pressure).
+struct AppendOptions {
+  // The first tokens of a new sequence (OpenSequence's initial_tokens): an admission, which
+  // waits behind older refused admissions of at least its priority. A running sequence's
+  // growth does not.
+  bool admission = false;
+  // Filled when the call fails RESOURCE_EXHAUSTED because the pool lacks frames.
+  AdmissionRefusal* refusal = nullptr;
+};
+
+// One layer of a decision with a server-chosen budget: the groups' pooled page scores
+// (GroupDecision::page_scores), one per page.
+struct AutoLayer {
+  int32_t layer = 0;
+  std::vector<std::vector<float>> page_scores;  // [group][page]
+};
+// The terms of such a decision.
+struct AutoTerms {
+  std::optional<double> floor_fraction;  // unset: the sequence's (an auto sequence's) or 1
+  bool protect_tail = true;
+  int64_t sink_pages = 0;
+  int64_t recent_pages = 0;
+};
+// What it did.
+struct AutoResult {
+  std::vector<ApplyResult> layers;  // per decided layer, in order
+  int64_t reclaimed_frames = 0;     // units the quota took (every layer)
+};
+
+struct SwapOutResult {
+  int64_t freed_frames = 0;
+  int64_t swapped_bytes = 0;
 };
 
 // One page of a listing (CacheState::ListSequencePage).
@@ -100,8 +143,10 @@ struct PoolStats {
   int64_t bytes_copied_total = 0;  // copy-on-write of shared tail pages on append
   int64_t decisions_total = 0;     // layer decisions applied
   // The pool's and every sequence's accounted bookkeeping (entrokv_pool_bookkeeping_bytes):
-  // PagePool::BookkeepingBytes plus Sequence::bookkeeping_bytes of each open sequence.
+  // PagePool::BookkeepingBytes plus Sequence::bookkeeping_bytes of each open sequence, plus the
+  // page shares of sequences with server-chosen budgets and swapped-out sequences' tables.
   int64_t bookkeeping_bytes = 0;
+  PressureStats pressure;
 };
 
 // Owns one PagePool and every open sequence of one model. Thread-safe: every method takes the
@@ -144,7 +189,7 @@ class CacheState {
   // sequence's or the model's bookkeeping would pass its CacheLimits bound.
   [[nodiscard]] absl::StatusOr<AppendResult> AppendTokens(absl::string_view sequence_id,
                                                           int64_t tokens);
-  // See Sequence::Truncate. NOT_FOUND unknown id.
+  // See Sequence::Truncate; page shares past the new end go too. NOT_FOUND unknown id.
   [[nodiscard]] absl::StatusOr<TruncateResult> TruncateSequence(absl::string_view sequence_id,
                                                                 int64_t tokens);
   // See Sequence::ApplyDecision. NOT_FOUND unknown id.
@@ -184,8 +229,58 @@ class CacheState {
   [[nodiscard]] absl::StatusOr<std::vector<uint8_t>> LivePages(absl::string_view sequence_id,
                                                                int32_t layer) const;
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
-  // Closing a sequence marked lost succeeds and forgets it.
+  // Closing a sequence marked lost succeeds and forgets it; closing a swapped-out one drops its
+  // swapped bytes.
   [[nodiscard]] absl::Status CloseSequence(absl::string_view sequence_id);
+
+  // ---- Pool pressure (cache_state_pressure.cc, cache_state_swap.cc) ----------------------
+  // A sequence with server-chosen budget (terms.auto_floor, or an AutoDecision) gets a quota
+  // when the pool is over its target occupancy or an admission does not fit; the quota is
+  // applied at the sequence's own next AppendTokens or AutoDecision, never by another call, so
+  // no frame leaves a sequence while its owner may still read it. Quotas never take the
+  // sequence's floor, its protected pages or pages no decision scored.
+
+  // OpenSequence / ForkSequence with pool-pressure terms (tenant, priority, auto budget);
+  // INVALID_ARGUMENT naming the term (ValidateSequenceTerms) before anything changes.
+  [[nodiscard]] absl::Status OpenSequence(absl::string_view sequence_id, int64_t initial_tokens,
+                                          const SequenceTerms& terms);
+  [[nodiscard]] absl::Status ForkSequence(absl::string_view sequence_id,
+                                          absl::string_view parent_id, int64_t prefix_pages,
+                                          const SequenceTerms& terms);
+  // AppendTokens as an admission or a running sequence's growth. A sequence with a quota first
+  // evicts down to it (AppendResult::evicted; only when the call succeeds). When the frames are
+  // not there the daemon plans quotas for the others (PlanReclaim) and, if that is not enough,
+  // names sequences to preempt; the call then fails RESOURCE_EXHAUSTED with nothing allocated
+  // or evicted and options.refusal says why.
+  [[nodiscard]] absl::StatusOr<AppendResult> AppendTokens(absl::string_view sequence_id,
+                                                          int64_t tokens,
+                                                          const AppendOptions& options);
+  // A decision with a server-chosen budget over `layers` (each at most once): keeps each
+  // layer's page shares, makes the sequence's budget the daemon's (terms.floor_fraction), and
+  // evicts down to its quota among the decided layers (each taking its layers' part of the
+  // quota). All or nothing, as ApplyDecisions; the same errors, plus FAILED_PRECONDITION when
+  // a layer's scores do not match its groups or pages, INVALID_ARGUMENT for a bad floor.
+  [[nodiscard]] absl::StatusOr<AutoResult> ApplyAutoDecision(absl::string_view sequence_id,
+                                                             int64_t decided_tokens,
+                                                             std::span<const AutoLayer> layers,
+                                                             const AutoTerms& terms);
+  // The sequence's quota and the pool's occupancy now. NOT_FOUND unknown id.
+  [[nodiscard]] absl::StatusOr<PressureReport> Pressure(absl::string_view sequence_id) const;
+
+  // Copies the sequence's live frames into a host swap arena and frees them; the sequence stays
+  // open, swapped out (calls naming it get FAILED_PRECONDITION until Resume or Close).
+  // FAILED_PRECONDITION for a cuda pool or with swapping off (max_swap_bytes 0);
+  // RESOURCE_EXHAUSTED naming max_swap_bytes when the swapped bytes would pass it.
+  [[nodiscard]] absl::StatusOr<SwapOutResult> SwapOut(absl::string_view sequence_id);
+  // Copies a swapped-out sequence back into new frames (an admission, as AppendTokens with
+  // options.admission) and returns every live entry of its new block tables. NOT_FOUND unknown;
+  // FAILED_PRECONDITION for a resident sequence.
+  [[nodiscard]] absl::StatusOr<AppendResult> Resume(absl::string_view sequence_id,
+                                                    AdmissionRefusal* refusal);
+  // The swapped-out sequences, sorted.
+  [[nodiscard]] std::vector<std::string> SwappedIds() const;
+  // Host arenas of swapped-out sequences (their names), for the daemon's arena bookkeeping.
+  [[nodiscard]] std::vector<std::string> SwapArenaNames() const;
 
   // Crash recovery. Every later change is reported to `journal` (not owned; must outlive this,
   // or be reset to nullptr first). Destroying the CacheState reports nothing: a shutdown keeps
@@ -196,7 +291,10 @@ class CacheState {
   // naming the first inconsistency (a bad shape, a frame outside the pool or named by two
   // layers, a kLayer page naming two frames, a duplicate id); FAILED_PRECONDITION unless no
   // sequence is open. All or nothing. Reports nothing to the journal.
-  [[nodiscard]] absl::Status Restore(std::vector<SequenceSnapshot> sequences);
+  // Swapped-out sequences come back swapped out, their arenas attached by name; one whose arena
+  // is gone is marked lost.
+  [[nodiscard]] absl::Status Restore(std::vector<SequenceSnapshot> sequences,
+                                     std::vector<SwappedSnapshot> swapped = {});
   // Sequences whose frames did not survive a restart (a cuda arena dies with its process):
   // calls naming them get FAILED_PRECONDITION "... was lost ...: <reason>" until the client
   // closes or reopens them.
@@ -256,6 +354,101 @@ class CacheState {
   // Drops a lost mark (the id is open again or its client closed it), journaled.
   void ForgetLost(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // ---- Pool pressure internals (cache_state_pressure.cc) ----
+  // A refused admission waiting for its retry.
+  struct Pending {
+    int64_t order = 0;  // its first attempt's admission order
+    int64_t need = 0;   // frames it asked for last
+    int32_t priority = 0;
+    absl::Time last_attempt;
+  };
+  // A swapped-out sequence: its tables as slots of `arena`, one frame's bytes per slot.
+  struct Swapped {
+    int64_t length = 0;
+    std::vector<std::vector<int32_t>> slots;  // [layer * kv_groups + group][page], -1 evicted
+    int64_t slot_count = 0;
+    std::vector<std::vector<double>> head_weights;
+    std::vector<std::vector<float>> running_sums;  // empty, or [layer]
+    std::unique_ptr<MemoryArena> arena;
+    bool keep_name = false;  // the arena's name outlives it: unlinked by hand when dropped
+    int64_t bookkeeping_bytes = 0;
+  };
+  // Frame units a quota takes from one sequence: per unit (layer, first group, page).
+  struct Eviction {
+    std::vector<std::vector<std::vector<int32_t>>> pages;  // [layer][group]: pages to evict
+    int64_t units = 0;
+    int64_t frames_freed = 0;  // those whose frame returns to the free list
+  };
+  // Frame units per (layer, page): kv_groups in kGroup, 1 in kLayer.
+  [[nodiscard]] int UnitGroups() const {
+    return layout_ == FrameLayout::kGroup ? 1 : geometry_.kv_groups;
+  }
+  [[nodiscard]] int64_t UncompressedFrames(int64_t pages) const;
+  [[nodiscard]] int64_t FloorOf(const Sequence& sequence, const SequencePressure& terms) const;
+  // The units a quota of `quota` takes from the sequence now (limited to `layers` when not
+  // empty, each layer taking its part of the quota): the least valuable scored, unprotected
+  // units, never below the floor. Changes nothing.
+  [[nodiscard]] Eviction PlanEviction(const Sequence& sequence, const SequencePressure& terms,
+                                      int64_t quota, std::span<const int32_t> layers) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Applies it (journaled; counted under the quota's reason); returns one ApplyResult per
+  // touched layer, in `touched` order.
+  [[nodiscard]] absl::StatusOr<std::vector<ApplyResult>> ApplyEviction(Sequence& sequence,
+                                                                       SequencePressure& terms,
+                                                                       const Eviction& eviction)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets quotas on sequences with server-chosen budgets so that `demand` more frames come back
+  // (beyond those already owed); returns the frames owed in all after planning.
+  int64_t PlanQuotas(int64_t demand, ReclaimReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frames owners still owe: sum over quota'd sequences of live - quota.
+  [[nodiscard]] int64_t OwedFrames() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Frames older waiting admissions of at least `priority` hold back from an admission of
+  // `order` (not counting `sequence_id`'s own).
+  [[nodiscard]] int64_t ReservedFrames(absl::string_view sequence_id, int32_t priority,
+                                       int64_t order) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The admission order of `sequence_id`: its waiting admission's, else a new one.
+  int64_t AdmissionOrder(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `need` frames did not fit: plans quotas, remembers a waiting admission, names victims;
+  // RESOURCE_EXHAUSTED naming what is missing, `refusal` filled.
+  [[nodiscard]] absl::Status Refuse(absl::string_view sequence_id, int64_t need, int64_t available,
+                                    int32_t priority, int64_t order, bool admission,
+                                    AdmissionRefusal* refusal) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After a change: quotas toward the target when over it, lifted when well under it with no
+  // admission waiting; expired waiting admissions dropped.
+  void Rebalance() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A call of the sequence's owner: the interval estimate behind retry hints.
+  void NoteOwnerCall(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] int64_t RetryAfterMs() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] PressureReport ReportOf(const Sequence* sequence,
+                                        const SequencePressure& terms) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  [[nodiscard]] absl::Time Now() const;
+  // The terms of an open (or swapped) sequence. REQUIRES: it has them.
+  SequencePressure& TermsOf(absl::string_view sequence_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void JournalTerms(absl::string_view sequence_id, const SequencePressure& terms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Bytes of the page shares `terms` holds (accounted as bookkeeping).
+  [[nodiscard]] static int64_t SharesBytes(const SequencePressure& terms);
+  [[nodiscard]] PressureStats PressureStatsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Gives a sequence just opened (or forked) its terms, `terms` already validated.
+  void AdoptTerms(absl::string_view sequence_id, const SequenceTerms& terms)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Closes a swapped-out sequence: its bytes and terms go (journaled).
+  [[nodiscard]] absl::Status CloseSwapped(absl::string_view sequence_id)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Restore's checks of swapped-out sequences (DATA_LOSS naming the first problem: a bad shape,
+  // a slot outside the arena, an id also resident or repeated), and their adoption: each arena
+  // attached by name, a sequence whose arena is gone marked lost.
+  [[nodiscard]] absl::Status CheckSwapped(
+      const std::vector<SwappedSnapshot>& swapped,
+      const absl::flat_hash_map<std::string, Sequence>& resident) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RestoreSwapped(std::vector<SwappedSnapshot> swapped) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The sequence's description (Describe) with its terms.
+  [[nodiscard]] SequenceInfo DescribeWithTerms(const Sequence& sequence,
+                                               bool with_block_tables) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ModelGeometry geometry_;
   const FrameLayout layout_;
   const std::string name_;
@@ -273,6 +466,19 @@ class CacheState {
   int64_t sequence_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // sum over sequences_
   int64_t daemon_reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;       // held in limits_.daemon
   std::function<void()> decision_hook_ ABSL_GUARDED_BY(mu_);
+
+  // Pool pressure.
+  const PressureOptions pressure_options_;
+  // Every open (resident or swapped-out) sequence's terms.
+  absl::flat_hash_map<std::string, SequencePressure> terms_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, Swapped> swapped_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, absl::Time> last_call_ ABSL_GUARDED_BY(mu_);
+  int64_t next_order_ ABSL_GUARDED_BY(mu_) = 1;
+  double call_interval_ms_ ABSL_GUARDED_BY(mu_) = 0.0;  // mean of owners' call intervals
+  int64_t shares_bookkeeping_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t swapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  PressureStats counters_ ABSL_GUARDED_BY(mu_);  // the counters only (tenants filled on read)
 };
 
 }  // namespace entrokv

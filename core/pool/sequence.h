@@ -33,6 +33,15 @@ struct AppendResult {
   // layout the kv_groups entries of one (layer, page) name the same frame.
   std::vector<FrameAssignment> new_frames;
   int64_t frames_copied = 0;  // shared tail frames copied on write (each frame_bytes)
+  // Pool pressure (CacheState::AppendTokens): the pages a quota took from the sequence before
+  // the new frames were allocated, per (layer, group) with any, and how many frame units.
+  struct Evicted {
+    int32_t layer = 0;
+    int32_t group = 0;
+    std::vector<int32_t> pages;  // ascending
+  };
+  std::vector<Evicted> evicted;
+  int64_t reclaimed_frames = 0;
 };
 
 // One layer's share of a decision: the pages each group keeps (see Sequence::ApplyDecision)

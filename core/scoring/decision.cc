@@ -162,6 +162,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
     group.kept_pages = std::move(selection.kept_pages);
     group.weights = std::move(selection.weights);
     group.entropies = std::move(selection.entropies);
+    if (request.page_scores) group.page_scores = selection.page_scores;
     if (layer_scope && !selection.page_scores.empty()) {
       page_scores.push_back(std::move(selection.page_scores));
     }

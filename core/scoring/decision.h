@@ -28,6 +28,8 @@ struct LayerRequest {
   // layer scope the candidates are the pages every group still holds.
   std::span<const uint8_t> live_pages;
   bool measure = true;  // compute the shadow UOR, disagreement, mass
+  // Fill GroupDecision::page_scores (the daemon keeps them for server-chosen budgets).
+  bool page_scores = false;
   // One page set per (layer, group), or one per layer shared by every group
   // (docs/architecture.md §3.9).
   SelectionScope scope = SelectionScope::kGroup;
@@ -64,6 +66,10 @@ struct GroupDecision {
   std::optional<double> shadow_uor;
   std::optional<double> disagreement;   // mean pairwise Jaccard disagreement of the shadow
   std::optional<double> retained_mass;  // share of the group's mean statistic kept
+  // With LayerRequest::page_scores: I_g[b], the pooled page scores the group's pages were
+  // ranked by, one per page (evicted ones included); empty for policies that rank none
+  // (head_independent, streaming). The same values on both paths (DecideLayer, FusedScorer).
+  std::vector<float> page_scores;
 };
 
 struct LayerDecision {

@@ -173,6 +173,10 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     }
   }
   if (!ok) return false;
+  if (request.page_scores) {
+    decision->page_scores.assign(page_max_.begin(),
+                                 page_max_.begin() + static_cast<ptrdiff_t>(pages));
+  }
 
   // Selection: the protected pages (the shared rules) get bit 31 of their key; evicted pages get
   // key 0 below every live page (whose keys are shifted up by one), so they are never kept.

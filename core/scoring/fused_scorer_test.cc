@@ -101,6 +101,7 @@ void ExpectSameDecision(const LayerDecision& expected, const LayerDecision& actu
     EXPECT_EQ(want.shadow_uor, got.shadow_uor) << "group " << g;
     EXPECT_EQ(want.disagreement, got.disagreement) << "group " << g;
     EXPECT_EQ(want.retained_mass, got.retained_mass) << "group " << g;
+    EXPECT_EQ(want.page_scores, got.page_scores) << "group " << g;
   }
 }
 
@@ -186,6 +187,7 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     request.quota_pages = quota;
     request.cached_weights = cached;
     request.measure = pick(0, 1) == 1;
+    request.page_scores = pick(0, 1) == 1;
     std::vector<uint8_t> live;  // a decode-time decision after evictions: n or G * n entries
     if (pick(0, 3) == 0) {
       const int64_t entries = pick(0, 1) == 0 ? pages : pages * groups;
@@ -210,6 +212,30 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     ASSERT_TRUE(again.ok());
     ExpectSameDecision(*expected, *again);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(FusedScorerTest, PageScoresAreThePooledPageMaximaOnlyWhenAsked) {
+  PolicyOptions options;
+  options.page_size = 4;
+  const Policy& policy = **FindPolicy("mean");
+  // Two heads, one group: the pooled row is the head mean; page b's score is its maximum.
+  const std::vector<float> values = {0.1f, 0.2f, 0.3f, 0.4f, 0.9f, 0.0f, 0.0f, 0.0f, 0.5f,
+                                     0.3f, 0.2f, 0.1f, 0.4f, 0.3f, 0.2f, 0.1f, 0.1f, 0.0f};
+  const Statistic statistic(DType::kFloat32, 2, 9, values);
+  LayerRequest request = LayerRequestFor(statistic.View(), 2, 1, 9, 1);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision plain, DecideLayer(policy, options, request));
+  EXPECT_TRUE(plain.groups[0].page_scores.empty());
+  request.page_scores = true;
+  for (const bool fused : {false, true}) {
+    FusedScorer scorer(options);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(
+        LayerDecision decision,
+        fused ? scorer.DecideLayer(policy, request) : DecideLayer(policy, options, request));
+    // Means per token: .2 .2 .2 .4 | .6 .1 .05 .05 | .25
+    EXPECT_THAT(decision.groups[0].page_scores,
+                ::testing::Pointwise(::testing::FloatEq(), std::vector<float>{0.4f, 0.6f, 0.25f}))
+        << (fused ? "fused" : "reference");
   }
 }
 

@@ -20,7 +20,10 @@ POOL_SERIES = ("entrokv_pool_frames", "entrokv_pool_capacity_bytes",
                "entrokv_pages_retained_total", "entrokv_union_overhead_ratio",
                "entrokv_group_disagreement", "entrokv_page_union_ratio",
                "entrokv_retained_mass_ratio", "entrokv_group_scope_page_union_ratio",
-               "entrokv_layer_scope_frames_saved_total")
+               "entrokv_layer_scope_frames_saved_total", "entrokv_pool_target_occupancy",
+               "entrokv_frames_reclaimed_total", "entrokv_admissions_total",
+               "entrokv_preemptions_total", "entrokv_swaps_total", "entrokv_sequences_swapped",
+               "entrokv_tenant_used_frames", "entrokv_tenant_guaranteed_frames")
 
 
 def problems(dashboard):

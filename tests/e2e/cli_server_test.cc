@@ -53,6 +53,11 @@ TEST_F(CliServerTest, ReplayKeepsExactlyThePlannedFramesAndListsItsSequences) {
   EXPECT_EQ(JsonInt(sequences.out, "live_frames"), 2 * 25);
   EXPECT_EQ(JsonInt(sequences.out, "block_tables"), 4);
   EXPECT_EQ(JsonInt(sequences.out, "table_pages"), 63);
+  // Fixed budgets under no pressure: the default tenant, priority 0, no quota.
+  EXPECT_THAT(sequences.out, HasSubstr("\"tenant\":\"\""));
+  EXPECT_EQ(JsonInt(sequences.out, "priority"), 0);
+  EXPECT_EQ(JsonInt(sequences.out, "quota_frames"), 0);
+  EXPECT_THAT(sequences.out, HasSubstr("\"preempt\":false"));
 
   const CliRun status = RunCli(absl::StrCat("status ", server_, " --json"));
   ASSERT_EQ(status.exit_code, 0) << status.out;

@@ -217,6 +217,155 @@ TEST(CrashRecoveryTest, ArenaGoneMarksSequencesLost) {
   shm_unlink(fresh.c_str());
 }
 
+// Pool pressure's state survives kill -9: a sequence's tenant, priority, server-chosen budget
+// and quota (still applied by its owner's next call, by the recovered page shares), and a
+// swapped-out sequence, resumed after the restart with its bytes.
+TEST(CrashRecoveryTest, QuotasTenantsAndSwappedSequencesSurviveKillNine) {
+  const std::string dir = FreshDir("crash_pressure");
+  const std::vector<std::string> flags = {"--tenant_share=gold=0.5", "--target_occupancy=1"};
+  constexpr uint64_t kFrameBytes = 2 * 16 * 8 * 2;
+  std::string arena;
+  std::vector<v1::FrameAssignment> swapped_frames;
+  {
+    Daemon daemon(dir, flags);
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    auto& stub = daemon.stub();
+    {
+      grpc::ClientContext context;
+      v1::RegisterModelResponse response;
+      ASSERT_TRUE(
+          stub.RegisterModel(&context, RegisterRequest("m", 3, 8, 2, 60 * kFrameBytes), &response)
+              .ok());
+    }
+    arena = ArenaName(daemon, "m");
+    {
+      grpc::ClientContext context;
+      v1::OpenSequenceRequest request;
+      request.set_model_id("m");
+      request.set_sequence_id("a");
+      request.set_initial_tokens(60);  // 4 pages x 3 layers x 2 groups: 24 frames
+      request.set_tenant("gold");
+      request.set_priority(3);
+      request.mutable_auto_budget()->set_floor_fraction(0.25);
+      v1::OpenSequenceResponse response;
+      ASSERT_TRUE(stub.OpenSequence(&context, request, &response).ok());
+    }
+    {
+      grpc::ClientContext context;
+      v1::DecideRequest request;
+      request.set_model_id("m");
+      request.set_sequence_id("a");
+      request.mutable_budget()->mutable_auto_budget()->set_floor_fraction(0.25);
+      std::vector<float> values(8 * 60, 0.001f);
+      for (int h = 0; h < 8; ++h) {
+        for (int t = 0; t < 16; ++t) values[h * 60 + t] = 1.0f;  // page 0 holds the mass
+      }
+      for (int layer = 0; layer < 3; ++layer) {
+        v1::LayerStatistic* in = request.add_layers();
+        in->set_layer(layer);
+        *in->mutable_statistic() = BytesStatistic(values, 8, 60, v1::DTYPE_FLOAT32);
+      }
+      v1::DecideResponse response;
+      const grpc::Status decided = stub.Decide(&context, request, &response);
+      ASSERT_TRUE(decided.ok()) << decided.error_message();
+    }
+    {
+      grpc::ClientContext context;
+      v1::OpenSequenceRequest request;
+      request.set_model_id("m");
+      request.set_sequence_id("c");
+      request.set_initial_tokens(30);  // 12 frames
+      v1::OpenSequenceResponse response;
+      ASSERT_TRUE(stub.OpenSequence(&context, request, &response).ok());
+      swapped_frames.assign(response.new_frames().begin(), response.new_frames().end());
+    }
+    {
+      absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
+          HostArenaMapping::OpenByName(arena);
+      ASSERT_TRUE(mapping.ok()) << mapping.status();
+      for (const v1::FrameAssignment& entry : swapped_frames) {
+        std::memset(static_cast<char*>((*mapping)->data()) + entry.frame() * kFrameBytes,
+                    static_cast<int>(1 + entry.layer() * 8 + entry.group() * 4 + entry.page()),
+                    kFrameBytes);
+      }
+    }
+    {
+      grpc::ClientContext context;
+      v1::SwapOutSequenceRequest request;
+      request.set_model_id("m");
+      request.set_sequence_id("c");
+      v1::SwapOutSequenceResponse response;
+      const grpc::Status swapped = stub.SwapOutSequence(&context, request, &response);
+      ASSERT_TRUE(swapped.ok()) << swapped.error_message();
+      EXPECT_EQ(response.freed_frames(), 12);
+    }
+    // 48 frames asked, 36 free: a quota of 12 on "a" (its light pages), delayed.
+    EXPECT_EQ(Open(stub, "m", "b", 120).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  Daemon daemon(dir, flags);
+  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+  auto& stub = daemon.stub();
+  {
+    grpc::ClientContext context;
+    v1::ListSequencesRequest request;
+    request.set_model_id("m");
+    v1::ListSequencesResponse listed;
+    ASSERT_TRUE(stub.ListSequences(&context, request, &listed).ok());
+    ASSERT_EQ(listed.sequences_size(), 1);  // "c" is swapped out
+    const v1::SequenceInfo& a = listed.sequences(0);
+    EXPECT_EQ(a.tenant(), "gold");
+    EXPECT_EQ(a.priority(), 3);
+    EXPECT_EQ(a.pressure().quota_frames(), 12);
+    EXPECT_EQ(a.pressure().floor_frames(), 6);
+  }
+  {
+    grpc::ClientContext context;
+    v1::GetPoolStatsRequest request;
+    request.set_model_id("m");
+    v1::PoolStats stats;
+    ASSERT_TRUE(stub.GetPoolStats(&context, request, &stats).ok());
+    EXPECT_EQ(stats.sequences_swapped(), 1);
+    EXPECT_EQ(stats.used_frames(), 24);
+  }
+  {
+    grpc::ClientContext context;
+    v1::AppendTokensRequest request;
+    request.set_model_id("m");
+    request.set_sequence_id("a");
+    request.set_tokens(1);
+    v1::AppendTokensResponse response;
+    ASSERT_TRUE(stub.AppendTokens(&context, request, &response).ok());
+    EXPECT_EQ(response.pressure().reclaimed_frames(), 12);
+    for (const v1::GroupEviction& evicted : response.evicted()) {
+      EXPECT_THAT(evicted.pages(), ::testing::Not(::testing::Contains(0)));
+    }
+  }
+  {
+    grpc::ClientContext context;
+    v1::ResumeSequenceRequest request;
+    request.set_model_id("m");
+    request.set_sequence_id("c");
+    v1::ResumeSequenceResponse response;
+    const grpc::Status resumed = stub.ResumeSequence(&context, request, &response);
+    ASSERT_TRUE(resumed.ok()) << resumed.error_message();
+    ASSERT_EQ(response.new_frames_size(), 12);
+    absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping = HostArenaMapping::OpenByName(arena);
+    ASSERT_TRUE(mapping.ok()) << mapping.status();
+    for (const v1::FrameAssignment& entry : response.new_frames()) {
+      const auto* bytes =
+          static_cast<const unsigned char*>((*mapping)->data()) + entry.frame() * kFrameBytes;
+      EXPECT_EQ(bytes[0], 1 + entry.layer() * 8 + entry.group() * 4 + entry.page());
+      EXPECT_EQ(bytes[kFrameBytes - 1], bytes[0]);
+    }
+  }
+  daemon.process().Signal(SIGKILL);
+  EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  std::filesystem::remove_all(dir);
+  shm_unlink(arena.c_str());
+}
+
 // UnregisterModel is for good: the model's records leave the journal, so a restart does not
 // bring it back, and its host arena's kept name is unlinked; another model is untouched.
 TEST(CrashRecoveryTest, AnUnregisteredModelStaysGoneAfterARestart) {

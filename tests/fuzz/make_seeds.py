@@ -161,7 +161,7 @@ def recovery_seeds():
 RPCS = ["RegisterModelRequest", "GetModelRequest", "ListModelsRequest", "OpenSequenceRequest",
         "AppendTokensRequest", "DecideRequest", "DecideLayerRequest", "CloseSequenceRequest",
         "GetPoolStatsRequest", "ListSequencesRequest", "UnregisterModelRequest",
-        "TruncateSequenceRequest"]
+        "TruncateSequenceRequest", "SwapOutSequenceRequest", "ResumeSequenceRequest"]
 
 
 def encode(message, text):
@@ -263,6 +263,19 @@ def request_seeds():
             'budget', 'degrade_on_deadline: true answer_within_ms: 1 budget'))],
         "decide-answer-within-negative": [("DecideRequest", decide_text(bytes_stat).replace(
             'budget', 'answer_within_ms: -1 budget'))],
+        "swap-resume": [("SwapOutSequenceRequest", 'model_id: "m" sequence_id: "s"'),
+                        ("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s" tokens: 1'),
+                        ("SwapOutSequenceRequest", 'model_id: "m" sequence_id: "s"'),
+                        ("ResumeSequenceRequest", 'model_id: "m" sequence_id: "s"'),
+                        ("ResumeSequenceRequest", 'model_id: "m" sequence_id: "s"'),
+                        ("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s" tokens: 2')],
+        "decide-auto-lifecycle": [
+            ("DecideRequest", decide_text(acc_stat(10), "auto_budget { floor_fraction: 0.5 }")),
+            ("DecideRequest", decide_text(bytes_stat, "auto_budget { floor_fraction: 0.5 }")
+             .replace('budget', 'degrade_on_deadline: true budget', 1)),
+            ("DecideRequest", decide_text(bytes_stat, "auto_budget { floor_fraction: 0.5 }")),
+            ("TruncateSequenceRequest", 'model_id: "m" sequence_id: "s" tokens: 5'),
+            ("AppendTokensRequest", 'model_id: "m" sequence_id: "s" tokens: 5')],
         "unregister-refused": [("UnregisterModelRequest", 'model_id: "m"')],
         "unregister-forced": [("UnregisterModelRequest", 'model_id: "m" force: true'),
                               ("GetModelRequest", 'model_id: "m"')],

@@ -104,7 +104,7 @@ bool Parse(const std::string& bytes, Request* request) {
 std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
                                 const std::string& bytes) {
   const auto never_cancelled = [] { return false; };
-  switch (selector % 12) {
+  switch (selector % 14) {
     case 0: {
       v1::RegisterModelRequest request;
       v1::RegisterModelResponse response;
@@ -177,11 +177,23 @@ std::optional<absl::Status> Run(CacheManagerService& service, uint8_t selector,
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoUnregisterModel(request, &response);
     }
-    default: {
+    case 11: {
       v1::TruncateSequenceRequest request;
       v1::TruncateSequenceResponse response;
       if (!Parse(bytes, &request)) return std::nullopt;
       return service.DoTruncateSequence(request, &response);
+    }
+    case 12: {
+      v1::SwapOutSequenceRequest request;
+      v1::SwapOutSequenceResponse response;
+      if (!Parse(bytes, &request)) return std::nullopt;
+      return service.DoSwapOutSequence(request, &response);
+    }
+    default: {
+      v1::ResumeSequenceRequest request;
+      v1::ResumeSequenceResponse response;
+      if (!Parse(bytes, &request)) return std::nullopt;
+      return service.DoResumeSequence(request, &response);
     }
   }
 }

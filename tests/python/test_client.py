@@ -217,6 +217,46 @@ class ClientTest(unittest.TestCase):
         length, rows = self.client.append_tokens_frames("frames", "s", 1)  # into page 3
         self.assertEqual((length, rows.shape), (51, (0, 4)))
 
+    def test_pool_pressure_admission_quota_and_swap(self):
+        self.register("pressure", frames=60)  # 10 pages of 3 layers x 2 groups
+        opened = self.client.open_sequence("pressure", "a", initial_tokens=60, priority=2,
+                                           auto_floor=0.25)
+        self.assertEqual((opened.priority, opened.tenant), (2, ""))
+        self.assertEqual((opened.pressure.live_frames, opened.pressure.floor_frames), (24, 6))
+        decisions = self.client.decide("pressure", "a", layer_stats(3, 60), auto_floor=0.25)
+        self.assertEqual([len(g.kept_pages) for d in decisions for g in d.groups], [4] * 6)
+        self.client.open_sequence("pressure", "b", initial_tokens=60)
+        with self.assertRaises(entrokv.ResourceExhaustedError) as raised:
+            self.client.open_sequence("pressure", "c", initial_tokens=60)
+        hint = raised.exception.admission
+        self.assertIsInstance(hint, entrokv.AdmissionHint)
+        self.assertEqual((hint.outcome, hint.missing_frames), ("delayed", 12))
+        self.assertGreaterEqual(hint.reclaiming_frames, 12)
+        self.assertGreater(hint.retry_after_ms, 0)
+        appended = self.client.append("pressure", "a", 1)  # the owner's call gives the frames
+        self.assertIsInstance(appended, entrokv.Appended)
+        self.assertEqual(appended.evicted.shape, (12, 3))
+        self.assertEqual(appended.pressure.reclaimed_frames, 12)
+        self.assertEqual(appended.new_frames.shape, (0, 4))
+        info, rows, pressure = self.client.open_sequence_frames("pressure", "c", 60)
+        self.assertEqual(rows.shape, (24, 4))
+        stats = self.assert_pool_consistent("pressure")
+        self.assertEqual(stats.admissions_delayed_total, 1)
+        self.assertGreaterEqual(stats.frames_reclaimed_admission_total, 12)
+        self.assertEqual(stats.tenants[-1].tenant, "")
+        freed, swapped = self.client.swap_out("pressure", "c")
+        self.assertEqual((freed, swapped), (24, 24 * FRAME_BYTES))
+        self.assertEqual(self.client.pool_stats("pressure").sequences_swapped, 1)
+        with self.assertRaisesRegex(entrokv.FailedPreconditionError, "swapped out"):
+            self.client.append("pressure", "c", 1)
+        info, rows, pressure = self.client.resume("pressure", "c")
+        self.assertEqual((info.length_tokens, rows.shape), (60, (24, 4)))
+        with self.assertRaisesRegex(entrokv.InvalidArgumentError, "priority"):
+            self.client.open_sequence("pressure", "d", priority=11)
+        for sequence in ("a", "b", "c"):
+            self.client.close_sequence("pressure", sequence)
+        self.assertEqual(self.assert_pool_consistent("pressure").used_frames, 0)
+
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)
         self.assertEqual(entrokv.statistic_message(stats).kind,

@@ -7,8 +7,9 @@ from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, Da
                             InternalError, InvalidArgumentError, NotFoundError, OutOfRangeError,
                             PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
                             UnavailableError, UnimplementedError, UnknownError)
-from entrokv.records import (BlockTable, GroupDecision, LayerDecision, ModelGeometry, PoolInfo,
-                             PoolStats, SequenceInfo)
+from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision, LayerDecision,
+                             ModelGeometry, PoolInfo, PoolStats, PressureInfo, SequenceInfo,
+                             TenantUsage)
 
 Error = EntrokvError  # a short alias for the base class
 
@@ -21,5 +22,5 @@ __all__ = [
     "ResourceExhaustedError", "UnauthenticatedError", "UnavailableError", "UnimplementedError",
     "UnknownError",
     "BlockTable", "GroupDecision", "LayerDecision", "ModelGeometry", "PoolInfo", "PoolStats",
-    "SequenceInfo",
+    "SequenceInfo", "AdmissionHint", "Appended", "PressureInfo", "TenantUsage",
 ]

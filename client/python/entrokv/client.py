@@ -18,7 +18,8 @@ import numpy as np
 
 from entrokv.errors import EntrokvError, from_rpc_error
 from entrokv.records import (BACKENDS, FRAME_LAYOUTS, SELECTION_SCOPES, STATISTIC_KINDS,
-                             LayerDecision, PoolInfo, PoolStats, SequenceInfo, frame_assignments)
+                             Appended, LayerDecision, PoolInfo, PoolStats, PressureInfo,
+                             SequenceInfo, evictions, frame_assignments)
 from entrokv.v1 import cache_manager_pb2 as pb
 from entrokv.v1 import cache_manager_pb2_grpc as pb_grpc
 from entrokv.v1 import types_pb2 as types
@@ -34,7 +35,7 @@ _SERVICE = "entrokv.v1.CacheManager"
 # Retried by the channel on UNAVAILABLE. DecideStream is not: a stream may have applied layers.
 _RETRIED_METHODS = ("RegisterModel", "GetModel", "ListModels", "OpenSequence", "AppendTokens",
                     "Decide", "CloseSequence", "GetPoolStats", "ListSequences",
-                    "TruncateSequence")
+                    "TruncateSequence", "SwapOutSequence", "ResumeSequence")
 # The codes a fail-open decision takes for "no decision": the daemon unreachable, restarting or
 # draining; no answer in time; shed or over a bound. Anything else is the caller's error.
 NO_DECISION_CODES = ("UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
@@ -101,14 +102,16 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
-            token_slots: Optional[int]) -> "types.Budget":
-    given = [value is not None for value in (pages, fraction, token_slots)]
+            token_slots: Optional[int], auto_floor: Optional[float] = None) -> "types.Budget":
+    given = [value is not None for value in (pages, fraction, token_slots, auto_floor)]
     if sum(given) != 1:
-        raise ValueError("budget: give exactly one of pages, fraction, token_slots")
+        raise ValueError("budget: give exactly one of pages, fraction, token_slots, auto_floor")
     if pages is not None:
         return types.Budget(pages_per_group=pages)
     if fraction is not None:
         return types.Budget(fraction=fraction)
+    if auto_floor is not None:
+        return types.Budget(auto_budget=types.AutoBudget(floor_fraction=auto_floor))
     return types.Budget(token_slots=token_slots)
 
 
@@ -261,12 +264,36 @@ class Client:
         return self._call(self._stub.UnregisterModel, request).closed_sequences
 
     def open_sequence(self, model_id: str, sequence_id: str, initial_tokens: int = 0,
-                      parent: Optional[str] = None, prefix_pages: int = 0) -> SequenceInfo:
+                      parent: Optional[str] = None, prefix_pages: int = 0, *,
+                      tenant: str = "", priority: int = 0,
+                      auto_floor: Optional[float] = None) -> SequenceInfo:
+        """Opens a sequence. Pool pressure: `tenant` (one of the daemon's --tenant_share names,
+        "" the default), `priority` in [0, 9] and, with `auto_floor`, a budget the daemon
+        chooses that never goes below that share of the sequence. A pool that cannot admit it
+        raises ResourceExhaustedError whose `admission` says how many frames are missing and
+        when to retry."""
+        return self.open_sequence_frames(model_id, sequence_id, initial_tokens, parent,
+                                         prefix_pages, tenant=tenant, priority=priority,
+                                         auto_floor=auto_floor)[0]
+
+    def open_sequence_frames(self, model_id: str, sequence_id: str, initial_tokens: int = 0,
+                             parent: Optional[str] = None, prefix_pages: int = 0, *,
+                             tenant: str = "", priority: int = 0,
+                             auto_floor: Optional[float] = None
+                             ) -> Tuple[SequenceInfo, np.ndarray, PressureInfo]:
+        """As open_sequence, and the entries allocated for the initial tokens (int32 rows
+        layer, group, page, frame) and the pool's pressure."""
         request = pb.OpenSequenceRequest(model_id=model_id, sequence_id=sequence_id,
                                          initial_tokens=initial_tokens,
                                          parent_sequence_id=parent or "",
-                                         prefix_pages=prefix_pages)
-        return SequenceInfo.from_message(self._call(self._stub.OpenSequence, request).sequence)
+                                         prefix_pages=prefix_pages, tenant=tenant,
+                                         priority=priority)
+        if auto_floor is not None:
+            request.auto_budget.floor_fraction = auto_floor
+        response = self._call(self._stub.OpenSequence, request)
+        return (SequenceInfo.from_message(response.sequence),
+                frame_assignments(response.new_frames),
+                PressureInfo.from_message(response.pressure))
 
     def append_tokens(self, model_id: str, sequence_id: str, tokens: int) -> int:
         """Grows the sequence; returns its new length in tokens."""
@@ -283,6 +310,35 @@ class Client:
                                          tokens=tokens)
         response = self._call(self._stub.AppendTokens, request)
         return response.length_tokens, frame_assignments(response.new_frames)
+
+    def append(self, model_id: str, sequence_id: str, tokens: int) -> Appended:
+        """As append_tokens_frames, and what pool pressure did: the pages a quota took from the
+        sequence before its new frames were allocated, and the pool's pressure."""
+        request = pb.AppendTokensRequest(model_id=model_id, sequence_id=sequence_id,
+                                         tokens=tokens)
+        response = self._call(self._stub.AppendTokens, request)
+        return Appended(length_tokens=response.length_tokens,
+                        new_frames=frame_assignments(response.new_frames),
+                        evicted=evictions(response.evicted),
+                        pressure=PressureInfo.from_message(response.pressure))
+
+    def swap_out(self, model_id: str, sequence_id: str) -> Tuple[int, int]:
+        """Copies the sequence's frames to the daemon's host memory and frees them; returns
+        (frames freed, bytes swapped). The sequence stays open until resume or close."""
+        request = pb.SwapOutSequenceRequest(model_id=model_id, sequence_id=sequence_id)
+        response = self._call(self._stub.SwapOutSequence, request)
+        return response.freed_frames, response.swapped_bytes
+
+    def resume(self, model_id: str, sequence_id: str
+               ) -> Tuple[SequenceInfo, np.ndarray, PressureInfo]:
+        """Copies a swapped-out sequence back into new frames; returns it, every live entry of
+        its new block tables (int32 rows layer, group, page, frame) and the pool's pressure. An
+        admission: ResourceExhaustedError (with `admission`) when the frames are not there."""
+        request = pb.ResumeSequenceRequest(model_id=model_id, sequence_id=sequence_id)
+        response = self._call(self._stub.ResumeSequence, request)
+        return (SequenceInfo.from_message(response.sequence),
+                frame_assignments(response.new_frames),
+                PressureInfo.from_message(response.pressure))
 
     def truncate_sequence(self, model_id: str, sequence_id: str,
                           tokens: int) -> Tuple[int, int]:
@@ -335,13 +391,15 @@ class Client:
                scope: Optional[str] = None, kind: Optional[str] = None,
                accumulate: bool = False, use_cached_weights: bool = False,
                degrade_on_deadline: bool = False, answer_within_ms: int = 0,
-               **params) -> List[LayerDecision]:
+               auto_floor: Optional[float] = None, **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
         (default 0..n-1). `scope`: "group" (one page set per layer and group), "layer" (one per
         layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
-        `kind`: the statistics' StatisticKind, as in statistic_message.
+        `kind`: the statistics' StatisticKind, as in statistic_message. `auto_floor` instead of
+        a budget: the daemon's quota decides (pool pressure), never below that floor (not with
+        `accumulate` or `degrade_on_deadline`).
         Lifecycle (docs/integrating.md): `accumulate` adds each layer's statistic, one prefill
         chunk's column sums (kind "accumulated"), to the running sum the daemon keeps and decides
         on that; `use_cached_weights` pools the heads with the weights of the layer's previous
@@ -351,7 +409,7 @@ class Client:
         request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
                                        token_slots, policy, dtype, scope, kind, accumulate,
                                        use_cached_weights, degrade_on_deadline,
-                                       answer_within_ms, params)
+                                       answer_within_ms, auto_floor, params)
         response = self._call(self._stub.Decide, request)
         return [LayerDecision.from_message(layer) for layer in response.layers]
 
@@ -381,7 +439,8 @@ class Client:
                         scope: Optional[str] = None, kind: Optional[str] = None,
                         accumulate: bool = False, use_cached_weights: bool = False,
                         degrade_on_deadline: bool = False, answer_within_ms: int = 0,
-                        params: Optional[dict] = None, **more_params) -> "pb.DecideRequest":
+                        auto_floor: Optional[float] = None, params: Optional[dict] = None,
+                        **more_params) -> "pb.DecideRequest":
         params = dict(params or {}, **more_params)
         stats = np.asarray(stats)
         if stats.ndim == 2:
@@ -393,7 +452,7 @@ class Client:
             model_id=model_id, sequence_id=sequence_id,
             layers=[_layer_statistic((index, stats[i]), dtype, kind, accumulate)
                     for i, index in enumerate(indices)],
-            budget=_budget(pages, fraction, token_slots),
+            budget=_budget(pages, fraction, token_slots, auto_floor),
             policy=_policy(policy, params, scope), use_cached_weights=use_cached_weights,
             degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms)
 
@@ -405,12 +464,12 @@ class Client:
                       kind: Optional[str] = None, stream_timeout_s: float = 300.0,
                       accumulate: bool = False, use_cached_weights: bool = False,
                       degrade_on_deadline: bool = False, answer_within_ms: int = 0,
-                      **params) -> Iterator[LayerDecision]:
+                      auto_floor: Optional[float] = None, **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
         each layer's decision in order. Not retried. `kind`: the statistics' StatisticKind, as
-        in statistic_message; `accumulate`, `use_cached_weights`, `degrade_on_deadline` and
-        `answer_within_ms` as in decide (answer_within_ms counts from the daemon reading each
-        layer).
+        in statistic_message; `accumulate`, `use_cached_weights`, `degrade_on_deadline`,
+        `auto_floor` and `answer_within_ms` as in decide (answer_within_ms counts from the
+        daemon reading each layer).
 
         Arguments are checked before the stream opens: the budget and policy always, and every
         layer when `layer_stats` is a list or tuple (a bad one raises ValueError and nothing is
@@ -421,7 +480,7 @@ class Client:
         requests, failure = self._stream_requests(
             model_id, sequence_id, layer_stats, pages, fraction, token_slots, policy, dtype,
             scope, kind, accumulate, use_cached_weights, degrade_on_deadline, answer_within_ms,
-            params)
+            auto_floor, params)
         try:
             for decision in self._stub.DecideStream(requests, timeout=stream_timeout_s,
                                                     metadata=self._metadata):
@@ -497,11 +556,12 @@ class Client:
                          dtype: Optional[str] = None, scope: Optional[str] = None,
                          kind: Optional[str] = None, accumulate: bool = False,
                          use_cached_weights: bool = False, degrade_on_deadline: bool = False,
-                         answer_within_ms: int = 0, params: Optional[dict] = None,
+                         answer_within_ms: int = 0, auto_floor: Optional[float] = None,
+                         params: Optional[dict] = None,
                          **more_params) -> Tuple[Iterable, List[BaseException]]:
         """The stream's requests (encoded at once for a list or tuple, lazily for a generator)
         and the list that receives what a lazy generator raised."""
-        budget = _budget(pages, fraction, token_slots)
+        budget = _budget(pages, fraction, token_slots, auto_floor)
         policy_params = _policy(policy, dict(params or {}, **more_params), scope)
 
         def request(layer: "pb.LayerStatistic") -> "pb.DecideLayerRequest":

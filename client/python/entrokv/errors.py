@@ -7,7 +7,7 @@ single exception type of earlier versions.
 
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Dict, Optional, Type
 
 import grpc
 
@@ -54,8 +54,11 @@ class PermissionDeniedError(EntrokvError):
 
 
 class ResourceExhaustedError(EntrokvError):
-    """The pool has no free frames, or the daemon sheds load."""
+    """The pool has no free frames, or the daemon sheds load. `admission` is the daemon's
+    AdmissionHint when the pool refused an admission (how many frames are missing, when to
+    retry, which sequences it asked to preempt), else None."""
     status_code = grpc.StatusCode.RESOURCE_EXHAUSTED
+    admission = None
 
 
 class FailedPreconditionError(EntrokvError):
@@ -107,5 +110,33 @@ def error_for(code: grpc.StatusCode, message: str) -> EntrokvError:
     return _BY_CODE.get(code, EntrokvError)(code.name, message)
 
 
+_DETAILS_KEY = "grpc-status-details-bin"
+_ADMISSION_TYPE = "type.googleapis.com/entrokv.v1.AdmissionHint"
+
+
+def _admission_hint(error: grpc.RpcError) -> Optional[object]:
+    """The AdmissionHint in the call's status details (entrokv.v1.StatusDetails), if any."""
+    from entrokv.records import AdmissionHint  # noqa: PLC0415 -- records imports the stubs
+    from entrokv.v1 import types_pb2 as types  # noqa: PLC0415
+    trailing = getattr(error, "trailing_metadata", None)
+    for key, value in (trailing() or ()) if callable(trailing) else ():
+        if key != _DETAILS_KEY:
+            continue
+        details = types.StatusDetails()
+        try:
+            details.ParseFromString(value)
+        except Exception:  # noqa: BLE001 -- details that do not parse are left out
+            return None
+        for any_message in details.details:
+            if any_message.type_url == _ADMISSION_TYPE:
+                hint = types.AdmissionHint()
+                hint.ParseFromString(any_message.value)
+                return AdmissionHint.from_message(hint)
+    return None
+
+
 def from_rpc_error(error: grpc.RpcError) -> EntrokvError:
-    return error_for(error.code(), error.details() or "")
+    converted = error_for(error.code(), error.details() or "")
+    if isinstance(converted, ResourceExhaustedError):
+        converted.admission = _admission_hint(error)
+    return converted

@@ -85,12 +85,61 @@ class BlockTable:
 
 
 @dataclasses.dataclass
+class PressureInfo:
+    """Pool pressure as a call saw it: the sequence's quota (0: none), its frames and floor, the
+    pool's occupancy and target, the frames this call took from the sequence, and whether the
+    daemon asks its owner to preempt it (close it, or swap it out)."""
+    quota_frames: int = 0
+    live_frames: int = 0
+    floor_frames: int = 0
+    occupancy: float = 0.0
+    target_occupancy: float = 0.0
+    reclaimed_frames: int = 0
+    preempt: bool = False
+
+    @classmethod
+    def from_message(cls, message) -> "PressureInfo":
+        return cls(quota_frames=message.quota_frames, live_frames=message.live_frames,
+                   floor_frames=message.floor_frames, occupancy=message.occupancy,
+                   target_occupancy=message.target_occupancy,
+                   reclaimed_frames=message.reclaimed_frames, preempt=message.preempt)
+
+
+ADMISSION_OUTCOMES = {"delayed": types.AdmissionHint.OUTCOME_DELAYED,
+                      "refused": types.AdmissionHint.OUTCOME_REFUSED}
+
+
+@dataclasses.dataclass
+class AdmissionHint:
+    """Why an admission got RESOURCE_EXHAUSTED (ResourceExhaustedError.admission): "delayed"
+    (the frames are being reclaimed: retry after retry_after_ms) or "refused" (floors reached;
+    preempt_sequence_ids were asked of their owners). Nothing was allocated."""
+    outcome: str
+    missing_frames: int
+    reclaiming_frames: int
+    retry_after_ms: int
+    preempt_sequence_ids: List[str]
+
+    @classmethod
+    def from_message(cls, message) -> "AdmissionHint":
+        return cls(outcome=_name(ADMISSION_OUTCOMES, message.outcome),
+                   missing_frames=message.missing_frames,
+                   reclaiming_frames=message.reclaiming_frames,
+                   retry_after_ms=message.retry_after_ms,
+                   preempt_sequence_ids=list(message.preempt_sequence_ids))
+
+
+@dataclasses.dataclass
 class SequenceInfo:
     """An open sequence (OpenSequence, ListSequences)."""
     sequence_id: str
     length_tokens: int
     live_frames: int
     block_tables: List[BlockTable]  # empty unless asked for
+    tenant: str = ""
+    priority: int = 0
+    # The pool as the call saw it: not part of what the sequence is (left out of ==).
+    pressure: PressureInfo = dataclasses.field(default_factory=PressureInfo, compare=False)
 
     @classmethod
     def from_message(cls, message) -> "SequenceInfo":
@@ -98,7 +147,34 @@ class SequenceInfo:
                    live_frames=message.live_frames,
                    block_tables=[BlockTable(layer=t.layer, group=t.group,
                                             frames=np.asarray(t.frames, dtype=np.int32))
-                                 for t in message.block_tables])
+                                 for t in message.block_tables],
+                   tenant=message.tenant, priority=message.priority,
+                   pressure=PressureInfo.from_message(message.pressure))
+
+
+def evictions(messages) -> np.ndarray:
+    """GroupEviction messages as int32 rows (layer, group, page), shape [n, 3]."""
+    rows = [(m.layer, m.group, page) for m in messages for page in m.pages]
+    return np.asarray(rows, dtype=np.int32).reshape(len(rows), 3)
+
+
+@dataclasses.dataclass
+class Appended:
+    """An AppendTokens: the new length, the entries that became live (rows layer, group, page,
+    frame), the pages a quota took from the sequence first (rows layer, group, page: read them
+    no more) and the pool's pressure."""
+    length_tokens: int
+    new_frames: np.ndarray
+    evicted: np.ndarray
+    pressure: PressureInfo
+
+
+@dataclasses.dataclass
+class TenantUsage:
+    tenant: str  # "" is the default tenant
+    used_frames: int
+    share: float
+    guaranteed_frames: int
 
 
 @dataclasses.dataclass
@@ -116,6 +192,16 @@ class PoolStats:
     frames_freed_total: int
     bytes_moved_total: int
     bookkeeping_bytes: int  # daemon memory the pool's bookkeeping holds (accounted)
+    # Pool pressure.
+    target_occupancy: float = 0.0
+    frames_reclaimed_admission_total: int = 0
+    frames_reclaimed_target_total: int = 0
+    admissions_delayed_total: int = 0
+    admissions_refused_total: int = 0
+    preemptions_total: int = 0
+    sequences_swapped: int = 0
+    swapped_bytes: int = 0
+    tenants: List[TenantUsage] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_message(cls, message) -> "PoolStats":
@@ -127,7 +213,18 @@ class PoolStats:
                    pages_evicted_total=message.pages_evicted_total,
                    frames_freed_total=message.frames_freed_total,
                    bytes_moved_total=message.bytes_moved_total,
-                   bookkeeping_bytes=message.bookkeeping_bytes)
+                   bookkeeping_bytes=message.bookkeeping_bytes,
+                   target_occupancy=message.target_occupancy,
+                   frames_reclaimed_admission_total=message.frames_reclaimed_admission_total,
+                   frames_reclaimed_target_total=message.frames_reclaimed_target_total,
+                   admissions_delayed_total=message.admissions_delayed_total,
+                   admissions_refused_total=message.admissions_refused_total,
+                   preemptions_total=message.preemptions_total,
+                   sequences_swapped=message.sequences_swapped,
+                   swapped_bytes=message.swapped_bytes,
+                   tenants=[TenantUsage(tenant=t.tenant, used_frames=t.used_frames, share=t.share,
+                                        guaranteed_frames=t.guaranteed_frames)
+                            for t in message.tenants])
 
 
 @dataclasses.dataclass
@@ -156,6 +253,7 @@ class LayerDecision:
     union_pages: int  # distinct pages kept over the groups (the layer's frames, layer layout)
     group_scope_union_pages: int  # what per-group selection keeps or would have kept
     degraded: bool = False  # decided by position, the deadline too short to score it
+    pressure: Optional[PressureInfo] = None  # DecideStream: the pool after this layer
 
     @classmethod
     def from_message(cls, message) -> "LayerDecision":
@@ -182,4 +280,6 @@ class LayerDecision:
                    scope=_name(SELECTION_SCOPES, message.scope),
                    union_pages=message.union_pages,
                    group_scope_union_pages=message.group_scope_union_pages,
-                   degraded=message.degraded)
+                   degraded=message.degraded,
+                   pressure=(PressureInfo.from_message(message.pressure)
+                             if message.HasField("pressure") else None))
