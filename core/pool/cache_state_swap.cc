@@ -137,8 +137,7 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
   const int64_t need = swapped.slot_count;
   const int64_t reserved = ReservedFrames(sequence_id, terms.priority, terms.admitted);
   int64_t available = pool_->free_frames() - reserved;
-  if (need > available) {
-    PlanQuotas(need - available, ReclaimReason::kAdmission);
+  if (need > available) {  // Refuse plans the quotas for what is missing
     return Refuse(sequence_id, need, available, terms.priority, terms.admitted,
                   /*admission=*/true, refusal);
   }
