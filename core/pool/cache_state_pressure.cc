@@ -36,6 +36,7 @@ struct Unit {
   int32_t layer = 0;
   int32_t first_group = 0;
   int64_t page = 0;
+  int64_t round = 0;  // its rank within its (layer, group unit): EvictableUnits gives in rounds
 };
 
 bool Protected(const SequencePressure& terms, int64_t page, int64_t pages) {
@@ -129,36 +130,24 @@ static std::vector<Unit> EvictableUnits(const Sequence& sequence, const Sequence
   // (layer, group) of a fixed budget) and never strips one group while another keeps all. A
   // round's value, the one other sequences are compared by, is the mean of its units' values,
   // made non-decreasing (a round without the shortest lists may average lower).
-  std::vector<int64_t> round(units.size());
-  for (size_t i = 0; i < units.size(); ++i) {
-    const bool same = i > 0 && units[i].layer == units[i - 1].layer &&
-                      units[i].first_group == units[i - 1].first_group;
-    round[i] = same ? round[i - 1] + 1 : 0;
+  for (size_t i = 1; i < units.size(); ++i) {
+    const bool same =
+        units[i].layer == units[i - 1].layer && units[i].first_group == units[i - 1].first_group;
+    units[i].round = same ? units[i - 1].round + 1 : 0;
   }
-  const int64_t rounds = units.empty() ? 0 : *std::max_element(round.begin(), round.end()) + 1;
-  std::vector<double> sum(static_cast<size_t>(rounds), 0.0);
-  std::vector<int64_t> count(static_cast<size_t>(rounds), 0);
-  for (size_t i = 0; i < units.size(); ++i) {
-    sum[static_cast<size_t>(round[i])] += units[i].value;
-    ++count[static_cast<size_t>(round[i])];
-  }
-  std::vector<float> value(static_cast<size_t>(rounds), 0.0f);
-  for (int64_t r = 0; r < rounds; ++r) {
-    const auto mean = static_cast<float>(sum[static_cast<size_t>(r)] /
-                                         static_cast<double>(count[static_cast<size_t>(r)]));
-    value[static_cast<size_t>(r)] =
-        r == 0 ? mean : std::max(value[static_cast<size_t>(r - 1)], mean);
-  }
-  std::vector<std::pair<int64_t, Unit>> ordered;
-  ordered.reserve(units.size());
-  for (size_t i = 0; i < units.size(); ++i) ordered.emplace_back(round[i], units[i]);
-  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
-    return std::tie(a.first, a.second.value, a.second.layer, a.second.first_group, a.second.page) <
-           std::tie(b.first, b.second.value, b.second.layer, b.second.first_group, b.second.page);
+  std::sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) {
+    return std::tie(a.round, a.value, a.layer, a.first_group, a.page) <
+           std::tie(b.round, b.value, b.layer, b.first_group, b.page);
   });
-  for (size_t i = 0; i < units.size(); ++i) {
-    units[i] = ordered[i].second;
-    units[i].value = value[static_cast<size_t>(ordered[i].first)];
+  float value = 0.0f;
+  for (size_t begin = 0, end = 0; begin < units.size(); begin = end) {
+    double sum = 0.0;
+    for (end = begin; end < units.size() && units[end].round == units[begin].round; ++end) {
+      sum += units[end].value;
+    }
+    const auto mean = static_cast<float>(sum / static_cast<double>(end - begin));
+    value = begin == 0 ? mean : std::max(value, mean);
+    for (size_t i = begin; i < end; ++i) units[i].value = value;
   }
   return units;
 }
