@@ -68,6 +68,22 @@ class PressureServiceTest : public ServiceTest {
     request.set_tokens(tokens);
     return stub_->AppendTokens(&context, request, response);
   }
+  grpc::Status SwapOut(const std::string& model, const std::string& sequence,
+                       v1::SwapOutSequenceResponse* response) {
+    grpc::ClientContext context;
+    v1::SwapOutSequenceRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    return stub_->SwapOutSequence(&context, request, response);
+  }
+  grpc::Status Resume(const std::string& model, const std::string& sequence,
+                      v1::ResumeSequenceResponse* response) {
+    grpc::ClientContext context;
+    v1::ResumeSequenceRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id(sequence);
+    return stub_->ResumeSequence(&context, request, response);
+  }
   double Metric(const std::string& family,
                 const std::vector<std::pair<std::string, std::string>>& labels) {
     const std::optional<prometheus::ClientMetric> series = FindSeries(*server_, family, labels);
@@ -247,25 +263,11 @@ TEST_F(PressureServiceTest, BadPressureInputNamesTheFieldAndChangesNothing) {
   status = DecideAuto("m", "s", 32, 1.5, &decided);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(), HasSubstr("budget.auto_budget.floor_fraction"));
-  {
-    grpc::ClientContext context;
-    v1::ResumeSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("s");
-    v1::ResumeSequenceResponse resumed;
-    status = stub_->ResumeSequence(&context, request, &resumed);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
-    EXPECT_THAT(status.error_message(), HasSubstr("only a swapped-out sequence resumes"));
-  }
-  {
-    grpc::ClientContext context;
-    v1::ResumeSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("nobody");
-    v1::ResumeSequenceResponse resumed;
-    EXPECT_EQ(stub_->ResumeSequence(&context, request, &resumed).error_code(),
-              grpc::StatusCode::NOT_FOUND);
-  }
+  v1::ResumeSequenceResponse resumed;
+  status = Resume("m", "s", &resumed);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("only a swapped-out sequence resumes"));
+  EXPECT_EQ(Resume("m", "nobody", &resumed).error_code(), grpc::StatusCode::NOT_FOUND);
   const v1::PoolStats stats = Stats("m");
   EXPECT_EQ(stats.sequences_active(), 1);
   EXPECT_EQ(stats.used_frames(), 16);
@@ -292,14 +294,8 @@ TEST_F(PressureServiceTest, AServerChosenBudgetRefusesChunksAndDegradingAndSwapp
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(status.error_message(),
               HasSubstr("degrade_on_deadline: not with budget.auto_budget"));
-  {
-    grpc::ClientContext context;
-    v1::SwapOutSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("s");
-    v1::SwapOutSequenceResponse swapped;
-    ASSERT_TRUE(stub_->SwapOutSequence(&context, request, &swapped).ok());
-  }
+  v1::SwapOutSequenceResponse swapped;
+  ASSERT_TRUE(SwapOut("m", "s", &swapped).ok());
   {
     grpc::ClientContext context;
     v1::TruncateSequenceRequest request;
@@ -311,15 +307,9 @@ TEST_F(PressureServiceTest, AServerChosenBudgetRefusesChunksAndDegradingAndSwapp
     EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
     EXPECT_THAT(status.error_message(), HasSubstr("swapped out"));
   }
-  {
-    grpc::ClientContext context;
-    v1::ResumeSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("s");
-    v1::ResumeSequenceResponse resumed;
-    ASSERT_TRUE(stub_->ResumeSequence(&context, request, &resumed).ok());
-    EXPECT_EQ(resumed.sequence().length_tokens(), 32);
-  }
+  v1::ResumeSequenceResponse resumed;
+  ASSERT_TRUE(Resume("m", "s", &resumed).ok());
+  EXPECT_EQ(resumed.sequence().length_tokens(), 32);
   const v1::PoolStats stats = Stats("m");
   EXPECT_EQ(stats.used_frames(), 16);
   EXPECT_EQ(stats.pages_evicted_total(), 0);
@@ -370,18 +360,11 @@ TEST_F(PressureServiceTest, SwapOutAndResumeKeepTheBytes) {
       }
     }
   }
-  grpc::Status status;
-  {
-    grpc::ClientContext context;
-    v1::SwapOutSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("s");
-    v1::SwapOutSequenceResponse swapped;
-    status = stub_->SwapOutSequence(&context, request, &swapped);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-    EXPECT_EQ(swapped.freed_frames(), 24);
-    EXPECT_EQ(swapped.swapped_bytes(), static_cast<int64_t>(24 * kFrameBytes));
-  }
+  v1::SwapOutSequenceResponse swapped;
+  grpc::Status status = SwapOut("m", "s", &swapped);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_EQ(swapped.freed_frames(), 24);
+  EXPECT_EQ(swapped.swapped_bytes(), static_cast<int64_t>(24 * kFrameBytes));
   v1::PoolStats stats = Stats("m");
   EXPECT_EQ(stats.used_frames(), 0);
   EXPECT_EQ(stats.sequences_swapped(), 1);
@@ -392,14 +375,8 @@ TEST_F(PressureServiceTest, SwapOutAndResumeKeepTheBytes) {
   EXPECT_THAT(status.error_message(), HasSubstr("swapped out"));
   Open("m", "other", 40);  // takes the frames s had
   v1::ResumeSequenceResponse resumed;
-  {
-    grpc::ClientContext context;
-    v1::ResumeSequenceRequest request;
-    request.set_model_id("m");
-    request.set_sequence_id("s");
-    status = stub_->ResumeSequence(&context, request, &resumed);
-    ASSERT_TRUE(status.ok()) << status.error_message();
-  }
+  status = Resume("m", "s", &resumed);
+  ASSERT_TRUE(status.ok()) << status.error_message();
   EXPECT_EQ(resumed.sequence().length_tokens(), 40);
   EXPECT_EQ(resumed.new_frames_size(), 24);
   for (const v1::FrameAssignment& entry : resumed.new_frames()) {
