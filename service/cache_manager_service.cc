@@ -39,6 +39,19 @@ void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
   } else {
     pool->set_cuda_ipc_handle(arena.ipc_handle);
   }
+  pool->set_tensor_parallel_size(state.ranks());
+  for (int rank = 0; rank < state.ranks(); ++rank) {
+    const ArenaInfo info = state.arena(rank);
+    v1::RankArena* out = pool->add_ranks();
+    out->set_rank(rank);
+    out->set_device(info.device);
+    if (info.backend == Backend::kHost) {
+      out->set_arena_name(info.name);
+    } else {
+      out->set_cuda_ipc_handle(info.ipc_handle);
+    }
+    out->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes / state.ranks()));
+  }
 }
 
 void FillFrames(const std::vector<FrameAssignment>& frames,
@@ -186,7 +199,9 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
       wire_defaults_(WireDefaults(options)),
-      decider_(wire_defaults_, metrics, &shm_) {
+      decider_(wire_defaults_, metrics, &shm_),
+      ranks_(std::chrono::milliseconds(options.rank_wait_ms), options.max_inflight_decisions,
+             &shm_) {
   registry_.UsePressure(ToPressureOptions(options));
 }
 
@@ -555,12 +570,42 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
   // The worker may finish the reactor before this returns it; gRPC allows either order.
   const bool accepted = workers_->TrySubmit(
       [this, call, context, request, response, timing, model = *std::move(model)] {
+        if (model->state().ranks() > 1 || request->rank() != 0) {
+          DecideRanks(*model, *request, call, context, response, timing);
+          return;
+        }
         const absl::Status status = decider_.Decide(
             *model, *request, [context] { return context->IsCancelled(); }, response, timing);
         call->Finish(PastDeadline(*context, status));
       });
   if (!accepted) return call->Finish(Overloaded());
   return reactor;
+}
+
+// One rank's Decide of a tensor-parallel model: waits in ranks_ (no thread held) until every
+// rank's request is there; the one that completes the set decides for all, over every rank's
+// query heads, and answers each rank the same decision.
+void CacheManagerService::DecideRanks(Model& model, const v1::DecideRequest& request,
+                                      const std::shared_ptr<UnaryCall>& call,
+                                      grpc::CallbackServerContext* context,
+                                      v1::DecideResponse* response, const CallTiming& timing) {
+  RankGather::Reply reply = [call, context, response](const absl::Status& status,
+                                                      const v1::DecideResponse* decision) {
+    if (status.ok()) *response = *decision;
+    call->Finish(PastDeadline(*context, status));
+  };
+  absl::StatusOr<std::optional<RankGather::Complete>> added =
+      ranks_.Add(model, request, std::move(reply));
+  if (!added.ok()) {
+    call->Finish(added.status());
+    return;
+  }
+  if (!added->has_value()) return;  // answered when the last rank comes, or at rank_wait_ms
+  RankGather::Complete& complete = **added;
+  v1::DecideResponse decision;
+  const absl::Status status = decider_.Decide(
+      model, complete.request, [context] { return context->IsCancelled(); }, &decision, timing);
+  for (RankGather::Reply& each : complete.replies) each(status, status.ok() ? &decision : nullptr);
 }
 
 absl::Status CacheManagerService::Overloaded() const {

@@ -14,6 +14,7 @@
 #include "service/metrics.h"
 #include "service/model_registry.h"
 #include "service/options.h"
+#include "service/rank_gather.h"
 #include "service/shm_reader.h"
 #include "service/worker_pool.h"
 #include "wire/resolve.h"
@@ -58,6 +59,7 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   [[nodiscard]] int active_calls() const { return active_calls_.load(); }
   [[nodiscard]] ModelRegistry& registry() { return registry_; }
   [[nodiscard]] Decider& decider() { return decider_; }
+  [[nodiscard]] const RankGather& ranks() const { return ranks_; }
 
   grpc::ServerUnaryReactor* RegisterModel(grpc::CallbackServerContext* context,
                                           const v1::RegisterModelRequest* request,
@@ -155,6 +157,11 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   [[nodiscard]] absl::Status Admit(const grpc::CallbackServerContext& context) const;
   // RESOURCE_EXHAUSTED naming max_inflight_decisions: a decision shed by the worker pool.
   [[nodiscard]] absl::Status Overloaded() const;
+  // A Decide of a tensor-parallel model (or one naming a rank): gathered with the other
+  // ranks' (RankGather), decided once, each rank's call finished with the decision.
+  void DecideRanks(Model& model, const v1::DecideRequest& request,
+                   const std::shared_ptr<UnaryCall>& call, grpc::CallbackServerContext* context,
+                   v1::DecideResponse* response, const CallTiming& timing);
 
   const ServerOptions options_;
   const std::string bearer_token_;  // "Bearer <token>", or empty
@@ -164,6 +171,7 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   ShmReader shm_;
   const wire::Defaults wire_defaults_;  // WireDefaults(options_), built once
   Decider decider_;
+  RankGather ranks_;  // tensor-parallel decisions waiting for their ranks
   std::atomic<bool> draining_{false};
   std::atomic<int> active_calls_{0};
 };

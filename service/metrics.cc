@@ -78,6 +78,12 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
                               .Name("entrokv_pool_capacity_bytes")
                               .Help("Bytes of the pool's arena")
                               .Register(*registry_);
+  pool_device_bytes_ = &prometheus::BuildGauge()
+                            .Name("entrokv_pool_device_bytes")
+                            .Help("Bytes of the arena of each tensor-parallel rank of the pool, "
+                                  "by the device it is on (host arenas: the device they stand "
+                                  "in for)")
+                            .Register(*registry_);
   pool_bookkeeping_bytes_ =
       &prometheus::BuildGauge()
            .Name("entrokv_pool_bookkeeping_bytes")
@@ -215,7 +221,8 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
   stats_bytes_by_source_[1] = &stats_bytes_->Add({{"source", "shared_memory"}});
 }
 
-PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups) {
+PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups,
+                                     const std::vector<int>& devices, int64_t rank_bytes) {
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = pools_.try_emplace(pool);
   if (!inserted) return it->second.get();
@@ -223,6 +230,12 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->frames_used_ = &pool_frames_->Add({{"pool", pool}, {"state", "used"}});
   metrics->frames_free_ = &pool_frames_->Add({{"pool", pool}, {"state", "free"}});
   metrics->capacity_bytes_ = &pool_capacity_bytes_->Add({{"pool", pool}});
+  for (size_t rank = 0; rank < devices.size(); ++rank) {
+    prometheus::Gauge* bytes = &pool_device_bytes_->Add(
+        {{"pool", pool}, {"rank", std::to_string(rank)}, {"device", std::to_string(devices[rank])}});
+    bytes->Set(static_cast<double>(rank_bytes));
+    metrics->rank_bytes_.push_back(bytes);
+  }
   metrics->bookkeeping_bytes_ = &pool_bookkeeping_bytes_->Add({{"pool", pool}});
   metrics->sequences_active_ = &sequences_active_->Add({{"pool", pool}});
   for (absl::string_view name : PolicyNames()) {
@@ -277,6 +290,7 @@ void ServiceMetrics::RemovePool(const std::string& pool) {
   pool_frames_->Remove(metrics.frames_used_);
   pool_frames_->Remove(metrics.frames_free_);
   pool_capacity_bytes_->Remove(metrics.capacity_bytes_);
+  for (prometheus::Gauge* bytes : metrics.rank_bytes_) pool_device_bytes_->Remove(bytes);
   pool_bookkeeping_bytes_->Remove(metrics.bookkeeping_bytes_);
   sequences_active_->Remove(metrics.sequences_active_);
   for (const auto& [name, series] : metrics.policies_) {

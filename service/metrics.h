@@ -90,6 +90,7 @@ class PoolMetrics {
   prometheus::Gauge* frames_used_ = nullptr;
   prometheus::Gauge* frames_free_ = nullptr;
   prometheus::Gauge* capacity_bytes_ = nullptr;
+  std::vector<prometheus::Gauge*> rank_bytes_;  // per tensor-parallel rank, labelled by device
   prometheus::Gauge* bookkeeping_bytes_ = nullptr;
   prometheus::Gauge* sequences_active_ = nullptr;
   absl::flat_hash_map<std::string, PolicySeries> policies_;
@@ -125,7 +126,9 @@ class ServiceMetrics {
   // Creates (once per pool name) every series of the pool, zero, with histogram buckets for
   // its group size r = query_heads / kv_groups and its kv_groups. Returns the same object for
   // the same name; it lives as long as this.
-  PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups);
+  // `devices`: the device of each tensor-parallel rank's arena of `rank_bytes` bytes.
+  PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups,
+                       const std::vector<int>& devices = {0}, int64_t rank_bytes = 0);
   // Removes every series of the pool (a no-op for an unknown name); the PoolMetrics AddPool
   // returned for it is destroyed. REQUIRES: nothing uses it any more. A new per-pool series
   // must be removed here too (service_hardening_test counts what is left).
@@ -139,6 +142,7 @@ class ServiceMetrics {
   std::shared_ptr<prometheus::Registry> registry_;
   prometheus::Family<prometheus::Gauge>* pool_frames_;
   prometheus::Family<prometheus::Gauge>* pool_capacity_bytes_;
+  prometheus::Family<prometheus::Gauge>* pool_device_bytes_;
   prometheus::Family<prometheus::Gauge>* pool_bookkeeping_bytes_;
   prometheus::Family<prometheus::Gauge>* sequences_active_;
   prometheus::Family<prometheus::Counter>* decisions_;

@@ -22,7 +22,8 @@ TEST(ServiceMetricsTest, EveryFamilyOfTheArchitectureIsRegistered) {
   metrics.AddPool("m", 12, 2);
   const std::string text = Render(metrics);
   for (const char* family :
-       {"entrokv_pool_frames", "entrokv_pool_capacity_bytes", "entrokv_pool_bookkeeping_bytes",
+       {"entrokv_pool_frames", "entrokv_pool_capacity_bytes", "entrokv_pool_device_bytes",
+        "entrokv_pool_bookkeeping_bytes",
         "entrokv_sequences_active", "entrokv_decisions_total", "entrokv_pages_evicted_total",
         "entrokv_pages_retained_total", "entrokv_union_overhead_ratio",
         "entrokv_group_disagreement", "entrokv_page_union_ratio", "entrokv_retained_mass_ratio",

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "core/util/log.h"
 #include "core/util/status_macros.h"
 #include "store/model_journal.h"
@@ -28,6 +29,30 @@ void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<d
 
 namespace {
 
+// The shared-memory names of a host pool's arenas, rank by rank.
+std::vector<std::string> HostArenaNames(const CacheState& state) {
+  std::vector<std::string> names;
+  for (int rank = 0; rank < state.ranks(); ++rank) names.push_back(state.arena(rank).name);
+  return names;
+}
+
+// Unlinks the names of a host pool's arenas (a --state_dir daemon's arenas keep their names
+// when they go).
+void UnlinkHostArenas(const CacheState& state) {
+  for (const std::string& name : HostArenaNames(state)) ::shm_unlink(name.c_str());
+}
+
+// Fresh arena names for each of `ranks` ranks of `model_id`.
+std::vector<HostArenaSource> FreshHostArenas(ArenaNamer* namer, const std::string& model_id,
+                                             int ranks) {
+  std::vector<HostArenaSource> sources;
+  if (namer == nullptr) return sources;
+  for (int rank = 0; rank < ranks; ++rank) {
+    sources.push_back({.name = namer->Next(model_id), .keep_name = namer->durable()});
+  }
+  return sources;
+}
+
 store::ModelRecord RecordOf(const std::string& model_id, const CacheOptions& options,
                             const CacheState& state) {
   store::ModelRecord record;
@@ -36,7 +61,8 @@ store::ModelRecord RecordOf(const std::string& model_id, const CacheOptions& opt
   record.layout = options.layout;
   record.backend = options.backend;
   record.capacity_bytes = options.capacity_bytes;
-  if (options.backend == Backend::kHost) record.arena_name = state.arena().name;
+  record.devices = options.devices;
+  if (options.backend == Backend::kHost) record.arena_names = HostArenaNames(state);
   return record;
 }
 
@@ -91,9 +117,9 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     reserved_bytes_ += options.capacity_bytes;
     pending_[model_id] = options.capacity_bytes;
   }
-  if (namer_ != nullptr && options.backend == Backend::kHost) {
-    options.host_arena.name = namer_->Next(model_id);
-    options.host_arena.keep_name = namer_->durable();
+  if (options.backend == Backend::kHost) {
+    options.host_arenas =
+        FreshHostArenas(namer_, model_id, static_cast<int>(options.devices.size()));
   }
   // Making the arena may take a while (page-zeroing); no lock held meanwhile.
   absl::StatusOr<std::unique_ptr<CacheState>> state = CacheState::Create(options);
@@ -102,7 +128,9 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     // without its sequences' model.
     const absl::Status recorded = store::RecordModel(*store_, RecordOf(model_id, options, **state));
     if (!recorded.ok()) {
-      if (options.host_arena.keep_name) shm_unlink((*state)->arena().name.c_str());
+      if (namer_ != nullptr && namer_->durable() && options.backend == Backend::kHost) {
+        UnlinkHostArenas(**state);
+      }
       state = recorded;
     }
   }
@@ -113,8 +141,9 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     return state.status();
   }
   std::unique_ptr<CacheJournal> journal = AttachJournal(model_id, **state);
-  PoolMetrics* metrics =
-      metrics_->AddPool(model_id, options.geometry.query_heads, options.geometry.kv_groups);
+  PoolMetrics* metrics = metrics_->AddPool(
+      model_id, options.geometry.query_heads, options.geometry.kv_groups, options.devices,
+      options.capacity_bytes / static_cast<int64_t>(options.devices.size()));
   return Adopt(model_id, options.backend, std::move(journal), *std::move(state), metrics,
                options.capacity_bytes);
 }
@@ -127,11 +156,13 @@ std::shared_ptr<Model> ModelRegistry::Adopt(const std::string& model_id, Backend
       new Model(model_id, backend, std::move(journal), std::move(state), metrics),
       [this](Model* m) { Release(m); });
   model->reserved_bytes_ = reserved_bytes;
-  if (const ArenaInfo arena = model->state().arena(); arena.fd >= 0) {
-    struct stat info;
-    if (::fstat(arena.fd, &info) == 0) {
-      model->arena_file_.emplace(info.st_dev, info.st_ino);
-      arena_files_.insert(*model->arena_file_);
+  for (int rank = 0; rank < model->state().ranks(); ++rank) {
+    if (const ArenaInfo arena = model->state().arena(rank); arena.fd >= 0) {
+      struct stat info;
+      if (::fstat(arena.fd, &info) == 0) {
+        model->arena_files_.emplace_back(info.st_dev, info.st_ino);
+        arena_files_.insert(model->arena_files_.back());
+      }
     }
   }
   model->RefreshOccupancy();
@@ -183,14 +214,23 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   options.layout = record.layout;
   options.backend = record.backend;
   options.capacity_bytes = record.capacity_bytes;
+  options.devices = record.devices;
   options.name = id;
   options.limits = limits_;
   options.pressure = PressureFor(id);
   std::string lost_reason;
   absl::StatusOr<std::unique_ptr<CacheState>> state;
   if (record.backend == Backend::kHost) {
-    options.host_arena = {.name = record.arena_name, .attach = true, .keep_name = true};
-    state = CacheState::Create(options);
+    for (const std::string& name : record.arena_names) {
+      options.host_arenas.push_back({.name = name, .attach = true, .keep_name = true});
+    }
+    if (record.arena_names.size() != record.devices.size()) {
+      state = absl::FailedPreconditionError(
+          absl::StrCat("the journal names ", record.arena_names.size(), " arenas for ",
+                       record.devices.size(), " ranks"));
+    } else {
+      state = CacheState::Create(options);
+    }
     if (!state.ok() && absl::IsNotFound(state.status())) {
       lost_reason = absl::StrCat("its host arena did not survive (", state.status().message(),
                                  "; /dev/shm does not outlive a reboot)");
@@ -208,8 +248,7 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   }
   if (!lost_reason.empty()) {
     if (record.backend == Backend::kHost) {
-      options.host_arena = {
-          .name = namer_ != nullptr ? namer_->Next(id) : "", .attach = false, .keep_name = true};
+      options.host_arenas = FreshHostArenas(namer_, id, static_cast<int>(options.devices.size()));
     }
     state = CacheState::Create(options);
     if (!state.ok()) return fail(state.status());
@@ -217,7 +256,8 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
     for (const SequenceSnapshot& sequence : recovered.sequences) lost_ids.push_back(sequence.id);
     for (const auto& [sequence_id, reason] : recovered.lost) lost_ids.push_back(sequence_id);
     for (const SwappedSnapshot& sequence : recovered.swapped) lost_ids.push_back(sequence.id);
-    record.arena_name = record.backend == Backend::kHost ? (*state)->arena().name : "";
+    record.arena_names.clear();
+    if (record.backend == Backend::kHost) record.arena_names = HostArenaNames(**state);
     if (store_ != nullptr) {
       RETURN_IF_ERROR(fail(store::RecordLoss(*store_, record, lost_ids, lost_reason)));
     }
@@ -233,14 +273,17 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
     }
     LogInfo(absl::StrCat("--state_dir: model '", id, "' recovered: ", count, " sequences, ",
                          (*state)->Stats().used_frames, " of ", (*state)->Stats().capacity_frames,
-                         " frames in use, arena ", record.arena_name));
+                         " frames in use, arenas ", absl::StrJoin(record.arena_names, ", ")));
   }
-  if (record.backend == Backend::kHost) arenas_in_use.insert((*state)->arena().name);
+  if (record.backend == Backend::kHost) {
+    for (const std::string& name : HostArenaNames(**state)) arenas_in_use.insert(name);
+  }
   for (const std::string& name : (*state)->SwapArenaNames()) arenas_in_use.insert(name);
   std::unique_ptr<CacheJournal> journal = AttachJournal(id, **state);
   absl::MutexLock lock(&mu_);
-  PoolMetrics* metrics =
-      metrics_->AddPool(id, options.geometry.query_heads, options.geometry.kv_groups);
+  PoolMetrics* metrics = metrics_->AddPool(
+      id, options.geometry.query_heads, options.geometry.kv_groups, options.devices,
+      options.capacity_bytes / static_cast<int64_t>(options.devices.size()));
   Adopt(id, options.backend, std::move(journal), *std::move(state), metrics,
         options.capacity_bytes);
   reserved_bytes_ += options.capacity_bytes;
@@ -278,7 +321,7 @@ void ModelRegistry::Release(Model* model) {
     absl::MutexLock lock(&mu_);
     metrics_->RemovePool(model->id());
     reserved_bytes_ -= model->reserved_bytes_;
-    if (model->arena_file_.has_value()) arena_files_.erase(*model->arena_file_);
+    for (const auto& file : model->arena_files_) arena_files_.erase(file);
     releasing_.erase(model->id());
   }
   delete model;  // unmaps and unlinks the arena, closes its descriptor
@@ -319,7 +362,7 @@ absl::StatusOr<int64_t> ModelRegistry::Unregister(absl::string_view model_id, bo
       LogError(absl::StrCat("--state_dir: could not remove model '", model->id(),
                             "' from the journal: ", deleted.message()));
     }
-    if (model->backend() == Backend::kHost) ::shm_unlink(model->state().arena().name.c_str());
+    if (model->backend() == Backend::kHost) UnlinkHostArenas(model->state());
   }
   return closed;  // `model` lets go here; Release runs when the last call does too
 }

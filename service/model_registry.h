@@ -70,7 +70,7 @@ class Model {
   PoolMetrics* const metrics_;
   std::atomic<bool> retired_{false};
   int64_t reserved_bytes_ = 0;  // of the registry's capacity, given back on release
-  std::optional<std::pair<uint64_t, uint64_t>> arena_file_;  // host arena (dev, inode)
+  std::vector<std::pair<uint64_t, uint64_t>> arena_files_;  // host arenas (dev, inode), per rank
 };
 
 // Model id -> Model, and the arena bytes handed out so far. Thread-safe.

@@ -49,6 +49,12 @@ std::string AbslUnparseFlag(const TenantShares& shares);
   X(int64_t, pool_capacity_bytes, int64_t{1} << 30,                                                \
     "Arena bytes over all models; the default capacity of a RegisterModel")                        \
   X(::entrokv::Backend, backend, ::entrokv::Backend::kHost, "Default arena backend: host or cuda") \
+  X(int32_t, host_devices, 1,                                                                      \
+    "Devices host arenas stand in for (RegisterModel devices below it), in [1, 64]; the cuda "     \
+    "backend uses the host's CUDA devices")                                                        \
+  X(int64_t, rank_wait_ms, 2000,                                                                   \
+    "How long a tensor-parallel model's decision waits for its last rank's request after the "   \
+    "first, in ms; then every waiting rank gets DEADLINE_EXCEEDED")                                \
   X(::entrokv::FrameLayout, frame_layout, ::entrokv::FrameLayout::kGroup,                          \
     "Default frame layout: group or layer")                                                        \
   X(std::string, policy, "page_entrokv", "Default eviction policy")                                \

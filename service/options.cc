@@ -119,6 +119,7 @@ wire::Defaults WireDefaults(const ServerOptions& options) {
   defaults.frame_layout = options.frame_layout;
   defaults.backend = options.backend;
   defaults.pool_capacity_bytes = options.pool_capacity_bytes;
+  defaults.host_devices = options.host_devices;
   defaults.limits = ToCacheLimits(options);
   return defaults;
 }
@@ -131,6 +132,13 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.pool_capacity_bytes <= 0) {
     return Invalid("pool_capacity_bytes",
                    absl::StrCat("must be > 0, got ", options.pool_capacity_bytes));
+  }
+  if (options.host_devices < 1 || options.host_devices > 64) {
+    return Invalid("host_devices", absl::StrCat("must be in [1, 64], got ", options.host_devices));
+  }
+  if (options.rank_wait_ms < 1 || options.rank_wait_ms > 600000) {
+    return Invalid("rank_wait_ms",
+                   absl::StrCat("must be in [1, 600000], got ", options.rank_wait_ms));
   }
   if (!FindPolicy(options.policy).ok()) {
     return Invalid("policy", FindPolicy(options.policy).status().message());

@@ -70,7 +70,7 @@ bool ValidInstance(absl::string_view instance) {
 
 std::string EncodeModel(const ModelRecord& model) {
   std::string out;
-  out.push_back(1);  // record version
+  out.push_back(2);  // record version: 1 had one arena name and no devices
   PutLengthPrefixed(out, model.model_id);
   const ModelGeometry& g = model.geometry;
   for (const int64_t field :
@@ -81,12 +81,18 @@ std::string EncodeModel(const ModelRecord& model) {
   out.push_back(static_cast<char>(model.layout));
   out.push_back(static_cast<char>(model.backend));
   PutLe(out, static_cast<uint64_t>(model.capacity_bytes), 8);
-  PutLengthPrefixed(out, model.arena_name);
+  PutBe32(out, static_cast<uint32_t>(model.arena_names.size()));
+  for (const std::string& name : model.arena_names) PutLengthPrefixed(out, name);
+  PutBe32(out, static_cast<uint32_t>(model.devices.size()));
+  for (const int device : model.devices) PutLe(out, static_cast<uint32_t>(device), 4);
   return out;
 }
 
 absl::StatusOr<ModelRecord> DecodeModel(absl::string_view bytes) {
-  if (bytes.empty() || bytes[0] != 1) return Bad("model record of an unknown version");
+  if (bytes.empty() || (bytes[0] != 1 && bytes[0] != 2)) {
+    return Bad("model record of an unknown version");
+  }
+  const int version = bytes[0];
   Reader reader(bytes.substr(1));
   ModelRecord model;
   uint64_t fields[6] = {};
@@ -95,8 +101,27 @@ absl::StatusOr<ModelRecord> DecodeModel(absl::string_view bytes) {
   uint64_t capacity = 0;
   bool ok = reader.LengthPrefixed(&model.model_id);
   for (uint64_t& field : fields) ok = ok && reader.Le(8, &field);
-  ok = ok && reader.Le(1, &layout) && reader.Le(1, &backend) && reader.Le(8, &capacity) &&
-       reader.LengthPrefixed(&model.arena_name) && reader.done();
+  ok = ok && reader.Le(1, &layout) && reader.Le(1, &backend) && reader.Le(8, &capacity);
+  if (version == 1) {
+    std::string name;
+    ok = ok && reader.LengthPrefixed(&name);
+    if (!name.empty()) model.arena_names = {name};
+  } else {
+    // Counts bounded by the bytes left, so a damaged count allocates nothing.
+    uint32_t names = 0;
+    uint32_t devices = 0;
+    ok = ok && reader.Be32(&names) && names <= reader.left() / 4;
+    model.arena_names.resize(ok ? names : 0);
+    for (std::string& name : model.arena_names) ok = ok && reader.LengthPrefixed(&name);
+    ok = ok && reader.Be32(&devices) && devices >= 1 && devices <= reader.left() / 4;
+    model.devices.resize(ok ? devices : 0);
+    for (int& device : model.devices) {
+      uint64_t value = 0;
+      ok = ok && reader.Le(4, &value) && value <= static_cast<uint64_t>(INT32_MAX);
+      device = static_cast<int>(value);
+    }
+  }
+  ok = ok && reader.done();
   if (!ok) return Bad("model record is truncated or too long");
   for (const uint64_t field : fields) {
     if (field > static_cast<uint64_t>(INT32_MAX)) return Bad("model geometry out of range");

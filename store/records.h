@@ -72,7 +72,9 @@ struct ModelRecord {
   FrameLayout layout = FrameLayout::kGroup;
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = 0;
-  std::string arena_name;  // host: the shared-memory name to attach again; cuda: empty
+  // Host: the shared-memory name of each rank's arena, to attach again; cuda: empty.
+  std::vector<std::string> arena_names;
+  std::vector<int> devices = {0};  // the device of each tensor-parallel rank
 };
 
 [[nodiscard]] std::string EncodeModel(const ModelRecord& model);

@@ -679,14 +679,38 @@ TEST(CorruptionTest, RunningSumsThatDoNotFitTheSequenceAreRefused) {
 TEST(RecordsTest, ModelRoundTripsAndGarbageIsRefused) {
   ModelRecord model = Model(FrameLayout::kLayer, 10);
   model.backend = Backend::kCuda;
-  model.arena_name = "/entrokv.dabc.m.0";
+  model.arena_names = {"/entrokv.dabc.m.0", "/entrokv.dabc.m.1"};
+  model.devices = {2, 3};
   ENTROKV_ASSERT_OK_AND_ASSIGN(ModelRecord back, DecodeModel(EncodeModel(model)));
   EXPECT_EQ(back.model_id, model.model_id);
   EXPECT_EQ(back.geometry.query_heads, model.geometry.query_heads);
   EXPECT_EQ(back.layout, model.layout);
   EXPECT_EQ(back.backend, model.backend);
   EXPECT_EQ(back.capacity_bytes, model.capacity_bytes);
-  EXPECT_EQ(back.arena_name, model.arena_name);
+  EXPECT_EQ(back.arena_names, model.arena_names);
+  EXPECT_EQ(back.devices, model.devices);
+  // A record of the first version (one arena name, no devices), as an older daemon wrote it.
+  std::string v1(1, '\x01');
+  auto le = [&v1](uint64_t value, int bytes) {
+    for (int i = 0; i < bytes; ++i) v1.push_back(static_cast<char>((value >> (8 * i)) & 0xff));
+  };
+  auto prefixed = [&v1](const std::string& s) {
+    for (int i = 3; i >= 0; --i) v1.push_back(static_cast<char>((s.size() >> (8 * i)) & 0xff));
+    v1 += s;
+  };
+  prefixed("old");
+  for (const int field : {2, 8, 2, 4, 16, 2}) le(static_cast<uint64_t>(field), 8);
+  le(1, 1);  // kLayer
+  le(0, 1);  // kHost
+  le(4096, 8);
+  prefixed("/entrokv.dabc.old.0");
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ModelRecord old, DecodeModel(v1));
+  EXPECT_EQ(old.model_id, "old");
+  EXPECT_EQ(old.geometry.kv_groups, 2);
+  EXPECT_EQ(old.layout, FrameLayout::kLayer);
+  EXPECT_EQ(old.capacity_bytes, 4096);
+  EXPECT_EQ(old.arena_names, std::vector<std::string>{"/entrokv.dabc.old.0"});
+  EXPECT_EQ(old.devices, std::vector<int>{0});
   const std::string bytes = EncodeModel(model);
   EXPECT_THAT(DecodeModel(bytes.substr(0, bytes.size() - 1)),
               StatusIs(absl::StatusCode::kDataLoss, ::testing::_));

@@ -36,6 +36,34 @@ absl::StatusOr<CacheOptions> ResolvePool(const v1::RegisterModelRequest& request
   } else {
     ASSIGN_OR_RETURN(options.backend, ToBackend("backend", request.backend()));
   }
+  constexpr int kMaxRanks = 64;
+  const int ranks = request.tensor_parallel_size() == 0 ? 1 : request.tensor_parallel_size();
+  if (ranks < 1 || ranks > kMaxRanks) {
+    return InvalidField("tensor_parallel_size",
+                        absl::StrCat("must be in [1, ", kMaxRanks, "], got ", ranks));
+  }
+  if (request.devices().empty()) {
+    options.devices.resize(static_cast<size_t>(ranks));
+    for (int rank = 0; rank < ranks; ++rank) options.devices[static_cast<size_t>(rank)] = rank;
+  } else if (request.devices_size() != ranks) {
+    return InvalidField("devices", absl::StrCat(request.devices_size(), " devices for ", ranks,
+                                                " ranks (tensor_parallel_size): one per rank"));
+  } else {
+    options.devices.assign(request.devices().begin(), request.devices().end());
+  }
+  RETURN_IF_ERROR(CheckRanks(options.geometry, options.layout, options.devices));
+  if (options.backend == Backend::kHost) {
+    for (int rank = 0; rank < ranks; ++rank) {
+      const int device = options.devices[static_cast<size_t>(rank)];
+      if (device >= defaults.host_devices) {
+        return InvalidField(absl::StrCat("devices[", rank, "]"),
+                            absl::StrCat("device ", device, " does not exist: host arenas stand in for ",
+                                         defaults.host_devices, " device",
+                                         defaults.host_devices == 1 ? "" : "s",
+                                         " (--host_devices)"));
+      }
+    }
+  }
   const uint64_t asked = request.capacity_bytes() == 0
                              ? static_cast<uint64_t>(defaults.pool_capacity_bytes)
                              : request.capacity_bytes();

@@ -29,12 +29,14 @@ struct Defaults {
   FrameLayout frame_layout = FrameLayout::kGroup;  // of a RegisterModel leaving it unspecified
   Backend backend = Backend::kHost;                // likewise
   int64_t pool_capacity_bytes = 0;                 // of a RegisterModel asking for 0 bytes
+  int host_devices = 1;  // the devices host arenas stand in for: a device number is below it
   CacheLimits limits;                              // the bookkeeping bounds of every model
 };
 
 // The pool a RegisterModel asks for: model_id, geometry (ValidateGeometry and the bookkeeping
-// bounds of core/pool/geometry_bounds.h), layout, backend, and the capacity rounded down to
-// whole frames; the defaults and limits filled in.
+// bounds of core/pool/geometry_bounds.h), layout, backend, the ranks and their devices
+// (CheckRanks; a host device below host_devices; a cuda device is checked when its arena is
+// made), and the capacity rounded down to whole frames; the defaults and limits filled in.
 [[nodiscard]] absl::StatusOr<CacheOptions> ResolvePool(const v1::RegisterModelRequest& request,
                                                        const Defaults& defaults);
 

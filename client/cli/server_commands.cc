@@ -85,17 +85,24 @@ absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
     if (!status.ok()) return absl::InternalError(std::string(status.message()));
     return out + "\n";
   }
-  std::string text = absl::StrFormat("%-20s %6s %9s %6s %6s %6s %-6s %-6s %14s %12s\n", "model",
-                                     "layers", "q heads", "kv", "dim", "page", "layout", "pool",
-                                     "capacity bytes", "frame bytes");
+  std::string text = absl::StrFormat("%-20s %6s %9s %6s %6s %6s %-6s %-6s %14s %12s  %s\n",
+                                     "model", "layers", "q heads", "kv", "dim", "page", "layout",
+                                     "pool", "capacity bytes", "frame bytes", "devices");
   for (const v1::PoolInfo& pool : models.pools()) {
     const v1::ModelGeometry& g = pool.geometry();
+    // "0" for a model on one device; "tp=4: 0,1,2,3" for a tensor-parallel one, rank by rank.
+    std::vector<std::string> devices;
+    for (const v1::RankArena& rank : pool.ranks()) devices.push_back(absl::StrCat(rank.device()));
+    const std::string placement =
+        pool.ranks_size() > 1
+            ? absl::StrCat("tp=", pool.ranks_size(), ": ", absl::StrJoin(devices, ","))
+            : absl::StrJoin(devices, ",");
     absl::StrAppend(
         &text,
-        absl::StrFormat("%-20s %6d %9d %6d %6d %6d %-6s %-6s %14d %12d\n", pool.model_id(),
+        absl::StrFormat("%-20s %6d %9d %6d %6d %6d %-6s %-6s %14d %12d  %s\n", pool.model_id(),
                         g.layers(), g.query_heads(), g.kv_groups(), g.head_dim(), g.page_size(),
                         LayoutName(pool.frame_layout()), BackendName(pool.backend()),
-                        pool.capacity_bytes(), pool.frame_bytes()));
+                        pool.capacity_bytes(), pool.frame_bytes(), placement));
   }
   return text;
 }

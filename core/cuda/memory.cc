@@ -27,28 +27,45 @@ absl::Status Copy(const std::string& who, void* dst, const void* src, int64_t by
 
 }  // namespace
 
-absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t bytes) {
+absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t bytes,
+                                                int device) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
     return absl::UnavailableError(
         absl::StrCat("backend: cuda has no usable device: ", cudaGetErrorString(error)));
   }
   if (count == 0) return absl::UnavailableError("backend: cuda has no device");
-  SharedAllocation allocation;
-  if (const cudaError_t error = cudaGetDevice(&allocation.device); error != cudaSuccess) {
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("device: CUDA device ", device,
+                                                   " does not exist (this host has ", count,
+                                                   " device", count == 1 ? "" : "s", ")"));
+  }
+  int previous = 0;
+  if (const cudaError_t error = cudaGetDevice(&previous); error != cudaSuccess) {
     return CudaError(who, "cudaGetDevice", error);
   }
+  if (const cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
+    return CudaError(who, absl::StrCat("cudaSetDevice(", device, ")"), error);
+  }
+  SharedAllocation allocation;
+  allocation.device = device;
+  absl::Status status;
   if (const cudaError_t error = cudaMalloc(&allocation.data, static_cast<size_t>(bytes));
       error != cudaSuccess) {
-    return CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes)"), error);
+    status = CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes on device ", device, ")"),
+                       error);
+  } else {
+    cudaIpcMemHandle_t handle{};
+    if (const cudaError_t ipc = cudaIpcGetMemHandle(&handle, allocation.data);
+        ipc != cudaSuccess) {
+      cudaFree(allocation.data);
+      status = CudaError(who, "cudaIpcGetMemHandle", ipc);
+    } else {
+      allocation.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+    }
   }
-  cudaIpcMemHandle_t handle{};
-  if (const cudaError_t error = cudaIpcGetMemHandle(&handle, allocation.data);
-      error != cudaSuccess) {
-    cudaFree(allocation.data);
-    return CudaError(who, "cudaIpcGetMemHandle", error);
-  }
-  allocation.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
+  cudaSetDevice(previous);
+  if (!status.ok()) return status;
   return allocation;
 }
 

@@ -11,7 +11,7 @@
 
 namespace entrokv::cuda {
 
-// One cudaMalloc region on the current device with its IPC handle (the bytes of a
+// One cudaMalloc region on a given device with its IPC handle (the bytes of a
 // cudaIpcMemHandle_t), so another process can cudaIpcOpenMemHandle it.
 inline constexpr int kIpcHandleBytes = 64;  // sizeof(cudaIpcMemHandle_t), checked in memory.cc
 struct SharedAllocation {
@@ -20,10 +20,12 @@ struct SharedAllocation {
   std::string ipc_handle;
 };
 
-// UNAVAILABLE when there is no driver or device; RESOURCE_EXHAUSTED when the device is full;
-// INTERNAL for other runtime errors. Messages start with `who`.
+// Allocates on `device` and restores the caller's current device. UNAVAILABLE when there is
+// no driver or device; INVALID_ARGUMENT naming the device when it is not in [0, count);
+// RESOURCE_EXHAUSTED when the device is full; INTERNAL for other runtime errors. Messages
+// start with `who`.
 [[nodiscard]] absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who,
-                                                              int64_t bytes);
+                                                              int64_t bytes, int device);
 
 // Frees `data` on `device`, restoring the caller's current device. Errors are ignored (teardown).
 void FreeShared(int device, void* data);

@@ -62,11 +62,15 @@ struct HostArenaSource {
 };
 
 // A new arena of `bytes` bytes (> 0). `name` is a hint folded into a host arena's name.
+// `device` is the CUDA device ordinal of a cuda arena; a host arena ignores it (the caller
+// records which device a host arena stands in for).
 // Host: INTERNAL with errno text when shm_open/ftruncate/mmap fail. Cuda: UNIMPLEMENTED
 // "backend: cuda was not built in" without CUDA; UNAVAILABLE without a device;
-// RESOURCE_EXHAUSTED when the device is out of memory.
+// INVALID_ARGUMENT naming the device when it does not exist; RESOURCE_EXHAUSTED when the
+// device is out of memory.
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(
-    Backend backend, absl::string_view name, int64_t bytes, const HostArenaSource& host = {});
+    Backend backend, absl::string_view name, int64_t bytes, const HostArenaSource& host = {},
+    int device = 0);
 // As CreateArena for the host backend. The arena's memory is reserved (posix_fallocate) before
 // it is handed out, so a full /dev/shm fails here with RESOURCE_EXHAUSTED naming the shortfall,
 // never later as SIGBUS on a page first touched; and the arena holds an exclusive flock on its
@@ -78,7 +82,8 @@ struct HostArenaSource {
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateHostArena(
     absl::string_view name, int64_t bytes, const HostArenaSource& source = {});
 [[nodiscard]] absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
-                                                                           int64_t bytes);
+                                                                           int64_t bytes,
+                                                                           int device = 0);
 
 // A worker-side mapping of a host arena, read-write and shared with the daemon. Owns the
 // mapping (and the descriptor it opened); the daemon's arena may be destroyed first, the bytes

@@ -32,7 +32,8 @@ absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOption
   pool_options.backend = options.backend;
   pool_options.capacity_frames = options.capacity_bytes / frame_bytes;
   pool_options.name = options.name;
-  pool_options.host_arena = options.host_arena;
+  pool_options.devices = options.devices;
+  pool_options.host_arenas = options.host_arenas;
   // The pool's arrays are reserved in the daemon's budget before the arena or they exist (a
   // count beyond a FrameId is PagePool::Create's INVALID_ARGUMENT, reserved nothing).
   BookkeepingBudget* const daemon = options.limits.daemon;
@@ -135,6 +136,7 @@ void CacheState::SettleDaemon() {
 CacheState::CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool)
     : geometry_(options.geometry),
       layout_(options.layout),
+      ranks_(static_cast<int>(options.devices.size())),
       name_(options.name),
       limits_(options.limits),
       pool_(std::move(pool)),
@@ -667,14 +669,14 @@ absl::Status CacheState::CheckInvariants() const {
   return absl::OkStatus();
 }
 
-ArenaInfo CacheState::arena() const {
+ArenaInfo CacheState::arena(int rank) const {
   absl::MutexLock lock(&mu_);
-  return pool_->arena_info();
+  return pool_->arena_info(rank);
 }
 
-void* CacheState::FrameAddress(FrameId frame) const {
+void* CacheState::FrameAddress(FrameId frame, int rank) const {
   absl::MutexLock lock(&mu_);
-  return pool_->FrameAddress(frame);
+  return pool_->FrameAddress(frame, rank);
 }
 
 }  // namespace entrokv

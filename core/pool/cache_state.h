@@ -46,7 +46,11 @@ struct CacheOptions {
   Backend backend = Backend::kHost;
   int64_t capacity_bytes = 0;  // the pool gets capacity_bytes / frame_bytes frames (floor)
   std::string name;            // the pool's name (metric label, arena name hint)
-  HostArenaSource host_arena;  // host backend: the arena's exact name, attach or keep it
+  // The device of each tensor-parallel rank's arena (PagePoolOptions::devices); capacity_bytes
+  // is split evenly over the ranks.
+  std::vector<int> devices = {0};
+  // Host backend, per rank: the arena's exact name, attach or keep it; missing: the default.
+  std::vector<HostArenaSource> host_arenas;
   CacheLimits limits;
   PressureOptions pressure;  // server-chosen budgets, admission, tenants, swapping
 };
@@ -327,9 +331,12 @@ class CacheState {
   [[nodiscard]] const ModelGeometry& geometry() const { return geometry_; }
   [[nodiscard]] FrameLayout layout() const { return layout_; }
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] ArenaInfo arena() const;
-  // The frame's first byte (host address or device address); for tests and local workers.
-  [[nodiscard]] void* FrameAddress(FrameId frame) const;
+  // Tensor-parallel ranks (one arena each) and rank `rank`'s arena, its device set.
+  [[nodiscard]] int ranks() const { return ranks_; }
+  [[nodiscard]] ArenaInfo arena(int rank = 0) const;
+  // The first byte of the frame's slice in rank `rank`'s arena (host address or device
+  // address); for tests and local workers.
+  [[nodiscard]] void* FrameAddress(FrameId frame, int rank = 0) const;
 
  private:
   CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool);
@@ -451,6 +458,7 @@ class CacheState {
 
   const ModelGeometry geometry_;
   const FrameLayout layout_;
+  const int ranks_;
   const std::string name_;
   const CacheLimits limits_;
   mutable absl::Mutex mu_;

@@ -79,9 +79,13 @@ absl::StatusOr<SwapOutResult> CacheState::SwapOut(absl::string_view sequence_id)
                                                   std::max(bytes, frame_bytes), source));
   swapped.keep_name = source.keep_name;
   char* base = static_cast<char*>(swapped.arena->base());
+  // A slot holds a whole frame: every rank's slice, rank by rank.
+  const int64_t slice = pool_->rank_frame_bytes();
   for (size_t slot = 0; slot < frames.size(); ++slot) {
-    std::memcpy(base + static_cast<int64_t>(slot) * frame_bytes, pool_->FrameAddress(frames[slot]),
-                static_cast<size_t>(frame_bytes));
+    for (int rank = 0; rank < pool_->ranks(); ++rank) {
+      std::memcpy(base + static_cast<int64_t>(slot) * frame_bytes + rank * slice,
+                  pool_->FrameAddress(frames[slot], rank), static_cast<size_t>(slice));
+    }
   }
   swapped.head_weights.resize(static_cast<size_t>(geometry_.layers));
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
@@ -158,8 +162,11 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
     ASSIGN_OR_RETURN(frames[static_cast<size_t>(slot)],
                      pool_->Allocate(slot_layer[static_cast<size_t>(slot)],
                                      slot_refs[static_cast<size_t>(slot)]));
-    std::memcpy(pool_->FrameAddress(frames[static_cast<size_t>(slot)]), base + slot * frame_bytes,
-                static_cast<size_t>(frame_bytes));
+    for (int rank = 0; rank < pool_->ranks(); ++rank) {
+      std::memcpy(pool_->FrameAddress(frames[static_cast<size_t>(slot)], rank),
+                  base + slot * frame_bytes + rank * pool_->rank_frame_bytes(),
+                  static_cast<size_t>(pool_->rank_frame_bytes()));
+    }
   }
   std::vector<std::vector<FrameId>> tables(swapped.slots.size());
   AppendResult result;

@@ -1,4 +1,4 @@
-// The cuda backend: one cudaMalloc region on the current device, exported with
+// The cuda backend: one cudaMalloc region on the pool's device, exported with
 // cudaIpcGetMemHandle so a worker process can cudaIpcOpenMemHandle it. Compiled only when
 // ENTROKV_CUDA is on; the CUDA runtime calls live behind core/cuda/memory.h.
 #include <memory>
@@ -46,11 +46,11 @@ class CudaArena final : public MemoryArena {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
-                                                             int64_t bytes) {
+                                                             int64_t bytes, int device) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("arena bytes must be positive, got ", bytes));
   }
-  ASSIGN_OR_RETURN(cuda::SharedAllocation allocation, cuda::AllocateShared(kWho, bytes));
+  ASSIGN_OR_RETURN(cuda::SharedAllocation allocation, cuda::AllocateShared(kWho, bytes, device));
   return std::unique_ptr<MemoryArena>(
       new CudaArena(allocation.device, allocation.data, bytes, std::move(allocation.ipc_handle)));
 }

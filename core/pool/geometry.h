@@ -3,6 +3,7 @@
 #define ENTROKV_CORE_POOL_GEOMETRY_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -43,6 +44,14 @@ enum class Backend : uint8_t {
 // "host" or "cuda"; INVALID_ARGUMENT naming the value otherwise.
 [[nodiscard]] absl::StatusOr<Backend> ParseBackend(absl::string_view name);
 [[nodiscard]] absl::string_view BackendName(Backend backend);
+
+// The ranks of a pool split over devices (PagePoolOptions::devices): INVALID_ARGUMENT naming
+// the field when `devices` is empty or holds a negative number, when its size t does not
+// divide kv_groups (tensor_parallel_size), or when t > 1 in the kGroup layout (frame_layout:
+// ranks share one block table, so a frame must hold every group; in the GROUP layout each
+// rank is a pool, a model, of its own).
+[[nodiscard]] absl::Status CheckRanks(const ModelGeometry& geometry, FrameLayout layout,
+                                      const std::vector<int>& devices);
 
 // Bytes of one frame: K and V, 2 * page_size * head_dim * element_bytes, times kv_groups for
 // kLayer. Byte layout of a kGroup frame: [K: B x head_dim][V: B x head_dim]; a kLayer frame is

@@ -32,19 +32,31 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PagePoolOptions
   if (options.capacity_frames > std::numeric_limits<int64_t>::max() / frame_bytes) {
     return absl::InvalidArgumentError("capacity_frames * frame_bytes overflows");
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
-                   CreateArena(options.backend, options.name, options.capacity_frames * frame_bytes,
-                               options.host_arena));
-  return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arena)));
+  RETURN_IF_ERROR(CheckRanks(options.geometry, options.layout, options.devices));
+  const int ranks = static_cast<int>(options.devices.size());
+  std::vector<std::unique_ptr<MemoryArena>> arenas;
+  for (int rank = 0; rank < ranks; ++rank) {
+    const HostArenaSource source = rank < static_cast<int>(options.host_arenas.size())
+                                       ? options.host_arenas[static_cast<size_t>(rank)]
+                                       : HostArenaSource();
+    const std::string name = ranks == 1 ? options.name : absl::StrCat(options.name, ".r", rank);
+    ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
+                     CreateArena(options.backend, name,
+                                 options.capacity_frames * (frame_bytes / ranks), source,
+                                 options.devices[static_cast<size_t>(rank)]));
+    arenas.push_back(std::move(arena));
+  }
+  return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arenas)));
 }
 
 PagePool::PagePool(const PagePoolOptions& options, int64_t frame_bytes,
-                   std::unique_ptr<MemoryArena> arena)
+                   std::vector<std::unique_ptr<MemoryArena>> arenas)
     : geometry_(options.geometry),
       layout_(options.layout),
       capacity_frames_(options.capacity_frames),
       frame_bytes_(frame_bytes),
-      arena_(std::move(arena)),
+      devices_(options.devices),
+      arenas_(std::move(arenas)),
       refcount_(options.capacity_frames, 0),
       frame_layer_(options.capacity_frames, -1),
       used_per_layer_(options.geometry.layers, 0) {
@@ -134,11 +146,22 @@ absl::Status PagePool::CopyFrame(FrameId source, FrameId destination) {
     return absl::FailedPreconditionError(absl::StrCat("CopyFrame: frames ", source, " -> ",
                                                       destination, " must be distinct and used"));
   }
-  return arena_->Copy(destination * frame_bytes_, source * frame_bytes_, frame_bytes_);
+  const int64_t slice = rank_frame_bytes();
+  for (const std::unique_ptr<MemoryArena>& arena : arenas_) {
+    RETURN_IF_ERROR(arena->Copy(destination * slice, source * slice, slice));
+  }
+  return absl::OkStatus();
 }
 
-void* PagePool::FrameAddress(FrameId frame) const {
-  return static_cast<char*>(arena_->base()) + static_cast<int64_t>(frame) * frame_bytes_;
+ArenaInfo PagePool::arena_info(int rank) const {
+  ArenaInfo info = arenas_[static_cast<size_t>(rank)]->info();
+  info.device = devices_[static_cast<size_t>(rank)];
+  return info;
+}
+
+void* PagePool::FrameAddress(FrameId frame, int rank) const {
+  return static_cast<char*>(arenas_[static_cast<size_t>(rank)]->base()) +
+         static_cast<int64_t>(frame) * rank_frame_bytes();
 }
 
 absl::Status PagePool::CheckInvariants() const {

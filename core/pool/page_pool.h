@@ -19,12 +19,19 @@ struct PagePoolOptions {
   FrameLayout layout = FrameLayout::kGroup;
   Backend backend = Backend::kHost;
   int64_t capacity_frames = 0;  // in [1, 2^31 - 1]
-  std::string name;             // a hint for the arena's name
-  HostArenaSource host_arena;   // host backend: the arena's exact name, attach or keep it
+  std::string name;             // a hint for the arenas' names
+  // The device of each tensor-parallel rank's arena; one entry (the default) for a model on
+  // one device. With t ranks every frame is split in t slices of rank_frame_bytes(): rank r's
+  // arena holds KV groups [r G/t, (r+1) G/t) of each frame, at the same frame id, so the ranks
+  // share one block table (t > 1 needs the kLayer layout and t dividing kv_groups). A host
+  // arena stands in for its device: the number is recorded, the memory is the host's.
+  std::vector<int> devices = {0};
+  // Host backend, per rank: the arena's exact name, attach or keep it; missing: the default.
+  std::vector<HostArenaSource> host_arenas;
 };
 
-// Owns one MemoryArena of capacity_frames() * frame_bytes() bytes. Frame f lives at byte
-// offset f * frame_bytes(); frames never move. A frame is free (reference count 0, on the free
+// Owns one MemoryArena per rank, of capacity_frames() * rank_frame_bytes() bytes each. Frame f
+// lives at byte offset f * rank_frame_bytes() of every rank's arena; frames never move. A frame is free (reference count 0, on the free
 // list) or used (count >= 1, tagged with the layer it belongs to). Allocate and Release are
 // O(1). Thread-compatible: CacheState serializes every call under its mutex.
 class PagePool {
@@ -47,12 +54,18 @@ class PagePool {
   [[nodiscard]] int64_t capacity_frames() const { return capacity_frames_; }
   [[nodiscard]] int64_t free_frames() const { return static_cast<int64_t>(free_list_.size()); }
   [[nodiscard]] int64_t used_frames() const { return capacity_frames_ - free_frames(); }
+  // Bytes of one whole frame, every rank's slice together; a rank's slice is rank_frame_bytes().
   [[nodiscard]] int64_t frame_bytes() const { return frame_bytes_; }
+  [[nodiscard]] int64_t rank_frame_bytes() const { return frame_bytes_ / ranks(); }
   [[nodiscard]] int64_t capacity_bytes() const { return capacity_frames_ * frame_bytes_; }
+  // Tensor-parallel ranks (arenas), >= 1, and the device of each.
+  [[nodiscard]] int ranks() const { return static_cast<int>(arenas_.size()); }
+  [[nodiscard]] const std::vector<int>& devices() const { return devices_; }
   [[nodiscard]] const std::vector<int64_t>& used_frames_per_layer() const {
     return used_per_layer_;
   }
-  [[nodiscard]] ArenaInfo arena_info() const { return arena_->info(); }
+  // Rank `rank`'s arena, its device set (a host arena's too). REQUIRES: rank in [0, ranks()).
+  [[nodiscard]] ArenaInfo arena_info(int rank = 0) const;
 
   // Takes a free frame for `layer` with reference count `refs` (>= 1). RESOURCE_EXHAUSTED when
   // none is free; callers that need several frames check free_frames() first (all-or-nothing).
@@ -69,7 +82,8 @@ class PagePool {
   // FAILED_PRECONDITION unless every frame is free now; nothing changes then.
   [[nodiscard]] absl::Status Restore(const std::vector<int32_t>& refcounts,
                                      const std::vector<int32_t>& layers);
-  // Copies a whole frame's bytes (copy-on-write). FAILED_PRECONDITION unless both are used.
+  // Copies a whole frame's bytes, in every rank's arena (copy-on-write). FAILED_PRECONDITION
+  // unless both are used.
   [[nodiscard]] absl::Status CopyFrame(FrameId source, FrameId destination);
 
   // REQUIRES: IsValid(frame).
@@ -77,8 +91,9 @@ class PagePool {
   // The layer a used frame belongs to; -1 for a free one. REQUIRES: IsValid(frame).
   [[nodiscard]] int32_t frame_layer(FrameId frame) const { return frame_layer_[frame]; }
   [[nodiscard]] bool IsValid(FrameId frame) const { return frame >= 0 && frame < capacity_frames_; }
-  // The frame's first byte in the arena's address space (host or device).
-  [[nodiscard]] void* FrameAddress(FrameId frame) const;
+  // The first byte of the frame's slice in rank `rank`'s arena, in that arena's address space
+  // (host or device). REQUIRES: rank in [0, ranks()).
+  [[nodiscard]] void* FrameAddress(FrameId frame, int rank = 0) const;
 
   // used + free == capacity; the free list holds distinct frames, all with count 0; every
   // other frame has count >= 1 and a valid layer; per-layer counts sum to used.
@@ -86,13 +101,15 @@ class PagePool {
   [[nodiscard]] absl::Status CheckInvariants() const;
 
  private:
-  PagePool(const PagePoolOptions& options, int64_t frame_bytes, std::unique_ptr<MemoryArena> arena);
+  PagePool(const PagePoolOptions& options, int64_t frame_bytes,
+           std::vector<std::unique_ptr<MemoryArena>> arenas);
 
   const ModelGeometry geometry_;
   const FrameLayout layout_;
   const int64_t capacity_frames_;
   const int64_t frame_bytes_;
-  std::unique_ptr<MemoryArena> arena_;
+  const std::vector<int> devices_;
+  std::vector<std::unique_ptr<MemoryArena>> arenas_;  // one per rank
   std::vector<FrameId> free_list_;    // a stack: the most recently freed frame goes out first
   std::vector<int32_t> refcount_;     // per frame; 0 means free
   std::vector<int32_t> frame_layer_;  // per used frame; -1 when free

@@ -187,6 +187,65 @@ TEST(CrashRecoveryTest, KillNineAndRestartRecoverEverythingExactly) {
   for (const std::string& name : arenas) shm_unlink(name.c_str());
 }
 
+// A tensor-parallel model keeps every rank's arena: kill -9 and a restart attach each again,
+// on its device, with its bytes and the shared block table.
+TEST(CrashRecoveryTest, EveryRanksArenaSurvivesKillNine) {
+  const std::string dir = FreshDir("crash_recovery_tp");
+  Snapshot before;
+  std::vector<std::string> arenas;
+  std::vector<std::string> bytes;
+  {
+    Daemon daemon(dir, {"--host_devices=4"});
+    ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+    grpc::ClientContext context;
+    v1::RegisterModelRequest request = RegisterRequest("tp", 3, 8, 2, uint64_t{4} << 20);
+    request.set_frame_layout(v1::FRAME_LAYOUT_LAYER);
+    request.set_tensor_parallel_size(2);
+    request.add_devices(3);
+    request.add_devices(1);
+    v1::RegisterModelResponse response;
+    ASSERT_TRUE(daemon.stub().RegisterModel(&context, request, &response).ok());
+    ASSERT_EQ(response.pool().ranks_size(), 2);
+    ASSERT_TRUE(Open(daemon.stub(), "tp", "a", 100).ok());
+    ASSERT_TRUE(Open(daemon.stub(), "tp", "a/fork", 20, "a", 3).ok());
+    for (int rank = 0; rank < 2; ++rank) {
+      arenas.push_back(response.pool().ranks(rank).arena_name());
+      absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
+          HostArenaMapping::OpenByName(arenas.back());
+      ASSERT_TRUE(mapping.ok()) << mapping.status();
+      char* data = static_cast<char*>((*mapping)->data());
+      for (int64_t i = 0; i < (*mapping)->bytes(); ++i) data[i] = static_cast<char>(i * 7 + rank);
+      bytes.push_back(ArenaBytes(arenas.back()));
+    }
+    before = Take(daemon);
+    daemon.process().Signal(SIGKILL);
+    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+  }
+  Daemon daemon(dir, {"--host_devices=4"});
+  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("model 'tp' recovered: 2 sequences"));
+  const Snapshot after = Take(daemon);
+  EXPECT_EQ(after.models, before.models);  // both ranks, their devices and arena names
+  EXPECT_EQ(after.sequences, before.sequences);
+  EXPECT_EQ(after.stats, before.stats);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_TRUE(ArenaBytes(arenas[static_cast<size_t>(rank)]) == bytes[static_cast<size_t>(rank)])
+        << "rank " << rank;
+  }
+  grpc::ClientContext context;
+  v1::GetModelRequest request;
+  request.set_model_id("tp");
+  v1::GetModelResponse response;
+  ASSERT_TRUE(daemon.stub().GetModel(&context, request, &response).ok());
+  ASSERT_EQ(response.pool().ranks_size(), 2);
+  EXPECT_EQ(response.pool().ranks(0).device(), 3);
+  EXPECT_EQ(response.pool().ranks(1).device(), 1);
+  daemon.process().Signal(SIGTERM);
+  EXPECT_EQ(daemon.process().WaitExit(20000), 0);
+  std::filesystem::remove_all(dir);
+  for (const std::string& name : arenas) shm_unlink(name.c_str());
+}
+
 TEST(CrashRecoveryTest, ArenaGoneMarksSequencesLost) {
   const std::string dir = FreshDir("crash_lost");
   std::string arena;

@@ -62,7 +62,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // the process id).
     for (store::RecoveredModel& recovered : *models) {
       store::ModelRecord& record = recovered.model;
-      if (record.arena_name != "$arena" || record.backend != Backend::kHost ||
+      if (record.arena_names != std::vector<std::string>{"$arena"} || record.backend != Backend::kHost ||
           record.capacity_bytes <= 0 || record.capacity_bytes > (int64_t{1} << 20)) {
         continue;
       }
@@ -73,7 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       absl::StatusOr<std::unique_ptr<MemoryArena>> arena =
           CreateHostArena(name, record.capacity_bytes / frame_bytes * frame_bytes,
                           {.name = name, .keep_name = true});
-      if (arena.ok()) record.arena_name = name;  // else an id no name can hold: it stays missing
+      if (arena.ok()) record.arena_names = {name};  // else an id no name can hold: it stays missing
     }
     const absl::Status recovered = registry.Recover(*std::move(models));
     if (recovered.ok()) {

@@ -1,5 +1,6 @@
 """The Python client, end to end against a real entrokvd on loopback."""
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -81,6 +82,36 @@ class ClientTest(unittest.TestCase):
         stats = self.client.pool_stats(model_id)
         self.assertEqual(stats.used_frames + stats.free_frames, stats.capacity_frames)
         return stats
+
+    def test_tensor_parallel_ranks_decide_together(self):
+        # Two ranks, each with one of the 2 KV groups and 3 of the 6 query heads, each on its
+        # own thread, as two worker processes would call: both get the one-pool decision.
+        single = self.client.register_model("tp1", capacity_bytes=4096 * 2 * FRAME_BYTES,
+                                            frame_layout="layer", **GEOMETRY)
+        pool = self.client.register_model("tp2", capacity_bytes=4096 * 2 * FRAME_BYTES,
+                                          frame_layout="layer", tensor_parallel_size=2,
+                                          devices=[0, 0], **GEOMETRY)
+        self.assertEqual(len(single.ranks), 1)
+        self.assertEqual([(r.rank, r.device) for r in pool.ranks], [(0, 0), (1, 0)])
+        self.assertEqual(pool.ranks[0].frame_bytes * 2, pool.frame_bytes)
+        self.assertEqual(pool.ranks[0].arena_name, pool.arena_name)
+        stats = layer_stats(5, 300)
+        for model in ("tp1", "tp2"):
+            self.client.open_sequence(model, "s", initial_tokens=300)
+        alone = self.client.decide("tp1", "s", stats, pages=6, scope="group")
+        half = GEOMETRY["query_heads"] // 2
+        with concurrent.futures.ThreadPoolExecutor(2) as pool_threads:
+            calls = [pool_threads.submit(self.client.decide, "tp2", "s",
+                                         stats[:, rank * half:(rank + 1) * half], pages=6,
+                                         scope="group", rank=rank) for rank in (0, 1)]
+            together = [call.result(timeout=30) for call in calls]
+        for decisions in together:
+            for mine, reference in zip(decisions, alone):
+                for group, expected in zip(mine.groups, reference.groups):
+                    np.testing.assert_array_equal(group.kept_pages, expected.kept_pages)
+        with self.assertRaises(entrokv.InvalidArgumentError) as raised:
+            self.client.decide("tp2", "s", stats, pages=6, rank=2)
+        self.assertIn("rank", str(raised.exception))
 
     def test_whole_lifecycle_with_decide(self):
         pool = self.register("lifecycle")

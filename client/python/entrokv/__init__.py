@@ -8,8 +8,8 @@ from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, Da
                             PermissionDeniedError, ResourceExhaustedError, UnauthenticatedError,
                             UnavailableError, UnimplementedError, UnknownError)
 from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision, LayerDecision,
-                             ModelGeometry, PoolInfo, PoolStats, PressureInfo, SequenceInfo,
-                             TenantUsage)
+                             ModelGeometry, PoolInfo, PoolStats, PressureInfo, RankArena,
+                             SequenceInfo, TenantUsage)
 
 Error = EntrokvError  # a short alias for the base class
 
@@ -22,5 +22,5 @@ __all__ = [
     "ResourceExhaustedError", "UnauthenticatedError", "UnavailableError", "UnimplementedError",
     "UnknownError",
     "BlockTable", "GroupDecision", "LayerDecision", "ModelGeometry", "PoolInfo", "PoolStats",
-    "SequenceInfo", "AdmissionHint", "Appended", "PressureInfo", "TenantUsage",
+    "SequenceInfo", "AdmissionHint", "Appended", "PressureInfo", "TenantUsage", "RankArena",
 ]

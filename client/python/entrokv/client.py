@@ -236,16 +236,19 @@ class Client:
     def register_model(self, model_id: str, *, layers: int, query_heads: int, kv_groups: int,
                        head_dim: int, page_size: int = 16, element_bytes: int = 2,
                        capacity_bytes: int = 0, frame_layout: str = "group",
-                       backend: str = "host") -> PoolInfo:
+                       backend: str = "host", tensor_parallel_size: int = 1,
+                       devices: Optional[Sequence[int]] = None) -> PoolInfo:
         """Creates the model's pool. frame_layout: "group" or "layer"; backend: "host" or
-        "cuda"."""
+        "cuda". `devices`: the device of each of the `tensor_parallel_size` ranks' arenas
+        (default: rank r on device r); a tensor-parallel model needs frame_layout "layer"."""
         geometry = types.ModelGeometry(layers=layers, query_heads=query_heads,
                                        kv_groups=kv_groups, head_dim=head_dim,
                                        page_size=page_size, element_bytes=element_bytes)
         request = pb.RegisterModelRequest(
             model_id=model_id, geometry=geometry, capacity_bytes=capacity_bytes,
             frame_layout=_choice("frame_layout", frame_layout, FRAME_LAYOUTS),
-            backend=_choice("backend", backend, BACKENDS))
+            backend=_choice("backend", backend, BACKENDS),
+            tensor_parallel_size=tensor_parallel_size, devices=list(devices or []))
         return PoolInfo.from_message(self._call(self._stub.RegisterModel, request).pool)
 
     def get_model(self, model_id: str) -> PoolInfo:
@@ -391,7 +394,8 @@ class Client:
                scope: Optional[str] = None, kind: Optional[str] = None,
                accumulate: bool = False, use_cached_weights: bool = False,
                degrade_on_deadline: bool = False, answer_within_ms: int = 0,
-               auto_floor: Optional[float] = None, **params) -> List[LayerDecision]:
+               auto_floor: Optional[float] = None, rank: int = 0,
+               **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
@@ -405,11 +409,14 @@ class Client:
         on that; `use_cached_weights` pools the heads with the weights of the layer's previous
         decision (decode time); `degrade_on_deadline` lets layers that cannot be scored within
         the call's deadline, or `answer_within_ms`, be decided by position, flagged `degraded`.
+        Tensor parallelism: `rank` is this worker's rank; `stats` holds its own query heads
+        ([layers, query_heads / t, tokens]); the call returns when every rank's has come, with
+        the decision all ranks share (docs/service.md, "Several GPUs and tensor parallelism").
         """
         request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
                                        token_slots, policy, dtype, scope, kind, accumulate,
                                        use_cached_weights, degrade_on_deadline,
-                                       answer_within_ms, auto_floor, params)
+                                       answer_within_ms, auto_floor, params, rank=rank)
         response = self._call(self._stub.Decide, request)
         return [LayerDecision.from_message(layer) for layer in response.layers]
 
@@ -440,7 +447,7 @@ class Client:
                         accumulate: bool = False, use_cached_weights: bool = False,
                         degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                         auto_floor: Optional[float] = None, params: Optional[dict] = None,
-                        **more_params) -> "pb.DecideRequest":
+                        rank: int = 0, **more_params) -> "pb.DecideRequest":
         params = dict(params or {}, **more_params)
         stats = np.asarray(stats)
         if stats.ndim == 2:
@@ -454,7 +461,8 @@ class Client:
                     for i, index in enumerate(indices)],
             budget=_budget(pages, fraction, token_slots, auto_floor),
             policy=_policy(policy, params, scope), use_cached_weights=use_cached_weights,
-            degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms)
+            degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms,
+            rank=rank)
 
     def decide_stream(self, model_id: str, sequence_id: str,
                       layer_stats: Iterable[Tuple[int, np.ndarray]], *,

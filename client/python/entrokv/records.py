@@ -55,8 +55,10 @@ class PoolInfo:
     capacity_bytes: int
     capacity_frames: int
     frame_bytes: int
-    arena_name: str  # the shared-memory segment of a host pool
-    cuda_ipc_handle: bytes  # cudaIpcMemHandle_t of a cuda pool, else empty
+    arena_name: str  # the shared-memory segment of a host pool (rank 0's)
+    cuda_ipc_handle: bytes  # cudaIpcMemHandle_t of a cuda pool (rank 0's), else empty
+    # Tensor parallelism: each rank's arena, in rank order (one for a model on one device).
+    ranks: List["RankArena"] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_message(cls, message) -> "PoolInfo":
@@ -68,7 +70,25 @@ class PoolInfo:
                    capacity_frames=message.capacity_frames,
                    frame_bytes=message.frame_bytes,
                    arena_name=message.arena_name,
-                   cuda_ipc_handle=bytes(message.cuda_ipc_handle))
+                   cuda_ipc_handle=bytes(message.cuda_ipc_handle),
+                   ranks=[RankArena.from_message(rank) for rank in message.ranks])
+
+
+@dataclasses.dataclass
+class RankArena:
+    """The arena of one tensor-parallel rank: KV groups [rank G/t, (rank+1) G/t) of every
+    frame, frame f at f * frame_bytes."""
+    rank: int
+    device: int  # the device it is on (a host arena: the device it stands in for)
+    arena_name: str
+    cuda_ipc_handle: bytes
+    frame_bytes: int
+
+    @classmethod
+    def from_message(cls, message) -> "RankArena":
+        return cls(rank=message.rank, device=message.device, arena_name=message.arena_name,
+                   cuda_ipc_handle=bytes(message.cuda_ipc_handle),
+                   frame_bytes=message.frame_bytes)
 
 
 def frame_assignments(messages) -> np.ndarray:

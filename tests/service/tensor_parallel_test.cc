@@ -1,0 +1,467 @@
+// Several devices and tensor-parallel models through the real daemon over loopback: a pool per
+// device, one arena per rank, and the ranks' Decide calls gathered into one decision. Host
+// arenas stand in for the devices (--host_devices), so everything here runs without a GPU.
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <cstring>
+#include <future>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/pool/arena.h"
+#include "core/testing/status_matchers.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_fixture.h"
+
+namespace entrokv::service::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A model whose 8 KV groups split over up to 8 ranks: 16 query heads, 3 layers, pages of 4.
+constexpr int kTpLayers = 3;
+constexpr int kTpHeads = 16;
+constexpr int kTpGroups = 8;
+constexpr int kPage = 4;
+constexpr int64_t kTokens = 37;  // 10 pages, the last one partly written
+
+v1::RegisterModelRequest TpRequest(const std::string& id, int ranks,
+                                   v1::FrameLayout layout = v1::FRAME_LAYOUT_LAYER) {
+  v1::RegisterModelRequest request = RegisterRequest(id, kTpLayers, kTpHeads, kTpGroups, 1 << 20);
+  request.mutable_geometry()->set_page_size(kPage);
+  request.set_frame_layout(layout);
+  request.set_tensor_parallel_size(ranks);
+  return request;
+}
+
+class TensorParallelTest : public ServiceTest {
+ protected:
+  void SetUp() override {
+    ServerOptions options = LoopbackOptions();
+    options.host_devices = 8;
+    options.rank_wait_ms = 300;
+    StartServer(options);
+  }
+
+  grpc::Status RegisterStatus(const v1::RegisterModelRequest& request,
+                              v1::RegisterModelResponse* response = nullptr) {
+    grpc::ClientContext context;
+    v1::RegisterModelResponse ignored;
+    return stub_->RegisterModel(&context, request, response != nullptr ? response : &ignored);
+  }
+
+  // The Decide of every layer with `values` [layer][H_Q x kTokens] restricted to rank `rank`'s
+  // query heads (all of them for ranks == 1 and rank -1).
+  v1::DecideRequest RankRequest(const std::string& model, const std::vector<std::vector<float>>& values,
+                                int ranks, int rank, const v1::Budget& budget,
+                                v1::SelectionScope scope) {
+    v1::DecideRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id("s");
+    *request.mutable_budget() = budget;
+    request.mutable_policy()->set_name("page_entrokv");
+    request.mutable_policy()->set_scope(scope);
+    if (rank >= 0) request.set_rank(rank);
+    const int heads = kTpHeads / ranks;
+    for (int layer = 0; layer < kTpLayers; ++layer) {
+      const std::vector<float>& all = values[static_cast<size_t>(layer)];
+      const int first = rank < 0 ? 0 : rank * heads;
+      std::vector<float> mine(all.begin() + first * kTokens,
+                              all.begin() + (first + heads) * kTokens);
+      v1::LayerStatistic* in = request.add_layers();
+      in->set_layer(layer);
+      *in->mutable_statistic() = BytesStatistic(mine, heads, kTokens, v1::DTYPE_FLOAT32);
+    }
+    return request;
+  }
+
+  // Every rank's Decide at once, each on its own thread; the replies in rank order.
+  std::vector<std::pair<grpc::Status, v1::DecideResponse>> DecideRanks(
+      const std::vector<v1::DecideRequest>& requests) {
+    std::vector<std::future<std::pair<grpc::Status, v1::DecideResponse>>> calls;
+    for (const v1::DecideRequest& request : requests) {
+      calls.push_back(std::async(std::launch::async, [this, request] {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        v1::DecideResponse response;
+        const grpc::Status status = stub_->Decide(&context, request, &response);
+        return std::make_pair(status, response);
+      }));
+    }
+    std::vector<std::pair<grpc::Status, v1::DecideResponse>> replies;
+    for (auto& call : calls) replies.push_back(call.get());
+    return replies;
+  }
+
+  v1::SequenceInfo Tables(const std::string& model) {
+    grpc::ClientContext context;
+    v1::ListSequencesRequest request;
+    request.set_model_id(model);
+    request.set_include_block_tables(true);
+    v1::ListSequencesResponse response;
+    EXPECT_TRUE(stub_->ListSequences(&context, request, &response).ok());
+    return response.sequences_size() > 0 ? response.sequences(0) : v1::SequenceInfo();
+  }
+};
+
+std::vector<std::vector<float>> Statistics(uint32_t seed) {
+  std::vector<std::vector<float>> values;
+  for (int layer = 0; layer < kTpLayers; ++layer) {
+    values.push_back(RandomStatistic(kTpHeads, kTokens, seed + static_cast<uint32_t>(layer)));
+  }
+  return values;
+}
+
+// The ranks' gathered decision is the one-pool decision of the same model: the same pages in
+// every (layer, group), the same frames, the same budget, for t = 1, 2, 4, 8, both scopes and
+// an explicit and a planned budget.
+TEST_F(TensorParallelTest, RanksDecideTogetherAsOnePoolWould) {
+  int case_index = 0;
+  for (const int ranks : {1, 2, 4, 8}) {
+    for (const v1::SelectionScope scope : {v1::SELECTION_SCOPE_LAYER, v1::SELECTION_SCOPE_GROUP}) {
+      for (const bool fraction : {false, true}) {
+        SCOPED_TRACE(absl::StrCat("t=", ranks, " scope=", scope, " fraction=", fraction));
+        const std::string single = absl::StrCat("single", case_index);
+        const std::string sharded = absl::StrCat("tp", case_index);
+        ++case_index;
+        ASSERT_TRUE(RegisterStatus(TpRequest(single, 1)).ok());
+        v1::RegisterModelResponse registered;
+        ASSERT_TRUE(RegisterStatus(TpRequest(sharded, ranks), &registered).ok());
+        EXPECT_EQ(registered.pool().tensor_parallel_size(), ranks);
+        Open(single, "s", kTokens);
+        Open(sharded, "s", kTokens);
+        v1::Budget budget;
+        if (fraction) {
+          budget.set_fraction(0.45);
+          budget.set_allocator("pyramid");
+        } else {
+          budget.set_pages_per_group(4);
+        }
+        const std::vector<std::vector<float>> values = Statistics(100 + case_index);
+        std::vector<v1::DecideRequest> one = {RankRequest(single, values, 1, -1, budget, scope)};
+        std::vector<v1::DecideRequest> each;
+        for (int rank = 0; rank < ranks; ++rank) {
+          each.push_back(RankRequest(sharded, values, ranks, ranks == 1 ? -1 : rank, budget, scope));
+        }
+        const auto alone = DecideRanks(one);
+        const auto together = DecideRanks(each);
+        ASSERT_TRUE(alone[0].first.ok()) << alone[0].first.error_message();
+        for (int rank = 0; rank < ranks; ++rank) {
+          const auto& [status, response] = together[static_cast<size_t>(rank)];
+          ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.error_message();
+          ASSERT_EQ(response.layers_size(), kTpLayers);
+          for (int layer = 0; layer < kTpLayers; ++layer) {
+            const v1::LayerDecision& mine = response.layers(layer);
+            const v1::LayerDecision& reference = alone[0].second.layers(layer);
+            EXPECT_EQ(mine.quota_pages(), reference.quota_pages());
+            ASSERT_EQ(mine.groups_size(), kTpGroups);
+            for (int g = 0; g < kTpGroups; ++g) {
+              EXPECT_THAT(mine.groups(g).kept_pages(),
+                          ::testing::ElementsAreArray(reference.groups(g).kept_pages()))
+                  << "layer " << layer << " group " << g;
+              EXPECT_THAT(mine.groups(g).evicted_pages(),
+                          ::testing::ElementsAreArray(reference.groups(g).evicted_pages()));
+            }
+          }
+        }
+        // The same frames are live: the budget is exact over the whole model.
+        EXPECT_EQ(Stats(sharded).used_frames(), Stats(single).used_frames());
+        EXPECT_EQ(Stats(sharded).pages_evicted_total(), Stats(single).pages_evicted_total());
+        const v1::SequenceInfo a = Tables(single);
+        const v1::SequenceInfo b = Tables(sharded);
+        ASSERT_EQ(a.block_tables_size(), b.block_tables_size());
+        for (int i = 0; i < a.block_tables_size(); ++i) {
+          EXPECT_THAT(b.block_tables(i).frames(),
+                      ::testing::ElementsAreArray(a.block_tables(i).frames()));
+        }
+        ExpectInvariants(sharded);
+      }
+    }
+  }
+}
+
+TEST_F(TensorParallelTest, EachRankHasItsArenaOnItsDevice) {
+  v1::RegisterModelRequest request = TpRequest("m", 4);
+  request.add_devices(7);
+  request.add_devices(5);
+  request.add_devices(3);
+  request.add_devices(1);
+  v1::RegisterModelResponse response;
+  ASSERT_TRUE(RegisterStatus(request, &response).ok());
+  const v1::PoolInfo& pool = response.pool();
+  ASSERT_EQ(pool.ranks_size(), 4);
+  // A frame of the LAYER layout holds all 8 groups; each rank's slice two of them.
+  EXPECT_EQ(pool.frame_bytes(), 8u * 2 * kPage * 8 * 2);
+  std::vector<std::string> names;
+  for (int rank = 0; rank < 4; ++rank) {
+    const v1::RankArena& arena = pool.ranks(rank);
+    EXPECT_EQ(arena.rank(), rank);
+    EXPECT_EQ(arena.device(), 7 - 2 * rank);
+    EXPECT_EQ(arena.frame_bytes(), pool.frame_bytes() / 4);
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
+                                 HostArenaMapping::OpenByName(arena.arena_name()));
+    EXPECT_EQ(mapping->bytes(),
+              static_cast<int64_t>(pool.capacity_frames() * arena.frame_bytes()));
+    names.push_back(arena.arena_name());
+  }
+  EXPECT_EQ(pool.arena_name(), names[0]);
+  // Each rank's bytes on its device, for sum by (device) over every pool of the node.
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::optional<prometheus::ClientMetric> series =
+        FindSeries(*server_, "entrokv_pool_device_bytes",
+                   {{"pool", "m"}, {"rank", absl::StrCat(rank)}, {"device", absl::StrCat(7 - 2 * rank)}});
+    ASSERT_TRUE(series.has_value()) << "rank " << rank;
+    EXPECT_EQ(series->gauge.value, static_cast<double>(pool.capacity_bytes() / 4));
+  }
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::unique(names.begin(), names.end()), names.end()) << "ranks share an arena";
+  // One model on one device: a single rank, on the device it names.
+  request = TpRequest("one", 1);
+  request.add_devices(6);
+  ASSERT_TRUE(RegisterStatus(request, &response).ok());
+  ASSERT_EQ(response.pool().ranks_size(), 1);
+  EXPECT_EQ(response.pool().ranks(0).device(), 6);
+}
+
+// A copy-on-write copies every rank's slice of the frame, each in its own arena.
+TEST_F(TensorParallelTest, CopyOnWriteCopiesEveryRanksSlice) {
+  v1::RegisterModelResponse registered;
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 2), &registered).ok());
+  const v1::PoolInfo& pool = registered.pool();
+  grpc::ClientContext open_context;
+  v1::OpenSequenceRequest open;
+  open.set_model_id("m");
+  open.set_sequence_id("parent");
+  open.set_initial_tokens(6);  // one full page and a tail of 2 tokens
+  v1::OpenSequenceResponse opened;
+  ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
+  std::vector<std::unique_ptr<HostArenaMapping>> arenas;
+  for (int rank = 0; rank < 2; ++rank) {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
+                                 HostArenaMapping::OpenByName(pool.ranks(rank).arena_name()));
+    arenas.push_back(std::move(mapping));
+  }
+  const int64_t slice = static_cast<int64_t>(pool.ranks(0).frame_bytes());
+  int32_t tail = -1;
+  for (const v1::FrameAssignment& frame : opened.new_frames()) {
+    if (frame.layer() == 0 && frame.page() == 1) tail = frame.frame();
+  }
+  ASSERT_GE(tail, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::memset(static_cast<char*>(arenas[static_cast<size_t>(rank)]->data()) + tail * slice,
+                0x30 + rank, static_cast<size_t>(slice));
+  }
+  // A fork sharing both pages; its first append copies the shared tail page.
+  grpc::ClientContext fork_context;
+  v1::OpenSequenceRequest fork;
+  fork.set_model_id("m");
+  fork.set_sequence_id("child");
+  fork.set_parent_sequence_id("parent");
+  fork.set_prefix_pages(2);
+  ASSERT_TRUE(stub_->OpenSequence(&fork_context, fork, &opened).ok());
+  grpc::ClientContext append_context;
+  v1::AppendTokensRequest append;
+  append.set_model_id("m");
+  append.set_sequence_id("child");
+  append.set_tokens(1);
+  v1::AppendTokensResponse appended;
+  ASSERT_TRUE(stub_->AppendTokens(&append_context, append, &appended).ok());
+  int32_t copy = -1;
+  for (const v1::FrameAssignment& frame : appended.new_frames()) {
+    if (frame.layer() == 0 && frame.page() == 1) copy = frame.frame();
+  }
+  ASSERT_GE(copy, 0);
+  ASSERT_NE(copy, tail);
+  for (int rank = 0; rank < 2; ++rank) {
+    const char* bytes =
+        static_cast<const char*>(arenas[static_cast<size_t>(rank)]->data()) + copy * slice;
+    EXPECT_EQ(bytes[0], 0x30 + rank) << "rank " << rank;
+    EXPECT_EQ(bytes[slice - 1], 0x30 + rank) << "rank " << rank;
+  }
+  ExpectInvariants("m");
+}
+
+// Swapping out and back keeps every rank's slice of every frame.
+TEST_F(TensorParallelTest, SwapOutAndResumeKeepEveryRanksBytes) {
+  v1::RegisterModelResponse registered;
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 2), &registered).ok());
+  const v1::PoolInfo& pool = registered.pool();
+  const int64_t slice = static_cast<int64_t>(pool.ranks(0).frame_bytes());
+  grpc::ClientContext open_context;
+  v1::OpenSequenceRequest open;
+  open.set_model_id("m");
+  open.set_sequence_id("s");
+  open.set_initial_tokens(9);
+  v1::OpenSequenceResponse opened;
+  ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
+  std::vector<std::unique_ptr<HostArenaMapping>> arenas;
+  for (int rank = 0; rank < 2; ++rank) {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
+                                 HostArenaMapping::OpenByName(pool.ranks(rank).arena_name()));
+    arenas.push_back(std::move(mapping));
+  }
+  // (layer, page) -> a byte that names it and the rank.
+  const auto mark = [](const v1::FrameAssignment& frame, int rank) {
+    return static_cast<char>(frame.layer() * 16 + frame.page() * 2 + rank + 1);
+  };
+  for (const v1::FrameAssignment& frame : opened.new_frames()) {
+    for (int rank = 0; rank < 2; ++rank) {
+      std::memset(static_cast<char*>(arenas[static_cast<size_t>(rank)]->data()) +
+                      frame.frame() * slice,
+                  mark(frame, rank), static_cast<size_t>(slice));
+    }
+  }
+  grpc::ClientContext swap_context;
+  v1::SwapOutSequenceRequest swap;
+  swap.set_model_id("m");
+  swap.set_sequence_id("s");
+  v1::SwapOutSequenceResponse swapped;
+  ASSERT_TRUE(stub_->SwapOutSequence(&swap_context, swap, &swapped).ok());
+  // Other frames overwrite the old ones while the sequence is out.
+  Open("m", "other", 9);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::memset(arenas[static_cast<size_t>(rank)]->data(), 0,
+                static_cast<size_t>(arenas[static_cast<size_t>(rank)]->bytes()));
+  }
+  grpc::ClientContext resume_context;
+  v1::ResumeSequenceRequest resume;
+  resume.set_model_id("m");
+  resume.set_sequence_id("s");
+  v1::ResumeSequenceResponse resumed;
+  ASSERT_TRUE(stub_->ResumeSequence(&resume_context, resume, &resumed).ok());
+  ASSERT_GT(resumed.new_frames_size(), 0);
+  for (const v1::FrameAssignment& frame : resumed.new_frames()) {
+    for (int rank = 0; rank < 2; ++rank) {
+      const char* bytes = static_cast<const char*>(arenas[static_cast<size_t>(rank)]->data()) +
+                          frame.frame() * slice;
+      EXPECT_EQ(bytes[0], mark(frame, rank)) << "layer " << frame.layer() << " page "
+                                             << frame.page() << " rank " << rank;
+      EXPECT_EQ(bytes[slice - 1], mark(frame, rank));
+    }
+  }
+  ExpectInvariants("m");
+}
+
+TEST_F(TensorParallelTest, BadRanksAndDevicesNameTheFieldAndRegisterNothing) {
+  struct Case {
+    v1::RegisterModelRequest request;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  cases.push_back({TpRequest("a", 3), "tensor_parallel_size"});
+  cases.push_back({TpRequest("b", 65), "tensor_parallel_size"});
+  cases.push_back({TpRequest("c", -1), "tensor_parallel_size"});
+  cases.push_back({TpRequest("d", 2, v1::FRAME_LAYOUT_GROUP), "frame_layout"});
+  v1::RegisterModelRequest few = TpRequest("e", 2);
+  few.add_devices(0);
+  cases.push_back({few, "devices"});
+  v1::RegisterModelRequest missing = TpRequest("f", 2);
+  missing.add_devices(0);
+  missing.add_devices(8);  // --host_devices=8: devices 0..7
+  cases.push_back({missing, "devices[1]"});
+  v1::RegisterModelRequest negative = TpRequest("g", 1);
+  negative.add_devices(-1);
+  cases.push_back({negative, "devices[0]"});
+  for (const Case& bad : cases) {
+    const grpc::Status status = RegisterStatus(bad.request);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.field;
+    EXPECT_THAT(status.error_message(), HasSubstr(bad.field));
+  }
+  grpc::ClientContext context;
+  v1::ListModelsResponse models;
+  ASSERT_TRUE(stub_->ListModels(&context, v1::ListModelsRequest(), &models).ok());
+  EXPECT_EQ(models.pools_size(), 0);
+  EXPECT_EQ(server_->service().registry().reserved_bytes(), 0);
+}
+
+TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 2)).ok());
+  ASSERT_TRUE(RegisterStatus(TpRequest("one", 1)).ok());
+  Open("m", "s", kTokens);
+  Open("one", "s", kTokens);
+  v1::Budget budget;
+  budget.set_pages_per_group(3);
+  const std::vector<std::vector<float>> values = Statistics(7);
+  const auto expect = [this](const v1::DecideRequest& request, grpc::StatusCode code,
+                             const std::string& field) {
+    const auto replies = DecideRanks({request});
+    EXPECT_EQ(replies[0].first.error_code(), code) << field << ": " << replies[0].first.error_message();
+    EXPECT_THAT(replies[0].first.error_message(), HasSubstr(field));
+  };
+  expect(RankRequest("m", values, 2, 2, budget, v1::SELECTION_SCOPE_LAYER),
+         grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  v1::DecideRequest negative = RankRequest("m", values, 2, 0, budget, v1::SELECTION_SCOPE_LAYER);
+  negative.set_rank(-1);
+  expect(negative, grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  expect(RankRequest("one", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER),
+         grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  // Every query head from one rank: not its share.
+  v1::DecideRequest all_heads = RankRequest("m", values, 1, -1, budget, v1::SELECTION_SCOPE_LAYER);
+  all_heads.set_rank(1);
+  expect(all_heads, grpc::StatusCode::INVALID_ARGUMENT, "layers[0].statistic.query_heads");
+  // Ranks that disagree on the budget: both are refused, nothing applied.
+  v1::DecideRequest zero = RankRequest("m", values, 2, 0, budget, v1::SELECTION_SCOPE_LAYER);
+  v1::DecideRequest one = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
+  one.mutable_budget()->set_pages_per_group(5);
+  const auto split = DecideRanks({zero, one});
+  const auto invalid_naming_rank = [](const grpc::Status& status) {
+    return status.error_code() == grpc::StatusCode::INVALID_ARGUMENT &&
+           status.error_message().find("rank") != std::string::npos;
+  };
+  // The one that came second breaks the set: it and the waiting one both get the error (or,
+  // when the second came after the first expired, the first gets DEADLINE_EXCEEDED).
+  EXPECT_TRUE(invalid_naming_rank(split[0].first) || invalid_naming_rank(split[1].first))
+      << split[0].first.error_message() << " / " << split[1].first.error_message();
+  EXPECT_FALSE(split[0].first.ok());
+  EXPECT_FALSE(split[1].first.ok());
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+  ExpectInvariants("m");
+  EXPECT_EQ(server_->service().ranks().waiting(), 0);
+}
+
+// A rank that never sends its Decide: after --rank_wait_ms every waiting rank hears which rank
+// is missing, nothing is applied, and the next complete set decides normally.
+TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing) {
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 4)).ok());
+  Open("m", "s", kTokens);
+  v1::Budget budget;
+  budget.set_pages_per_group(3);
+  const std::vector<std::vector<float>> values = Statistics(11);
+  std::vector<v1::DecideRequest> three;
+  for (const int rank : {0, 1, 3}) {
+    three.push_back(RankRequest("m", values, 4, rank, budget, v1::SELECTION_SCOPE_LAYER));
+  }
+  const v1::SequenceInfo before = Tables("m");
+  const auto start = std::chrono::steady_clock::now();
+  const auto replies = DecideRanks(three);
+  const auto waited = std::chrono::steady_clock::now() - start;
+  for (const auto& [status, response] : replies) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+    EXPECT_THAT(status.error_message(), HasSubstr("rank_wait_ms: rank 2 of 4"));
+    EXPECT_THAT(status.error_message(), HasSubstr("nothing was applied"));
+  }
+  EXPECT_GE(waited, std::chrono::milliseconds(300));
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+  const v1::SequenceInfo after = Tables("m");
+  ASSERT_EQ(after.block_tables_size(), before.block_tables_size());
+  for (int i = 0; i < after.block_tables_size(); ++i) {
+    EXPECT_THAT(after.block_tables(i).frames(),
+                ::testing::ElementsAreArray(before.block_tables(i).frames()));
+  }
+  EXPECT_EQ(server_->service().ranks().waiting(), 0);
+  std::vector<v1::DecideRequest> four;
+  for (int rank = 0; rank < 4; ++rank) {
+    four.push_back(RankRequest("m", values, 4, rank, budget, v1::SELECTION_SCOPE_LAYER));
+  }
+  for (const auto& [status, response] : DecideRanks(four)) {
+    EXPECT_TRUE(status.ok()) << status.error_message();
+  }
+  EXPECT_GT(Stats("m").pages_evicted_total(), 0);
+  ExpectInvariants("m");
+}
+
+}  // namespace
+}  // namespace entrokv::service::testing
