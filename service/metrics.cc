@@ -80,9 +80,10 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
                               .Register(*registry_);
   pool_device_bytes_ = &prometheus::BuildGauge()
                             .Name("entrokv_pool_device_bytes")
-                            .Help("Bytes of the arena of each tensor-parallel rank of the pool, "
-                                  "by the device it is on (host arenas: the device they stand "
-                                  "in for)")
+                            .Help(
+                                "Bytes of the arena of each tensor-parallel rank of the pool, "
+                                "by the device it is on (host arenas: the device they stand "
+                                "in for)")
                             .Register(*registry_);
   pool_bookkeeping_bytes_ =
       &prometheus::BuildGauge()
@@ -231,8 +232,10 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
   metrics->frames_free_ = &pool_frames_->Add({{"pool", pool}, {"state", "free"}});
   metrics->capacity_bytes_ = &pool_capacity_bytes_->Add({{"pool", pool}});
   for (size_t rank = 0; rank < devices.size(); ++rank) {
-    prometheus::Gauge* bytes = &pool_device_bytes_->Add(
-        {{"pool", pool}, {"rank", std::to_string(rank)}, {"device", std::to_string(devices[rank])}});
+    prometheus::Gauge* bytes =
+        &pool_device_bytes_->Add({{"pool", pool},
+                                  {"rank", std::to_string(rank)},
+                                  {"device", std::to_string(devices[rank])}});
     bytes->Set(static_cast<double>(rank_bytes));
     metrics->rank_bytes_.push_back(bytes);
   }

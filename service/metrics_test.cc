@@ -23,13 +23,13 @@ TEST(ServiceMetricsTest, EveryFamilyOfTheArchitectureIsRegistered) {
   const std::string text = Render(metrics);
   for (const char* family :
        {"entrokv_pool_frames", "entrokv_pool_capacity_bytes", "entrokv_pool_device_bytes",
-        "entrokv_pool_bookkeeping_bytes",
-        "entrokv_sequences_active", "entrokv_decisions_total", "entrokv_pages_evicted_total",
-        "entrokv_pages_retained_total", "entrokv_union_overhead_ratio",
-        "entrokv_group_disagreement", "entrokv_page_union_ratio", "entrokv_retained_mass_ratio",
-        "entrokv_group_scope_page_union_ratio", "entrokv_layer_scope_frames_saved_total",
-        "entrokv_decision_duration_seconds", "entrokv_stats_bytes_total",
-        "entrokv_rpc_requests_total", "entrokv_rpc_duration_seconds"}) {
+        "entrokv_pool_bookkeeping_bytes", "entrokv_sequences_active", "entrokv_decisions_total",
+        "entrokv_pages_evicted_total", "entrokv_pages_retained_total",
+        "entrokv_union_overhead_ratio", "entrokv_group_disagreement", "entrokv_page_union_ratio",
+        "entrokv_retained_mass_ratio", "entrokv_group_scope_page_union_ratio",
+        "entrokv_layer_scope_frames_saved_total", "entrokv_decision_duration_seconds",
+        "entrokv_stats_bytes_total", "entrokv_rpc_requests_total",
+        "entrokv_rpc_duration_seconds"}) {
     EXPECT_THAT(text, HasSubstr(std::string("# TYPE ") + family + " ")) << family;
   }
 }

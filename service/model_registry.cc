@@ -225,9 +225,9 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
       options.host_arenas.push_back({.name = name, .attach = true, .keep_name = true});
     }
     if (record.arena_names.size() != record.devices.size()) {
-      state = absl::FailedPreconditionError(
-          absl::StrCat("the journal names ", record.arena_names.size(), " arenas for ",
-                       record.devices.size(), " ranks"));
+      state = absl::FailedPreconditionError(absl::StrCat("the journal names ",
+                                                         record.arena_names.size(), " arenas for ",
+                                                         record.devices.size(), " ranks"));
     } else {
       state = CacheState::Create(options);
     }

@@ -53,7 +53,7 @@ std::string AbslUnparseFlag(const TenantShares& shares);
     "Devices host arenas stand in for (RegisterModel devices below it), in [1, 64]; the cuda "     \
     "backend uses the host's CUDA devices")                                                        \
   X(int64_t, rank_wait_ms, 2000,                                                                   \
-    "How long a tensor-parallel model's decision waits for its last rank's request after the "   \
+    "How long a tensor-parallel model's decision waits for its last rank's request after the "     \
     "first, in ms; then every waiting rank gets DEADLINE_EXCEEDED")                                \
   X(::entrokv::FrameLayout, frame_layout, ::entrokv::FrameLayout::kGroup,                          \
     "Default frame layout: group or layer")                                                        \

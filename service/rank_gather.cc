@@ -1,10 +1,10 @@
 #include "service/rank_gather.h"
 
-#include <cstdint>
-#include <utility>
-
 #include <google/protobuf/io/coded_stream.h>
 #include <google/protobuf/io/zero_copy_stream_impl_lite.h>
+
+#include <cstdint>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -23,23 +23,21 @@ using Clock = std::chrono::steady_clock;
 // rows of `tokens` values. Empty when the layer carries no statistic (policies needing none).
 absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index, int ranks,
                                      int rank, int query_heads, const ShmReader& shm) {
-  if (!layer.has_statistic() ||
-      layer.statistic().source_case() == v1::Statistic::SOURCE_NOT_SET) {
+  if (!layer.has_statistic() || layer.statistic().source_case() == v1::Statistic::SOURCE_NOT_SET) {
     return std::string();
   }
   const v1::Statistic& stat = layer.statistic();
   const std::string field = absl::StrCat("layers[", index, "].statistic");
   ASSIGN_OR_RETURN(const DType dtype, wire::ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
   if (stat.query_heads() != query_heads / ranks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ".query_heads: ", stat.query_heads(), ", but rank ", rank, " of ",
-                     ranks, " sends its own ", query_heads / ranks, " of the model's ",
-                     query_heads, " query heads"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ".query_heads: ", stat.query_heads(), ", but rank ", rank, " of ", ranks,
+        " sends its own ", query_heads / ranks, " of the model's ", query_heads, " query heads"));
   }
   RETURN_IF_ERROR(wire::ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
-  const uint64_t expected =
-      static_cast<uint64_t>(stat.query_heads()) * static_cast<uint64_t>(stat.tokens()) *
-      static_cast<uint64_t>(DTypeBytes(dtype));
+  const uint64_t expected = static_cast<uint64_t>(stat.query_heads()) *
+                            static_cast<uint64_t>(stat.tokens()) *
+                            static_cast<uint64_t>(DTypeBytes(dtype));
   if (stat.source_case() == v1::Statistic::kData) {
     if (stat.data().size() != expected) {
       return absl::InvalidArgumentError(
@@ -50,8 +48,8 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
   const v1::SharedMemoryRegion& region = stat.shared_memory();
   const std::string shm_field = absl::StrCat(field, ".shared_memory");
   if (region.length_bytes() != expected) {
-    return absl::InvalidArgumentError(absl::StrCat(shm_field, ".length_bytes: ",
-                                                   region.length_bytes(), ", expected ", expected));
+    return absl::InvalidArgumentError(
+        absl::StrCat(shm_field, ".length_bytes: ", region.length_bytes(), ", expected ", expected));
   }
   ASSIGN_OR_RETURN(const ShmSegment segment, shm.Open(shm_field, region.segment()));
   RETURN_IF_ERROR(segment.CheckRange(shm_field, region.offset_bytes(), region.length_bytes()));
@@ -98,7 +96,8 @@ std::string Serialized(const v1::DecideRequest& request) {
 std::string KeyOf(const Model& model, const v1::DecideRequest& request) {
   std::string key = absl::StrCat(reinterpret_cast<uintptr_t>(&model), "/",
                                  request.sequence_id().size(), ":", request.sequence_id());
-  for (const v1::LayerStatistic& layer : request.layers()) absl::StrAppend(&key, ",", layer.layer());
+  for (const v1::LayerStatistic& layer : request.layers())
+    absl::StrAppend(&key, ",", layer.layer());
   return key;
 }
 
@@ -171,7 +170,7 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
         layers.push_back(absl::StrCat(layer.layer()));
       }
       set.description = absl::StrCat("layers [", absl::StrJoin(layers, ", "), "] of sequence \"",
-                                      request.sequence_id(), "\" of model \"", model.id(), "\"");
+                                     request.sequence_id(), "\" of model \"", model.id(), "\"");
       set.request = std::move(shape);
       set.shape = std::move(shape_bytes);
       set.rows.resize(static_cast<size_t>(ranks));
@@ -207,9 +206,11 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
           v1::Statistic* stat = layer->mutable_statistic();
           stat->set_query_heads(query_heads);
           std::string* data = stat->mutable_data();
-          for (int r = 0; r < ranks; ++r) data->append(set.rows[static_cast<size_t>(r)][static_cast<size_t>(i)]);
+          for (int r = 0; r < ranks; ++r)
+            data->append(set.rows[static_cast<size_t>(r)][static_cast<size_t>(i)]);
         }
-        for (std::optional<Reply>& waiting : set.replies) complete->replies.push_back(*std::move(waiting));
+        for (std::optional<Reply>& waiting : set.replies)
+          complete->replies.push_back(*std::move(waiting));
         sets_.erase(it);
       }
     }

@@ -57,8 +57,8 @@ class RankGather {
   // error and the set is gone. RESOURCE_EXHAUSTED naming max_inflight_decisions when
   // `max_sets` sets wait already; the shared-memory reader's errors.
   [[nodiscard]] absl::StatusOr<std::optional<Complete>> Add(const Model& model,
-                                                          const v1::DecideRequest& request,
-                                                          Reply reply);
+                                                            const v1::DecideRequest& request,
+                                                            Reply reply);
 
   // Sets waiting for ranks now.
   [[nodiscard]] int waiting() const;
@@ -86,7 +86,7 @@ class RankGather {
   absl::flat_hash_map<std::string, Set> sets_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_wakeup_;  // a new set (an earlier deadline maybe) or stopping
-  std::thread timer_;  // started last, joined first
+  std::thread timer_;           // started last, joined first
 };
 
 }  // namespace entrokv::service

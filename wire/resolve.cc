@@ -56,11 +56,11 @@ absl::StatusOr<CacheOptions> ResolvePool(const v1::RegisterModelRequest& request
     for (int rank = 0; rank < ranks; ++rank) {
       const int device = options.devices[static_cast<size_t>(rank)];
       if (device >= defaults.host_devices) {
-        return InvalidField(absl::StrCat("devices[", rank, "]"),
-                            absl::StrCat("device ", device, " does not exist: host arenas stand in for ",
-                                         defaults.host_devices, " device",
-                                         defaults.host_devices == 1 ? "" : "s",
-                                         " (--host_devices)"));
+        return InvalidField(
+            absl::StrCat("devices[", rank, "]"),
+            absl::StrCat("device ", device, " does not exist: host arenas stand in for ",
+                         defaults.host_devices, " device", defaults.host_devices == 1 ? "" : "s",
+                         " (--host_devices)"));
       }
     }
   }

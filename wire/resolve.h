@@ -30,7 +30,7 @@ struct Defaults {
   Backend backend = Backend::kHost;                // likewise
   int64_t pool_capacity_bytes = 0;                 // of a RegisterModel asking for 0 bytes
   int host_devices = 1;  // the devices host arenas stand in for: a device number is below it
-  CacheLimits limits;                              // the bookkeeping bounds of every model
+  CacheLimits limits;    // the bookkeeping bounds of every model
 };
 
 // The pool a RegisterModel asks for: model_id, geometry (ValidateGeometry and the bookkeeping

@@ -85,9 +85,9 @@ absl::StatusOr<std::string> ModelsReport(Client& client, bool json) {
     if (!status.ok()) return absl::InternalError(std::string(status.message()));
     return out + "\n";
   }
-  std::string text = absl::StrFormat("%-20s %6s %9s %6s %6s %6s %-6s %-6s %14s %12s  %s\n",
-                                     "model", "layers", "q heads", "kv", "dim", "page", "layout",
-                                     "pool", "capacity bytes", "frame bytes", "devices");
+  std::string text = absl::StrFormat("%-20s %6s %9s %6s %6s %6s %-6s %-6s %14s %12s  %s\n", "model",
+                                     "layers", "q heads", "kv", "dim", "page", "layout", "pool",
+                                     "capacity bytes", "frame bytes", "devices");
   for (const v1::PoolInfo& pool : models.pools()) {
     const v1::ModelGeometry& g = pool.geometry();
     // "0" for a model on one device; "tp=4: 0,1,2,3" for a tensor-parallel one, rank by rank.

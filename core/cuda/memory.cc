@@ -27,8 +27,7 @@ absl::Status Copy(const std::string& who, void* dst, const void* src, int64_t by
 
 }  // namespace
 
-absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t bytes,
-                                                int device) {
+absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t bytes, int device) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess) {
     return absl::UnavailableError(
@@ -52,12 +51,11 @@ absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t 
   absl::Status status;
   if (const cudaError_t error = cudaMalloc(&allocation.data, static_cast<size_t>(bytes));
       error != cudaSuccess) {
-    status = CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes on device ", device, ")"),
-                       error);
+    status =
+        CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes on device ", device, ")"), error);
   } else {
     cudaIpcMemHandle_t handle{};
-    if (const cudaError_t ipc = cudaIpcGetMemHandle(&handle, allocation.data);
-        ipc != cudaSuccess) {
+    if (const cudaError_t ipc = cudaIpcGetMemHandle(&handle, allocation.data); ipc != cudaSuccess) {
       cudaFree(allocation.data);
       status = CudaError(who, "cudaIpcGetMemHandle", ipc);
     } else {

@@ -24,8 +24,8 @@ struct SharedAllocation {
 // no driver or device; INVALID_ARGUMENT naming the device when it is not in [0, count);
 // RESOURCE_EXHAUSTED when the device is full; INTERNAL for other runtime errors. Messages
 // start with `who`.
-[[nodiscard]] absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who,
-                                                              int64_t bytes, int device);
+[[nodiscard]] absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t bytes,
+                                                              int device);
 
 // Frees `data` on `device`, restoring the caller's current device. Errors are ignored (teardown).
 void FreeShared(int device, void* data);

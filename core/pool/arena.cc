@@ -3,8 +3,7 @@
 namespace entrokv {
 
 absl::StatusOr<std::unique_ptr<MemoryArena>> CreateArena(Backend backend, absl::string_view name,
-                                                         int64_t bytes,
-                                                         const HostArenaSource& host,
+                                                         int64_t bytes, const HostArenaSource& host,
                                                          int device) {
   switch (backend) {
     case Backend::kHost:

@@ -45,8 +45,8 @@ class CudaArena final : public MemoryArena {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name,
-                                                             int64_t bytes, int device) {
+absl::StatusOr<std::unique_ptr<MemoryArena>> CreateCudaArena(absl::string_view name, int64_t bytes,
+                                                             int device) {
   if (bytes <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("arena bytes must be positive, got ", bytes));
   }

@@ -34,8 +34,9 @@ absl::Status CheckRanks(const ModelGeometry& geometry, FrameLayout layout,
   if (ranks == 0) return absl::InvalidArgumentError("devices: a pool needs at least one device");
   for (int rank = 0; rank < ranks; ++rank) {
     if (devices[static_cast<size_t>(rank)] < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "devices[", rank, "]: a device number is >= 0, got ", devices[static_cast<size_t>(rank)]));
+      return absl::InvalidArgumentError(absl::StrCat("devices[", rank,
+                                                     "]: a device number is >= 0, got ",
+                                                     devices[static_cast<size_t>(rank)]));
     }
   }
   if (geometry.kv_groups % ranks != 0) {

@@ -40,10 +40,10 @@ absl::StatusOr<std::unique_ptr<PagePool>> PagePool::Create(const PagePoolOptions
                                        ? options.host_arenas[static_cast<size_t>(rank)]
                                        : HostArenaSource();
     const std::string name = ranks == 1 ? options.name : absl::StrCat(options.name, ".r", rank);
-    ASSIGN_OR_RETURN(std::unique_ptr<MemoryArena> arena,
-                     CreateArena(options.backend, name,
-                                 options.capacity_frames * (frame_bytes / ranks), source,
-                                 options.devices[static_cast<size_t>(rank)]));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<MemoryArena> arena,
+        CreateArena(options.backend, name, options.capacity_frames * (frame_bytes / ranks), source,
+                    options.devices[static_cast<size_t>(rank)]));
     arenas.push_back(std::move(arena));
   }
   return std::unique_ptr<PagePool>(new PagePool(options, frame_bytes, std::move(arenas)));

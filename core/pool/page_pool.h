@@ -31,9 +31,10 @@ struct PagePoolOptions {
 };
 
 // Owns one MemoryArena per rank, of capacity_frames() * rank_frame_bytes() bytes each. Frame f
-// lives at byte offset f * rank_frame_bytes() of every rank's arena; frames never move. A frame is free (reference count 0, on the free
-// list) or used (count >= 1, tagged with the layer it belongs to). Allocate and Release are
-// O(1). Thread-compatible: CacheState serializes every call under its mutex.
+// lives at byte offset f * rank_frame_bytes() of every rank's arena; frames never move. A frame is
+// free (reference count 0, on the free list) or used (count >= 1, tagged with the layer it belongs
+// to). Allocate and Release are O(1). Thread-compatible: CacheState serializes every call under its
+// mutex.
 class PagePool {
  public:
   // INVALID_ARGUMENT for a bad geometry or capacity; the arena's error when it cannot be made

@@ -62,8 +62,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     // the process id).
     for (store::RecoveredModel& recovered : *models) {
       store::ModelRecord& record = recovered.model;
-      if (record.arena_names != std::vector<std::string>{"$arena"} || record.backend != Backend::kHost ||
-          record.capacity_bytes <= 0 || record.capacity_bytes > (int64_t{1} << 20)) {
+      if (record.arena_names != std::vector<std::string>{"$arena"} ||
+          record.backend != Backend::kHost || record.capacity_bytes <= 0 ||
+          record.capacity_bytes > (int64_t{1} << 20)) {
         continue;
       }
       // The arena's frames are whole frames of the capacity, as the pool sizes them.

@@ -55,9 +55,9 @@ class TensorParallelTest : public ServiceTest {
 
   // The Decide of every layer with `values` [layer][H_Q x kTokens] restricted to rank `rank`'s
   // query heads (all of them for ranks == 1 and rank -1).
-  v1::DecideRequest RankRequest(const std::string& model, const std::vector<std::vector<float>>& values,
-                                int ranks, int rank, const v1::Budget& budget,
-                                v1::SelectionScope scope) {
+  v1::DecideRequest RankRequest(const std::string& model,
+                                const std::vector<std::vector<float>>& values, int ranks, int rank,
+                                const v1::Budget& budget, v1::SelectionScope scope) {
     v1::DecideRequest request;
     request.set_model_id(model);
     request.set_sequence_id("s");
@@ -144,7 +144,8 @@ TEST_F(TensorParallelTest, RanksDecideTogetherAsOnePoolWould) {
         std::vector<v1::DecideRequest> one = {RankRequest(single, values, 1, -1, budget, scope)};
         std::vector<v1::DecideRequest> each;
         for (int rank = 0; rank < ranks; ++rank) {
-          each.push_back(RankRequest(sharded, values, ranks, ranks == 1 ? -1 : rank, budget, scope));
+          each.push_back(
+              RankRequest(sharded, values, ranks, ranks == 1 ? -1 : rank, budget, scope));
         }
         const auto alone = DecideRanks(one);
         const auto together = DecideRanks(each);
@@ -203,16 +204,15 @@ TEST_F(TensorParallelTest, EachRankHasItsArenaOnItsDevice) {
     EXPECT_EQ(arena.frame_bytes(), pool.frame_bytes() / 4);
     ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
                                  HostArenaMapping::OpenByName(arena.arena_name()));
-    EXPECT_EQ(mapping->bytes(),
-              static_cast<int64_t>(pool.capacity_frames() * arena.frame_bytes()));
+    EXPECT_EQ(mapping->bytes(), static_cast<int64_t>(pool.capacity_frames() * arena.frame_bytes()));
     names.push_back(arena.arena_name());
   }
   EXPECT_EQ(pool.arena_name(), names[0]);
   // Each rank's bytes on its device, for sum by (device) over every pool of the node.
   for (int rank = 0; rank < 4; ++rank) {
-    const std::optional<prometheus::ClientMetric> series =
-        FindSeries(*server_, "entrokv_pool_device_bytes",
-                   {{"pool", "m"}, {"rank", absl::StrCat(rank)}, {"device", absl::StrCat(7 - 2 * rank)}});
+    const std::optional<prometheus::ClientMetric> series = FindSeries(
+        *server_, "entrokv_pool_device_bytes",
+        {{"pool", "m"}, {"rank", absl::StrCat(rank)}, {"device", absl::StrCat(7 - 2 * rank)}});
     ASSERT_TRUE(series.has_value()) << "rank " << rank;
     EXPECT_EQ(series->gauge.value, static_cast<double>(pool.capacity_bytes() / 4));
   }
@@ -309,9 +309,9 @@ TEST_F(TensorParallelTest, SwapOutAndResumeKeepEveryRanksBytes) {
   };
   for (const v1::FrameAssignment& frame : opened.new_frames()) {
     for (int rank = 0; rank < 2; ++rank) {
-      std::memset(static_cast<char*>(arenas[static_cast<size_t>(rank)]->data()) +
-                      frame.frame() * slice,
-                  mark(frame, rank), static_cast<size_t>(slice));
+      std::memset(
+          static_cast<char*>(arenas[static_cast<size_t>(rank)]->data()) + frame.frame() * slice,
+          mark(frame, rank), static_cast<size_t>(slice));
     }
   }
   grpc::ClientContext swap_context;
@@ -337,8 +337,8 @@ TEST_F(TensorParallelTest, SwapOutAndResumeKeepEveryRanksBytes) {
     for (int rank = 0; rank < 2; ++rank) {
       const char* bytes = static_cast<const char*>(arenas[static_cast<size_t>(rank)]->data()) +
                           frame.frame() * slice;
-      EXPECT_EQ(bytes[0], mark(frame, rank)) << "layer " << frame.layer() << " page "
-                                             << frame.page() << " rank " << rank;
+      EXPECT_EQ(bytes[0], mark(frame, rank))
+          << "layer " << frame.layer() << " page " << frame.page() << " rank " << rank;
       EXPECT_EQ(bytes[slice - 1], mark(frame, rank));
     }
   }
@@ -388,7 +388,8 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
   const auto expect = [this](const v1::DecideRequest& request, grpc::StatusCode code,
                              const std::string& field) {
     const auto replies = DecideRanks({request});
-    EXPECT_EQ(replies[0].first.error_code(), code) << field << ": " << replies[0].first.error_message();
+    EXPECT_EQ(replies[0].first.error_code(), code)
+        << field << ": " << replies[0].first.error_message();
     EXPECT_THAT(replies[0].first.error_message(), HasSubstr(field));
   };
   expect(RankRequest("m", values, 2, 2, budget, v1::SELECTION_SCOPE_LAYER),
