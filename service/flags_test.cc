@@ -39,6 +39,8 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"metrics_listen", "127.0.0.1:9464"},
       {"pool_capacity_bytes", "1073741824"},
       {"backend", "host"},
+      {"host_devices", "1"},
+      {"rank_wait_ms", "2000"},
       {"frame_layout", "group"},
       {"policy", "page_entrokv"},
       {"selection_scope", "auto"},

@@ -53,6 +53,9 @@ TEST(ValidateServerOptionsTest, NamesTheBadOption) {
        "--tenant_share"},
       {[](ServerOptions& o) { o.admission_hold_ms = -1; }, "--admission_hold_ms"},
       {[](ServerOptions& o) { o.max_swap_bytes = -1; }, "--max_swap_bytes"},
+      {[](ServerOptions& o) { o.host_devices = 0; }, "--host_devices"},
+      {[](ServerOptions& o) { o.host_devices = 65; }, "--host_devices"},
+      {[](ServerOptions& o) { o.rank_wait_ms = 0; }, "--rank_wait_ms"},
   };
   for (const Case& c : cases) {
     ServerOptions options;
