@@ -392,8 +392,9 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
         << field << ": " << replies[0].first.error_message();
     EXPECT_THAT(replies[0].first.error_message(), HasSubstr(field));
   };
-  expect(RankRequest("m", values, 2, 2, budget, v1::SELECTION_SCOPE_LAYER),
-         grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  v1::DecideRequest beyond = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
+  beyond.set_rank(2);
+  expect(beyond, grpc::StatusCode::INVALID_ARGUMENT, "rank");
   v1::DecideRequest negative = RankRequest("m", values, 2, 0, budget, v1::SELECTION_SCOPE_LAYER);
   negative.set_rank(-1);
   expect(negative, grpc::StatusCode::INVALID_ARGUMENT, "rank");
