@@ -223,7 +223,7 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
 }
 
 PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups,
-                                     const std::vector<int>& devices, int64_t rank_bytes) {
+                                     const std::vector<int>& devices, int64_t capacity_bytes) {
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = pools_.try_emplace(pool);
   if (!inserted) return it->second.get();
@@ -236,7 +236,7 @@ PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, i
         &pool_device_bytes_->Add({{"pool", pool},
                                   {"rank", std::to_string(rank)},
                                   {"device", std::to_string(devices[rank])}});
-    bytes->Set(static_cast<double>(rank_bytes));
+    bytes->Set(static_cast<double>(capacity_bytes / static_cast<int64_t>(devices.size())));
     metrics->rank_bytes_.push_back(bytes);
   }
   metrics->bookkeeping_bytes_ = &pool_bookkeeping_bytes_->Add({{"pool", pool}});

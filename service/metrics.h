@@ -126,9 +126,10 @@ class ServiceMetrics {
   // Creates (once per pool name) every series of the pool, zero, with histogram buckets for
   // its group size r = query_heads / kv_groups and its kv_groups. Returns the same object for
   // the same name; it lives as long as this.
-  // `devices`: the device of each tensor-parallel rank's arena of `rank_bytes` bytes.
+  // `devices`: the device of each tensor-parallel rank's arena, the ranks splitting
+  // `capacity_bytes` evenly.
   PoolMetrics* AddPool(const std::string& pool, int query_heads, int kv_groups,
-                       const std::vector<int>& devices = {0}, int64_t rank_bytes = 0);
+                       const std::vector<int>& devices = {0}, int64_t capacity_bytes = 0);
   // Removes every series of the pool (a no-op for an unknown name); the PoolMetrics AddPool
   // returned for it is destroyed. REQUIRES: nothing uses it any more. A new per-pool series
   // must be removed here too (service_hardening_test counts what is left).

@@ -141,9 +141,9 @@ absl::StatusOr<std::shared_ptr<Model>> ModelRegistry::Register(const std::string
     return state.status();
   }
   std::unique_ptr<CacheJournal> journal = AttachJournal(model_id, **state);
-  PoolMetrics* metrics = metrics_->AddPool(
-      model_id, options.geometry.query_heads, options.geometry.kv_groups, options.devices,
-      options.capacity_bytes / static_cast<int64_t>(options.devices.size()));
+  PoolMetrics* metrics =
+      metrics_->AddPool(model_id, options.geometry.query_heads, options.geometry.kv_groups,
+                        options.devices, options.capacity_bytes);
   return Adopt(model_id, options.backend, std::move(journal), *std::move(state), metrics,
                options.capacity_bytes);
 }
@@ -281,9 +281,9 @@ absl::Status ModelRegistry::RecoverOne(store::RecoveredModel recovered,
   for (const std::string& name : (*state)->SwapArenaNames()) arenas_in_use.insert(name);
   std::unique_ptr<CacheJournal> journal = AttachJournal(id, **state);
   absl::MutexLock lock(&mu_);
-  PoolMetrics* metrics = metrics_->AddPool(
-      id, options.geometry.query_heads, options.geometry.kv_groups, options.devices,
-      options.capacity_bytes / static_cast<int64_t>(options.devices.size()));
+  PoolMetrics* metrics =
+      metrics_->AddPool(id, options.geometry.query_heads, options.geometry.kv_groups,
+                        options.devices, options.capacity_bytes);
   Adopt(id, options.backend, std::move(journal), *std::move(state), metrics,
         options.capacity_bytes);
   reserved_bytes_ += options.capacity_bytes;

@@ -60,23 +60,13 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
 
 // The request without its statistics' values, rows and rank: what every rank must agree on.
 v1::DecideRequest ShapeOf(const v1::DecideRequest& request) {
-  v1::DecideRequest shape;
-  shape.set_model_id(request.model_id());
-  shape.set_sequence_id(request.sequence_id());
-  *shape.mutable_budget() = request.budget();
-  *shape.mutable_policy() = request.policy();
-  shape.set_use_cached_weights(request.use_cached_weights());
-  shape.set_degrade_on_deadline(request.degrade_on_deadline());
-  shape.set_answer_within_ms(request.answer_within_ms());
-  for (const v1::LayerStatistic& layer : request.layers()) {
-    v1::LayerStatistic* out = shape.add_layers();
-    out->set_layer(layer.layer());
-    out->set_accumulate(layer.accumulate());
+  v1::DecideRequest shape = request;
+  shape.clear_rank();
+  for (v1::LayerStatistic& layer : *shape.mutable_layers()) {
     if (!layer.has_statistic()) continue;
-    v1::Statistic* stat = out->mutable_statistic();
-    stat->set_dtype(layer.statistic().dtype());
-    stat->set_tokens(layer.statistic().tokens());
-    stat->set_kind(layer.statistic().kind());
+    v1::Statistic* stat = layer.mutable_statistic();
+    stat->clear_source();
+    stat->clear_query_heads();
   }
   return shape;
 }

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 
 namespace entrokv::cuda {
@@ -46,24 +47,21 @@ absl::StatusOr<SharedAllocation> AllocateShared(const std::string& who, int64_t 
   if (const cudaError_t error = cudaSetDevice(device); error != cudaSuccess) {
     return CudaError(who, absl::StrCat("cudaSetDevice(", device, ")"), error);
   }
+  absl::Cleanup restore = [previous] { cudaSetDevice(previous); };
   SharedAllocation allocation;
   allocation.device = device;
-  absl::Status status;
   if (const cudaError_t error = cudaMalloc(&allocation.data, static_cast<size_t>(bytes));
       error != cudaSuccess) {
-    status =
-        CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes on device ", device, ")"), error);
-  } else {
-    cudaIpcMemHandle_t handle{};
-    if (const cudaError_t ipc = cudaIpcGetMemHandle(&handle, allocation.data); ipc != cudaSuccess) {
-      cudaFree(allocation.data);
-      status = CudaError(who, "cudaIpcGetMemHandle", ipc);
-    } else {
-      allocation.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
-    }
+    return CudaError(who, absl::StrCat("cudaMalloc(", bytes, " bytes on device ", device, ")"),
+                     error);
   }
-  cudaSetDevice(previous);
-  if (!status.ok()) return status;
+  cudaIpcMemHandle_t handle{};
+  if (const cudaError_t error = cudaIpcGetMemHandle(&handle, allocation.data);
+      error != cudaSuccess) {
+    cudaFree(allocation.data);
+    return CudaError(who, "cudaIpcGetMemHandle", error);
+  }
+  allocation.ipc_handle.assign(reinterpret_cast<const char*>(&handle), sizeof(handle));
   return allocation;
 }
 

@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 
 #include <algorithm>
-#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -79,13 +78,8 @@ absl::StatusOr<SwapOutResult> CacheState::SwapOut(absl::string_view sequence_id)
                                                   std::max(bytes, frame_bytes), source));
   swapped.keep_name = source.keep_name;
   char* base = static_cast<char*>(swapped.arena->base());
-  // A slot holds a whole frame: every rank's slice, rank by rank.
-  const int64_t slice = pool_->rank_frame_bytes();
   for (size_t slot = 0; slot < frames.size(); ++slot) {
-    for (int rank = 0; rank < pool_->ranks(); ++rank) {
-      std::memcpy(base + static_cast<int64_t>(slot) * frame_bytes + rank * slice,
-                  pool_->FrameAddress(frames[slot], rank), static_cast<size_t>(slice));
-    }
+    pool_->ReadFrame(frames[slot], base + static_cast<int64_t>(slot) * frame_bytes);
   }
   swapped.head_weights.resize(static_cast<size_t>(geometry_.layers));
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
@@ -162,11 +156,7 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
     ASSIGN_OR_RETURN(frames[static_cast<size_t>(slot)],
                      pool_->Allocate(slot_layer[static_cast<size_t>(slot)],
                                      slot_refs[static_cast<size_t>(slot)]));
-    for (int rank = 0; rank < pool_->ranks(); ++rank) {
-      std::memcpy(pool_->FrameAddress(frames[static_cast<size_t>(slot)], rank),
-                  base + slot * frame_bytes + rank * pool_->rank_frame_bytes(),
-                  static_cast<size_t>(pool_->rank_frame_bytes()));
-    }
+    pool_->WriteFrame(frames[static_cast<size_t>(slot)], base + slot * frame_bytes);
   }
   std::vector<std::vector<FrameId>> tables(swapped.slots.size());
   AppendResult result;

@@ -13,6 +13,7 @@
 #include "core/pool/page_pool.h"
 
 #include <algorithm>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
@@ -162,6 +163,20 @@ ArenaInfo PagePool::arena_info(int rank) const {
 void* PagePool::FrameAddress(FrameId frame, int rank) const {
   return static_cast<char*>(arenas_[static_cast<size_t>(rank)]->base()) +
          static_cast<int64_t>(frame) * rank_frame_bytes();
+}
+
+void PagePool::ReadFrame(FrameId frame, char* out) const {
+  const int64_t slice = rank_frame_bytes();
+  for (int rank = 0; rank < ranks(); ++rank) {
+    std::memcpy(out + rank * slice, FrameAddress(frame, rank), static_cast<size_t>(slice));
+  }
+}
+
+void PagePool::WriteFrame(FrameId frame, const char* in) {
+  const int64_t slice = rank_frame_bytes();
+  for (int rank = 0; rank < ranks(); ++rank) {
+    std::memcpy(FrameAddress(frame, rank), in + rank * slice, static_cast<size_t>(slice));
+  }
 }
 
 absl::Status PagePool::CheckInvariants() const {

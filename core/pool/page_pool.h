@@ -59,9 +59,8 @@ class PagePool {
   [[nodiscard]] int64_t frame_bytes() const { return frame_bytes_; }
   [[nodiscard]] int64_t rank_frame_bytes() const { return frame_bytes_ / ranks(); }
   [[nodiscard]] int64_t capacity_bytes() const { return capacity_frames_ * frame_bytes_; }
-  // Tensor-parallel ranks (arenas), >= 1, and the device of each.
+  // Tensor-parallel ranks (arenas), >= 1.
   [[nodiscard]] int ranks() const { return static_cast<int>(arenas_.size()); }
-  [[nodiscard]] const std::vector<int>& devices() const { return devices_; }
   [[nodiscard]] const std::vector<int64_t>& used_frames_per_layer() const {
     return used_per_layer_;
   }
@@ -95,6 +94,10 @@ class PagePool {
   // The first byte of the frame's slice in rank `rank`'s arena, in that arena's address space
   // (host or device). REQUIRES: rank in [0, ranks()).
   [[nodiscard]] void* FrameAddress(FrameId frame, int rank = 0) const;
+  // Copies a whole frame, every rank's slice in rank order (frame_bytes() bytes), out of the
+  // arenas into `out`, or from `in` into them (swapping). REQUIRES: host arenas, IsValid(frame).
+  void ReadFrame(FrameId frame, char* out) const;
+  void WriteFrame(FrameId frame, const char* in);
 
   // used + free == capacity; the free list holds distinct frames, all with count 0; every
   // other frame has count >= 1 and a valid layer; per-layer counts sum to used.
