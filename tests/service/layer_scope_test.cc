@@ -64,15 +64,10 @@ class LayerScopeTest : public ServiceTest {
   }
   // Distinct pages with a frame per layer in the sequence's block tables (the groups' tables
   // of a layer name the same frame for a page in the LAYER layout).
-  std::vector<int64_t> LivePagesPerLayer(const std::string& model) {
-    grpc::ClientContext context;
-    v1::ListSequencesRequest request;
-    request.set_model_id(model);
-    request.set_include_block_tables(true);
-    v1::ListSequencesResponse response;
-    EXPECT_TRUE(stub_->ListSequences(&context, request, &response).ok());
+  std::vector<int64_t> LivePagesPerLayer(const std::string& model, const std::string& sequence) {
     std::vector<std::vector<bool>> live_page(kLayers);
-    for (const v1::BlockTable& table : response.sequences(0).block_tables()) {
+    const v1::SequenceInfo info = Sequence(model, sequence);
+    for (const v1::BlockTable& table : info.block_tables()) {
       std::vector<bool>& pages = live_page[table.layer()];
       pages.resize(std::max<size_t>(pages.size(), table.frames_size()), false);
       for (int page = 0; page < table.frames_size(); ++page) {
@@ -119,7 +114,7 @@ TEST_F(LayerScopeTest, GroupScopeInTheLayerLayoutReportsTheUnionTheBlockTablesHo
   const grpc::Status status =
       DecideFraction("m", "s", "page_entrokv", v1::SELECTION_SCOPE_GROUP, &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
-  const std::vector<int64_t> live = LivePagesPerLayer("m");
+  const std::vector<int64_t> live = LivePagesPerLayer("m", "s");
   int64_t union_total = 0;
   bool some_union = false;
   for (const v1::LayerDecision& layer : response.layers()) {

@@ -59,19 +59,6 @@ class LifecycleTest : public ServiceTest {
     v1::AppendTokensResponse response;
     return stub_->AppendTokens(&context, request, &response);
   }
-  v1::SequenceInfo Sequence(const std::string& model, const std::string& sequence) {
-    grpc::ClientContext context;
-    v1::ListSequencesRequest request;
-    request.set_model_id(model);
-    request.set_include_block_tables(true);
-    v1::ListSequencesResponse response;
-    EXPECT_TRUE(stub_->ListSequences(&context, request, &response).ok());
-    for (const v1::SequenceInfo& info : response.sequences()) {
-      if (info.sequence_id() == sequence) return info;
-    }
-    ADD_FAILURE() << "no sequence " << sequence;
-    return {};
-  }
   // One layer's h2o decision on a chunk's column sums (float32, inline).
   v1::DecideRequest Chunk(const std::string& sequence, int layer, const std::vector<float>& values,
                           int64_t tokens, int64_t pages) {

@@ -93,6 +93,20 @@ class ServiceTest : public ::testing::Test {
     EXPECT_TRUE(stub_->GetPoolStats(&context, request, &stats).ok());
     return stats;
   }
+  // The open sequence `sequence` of `model` with its block tables (ListSequences).
+  v1::SequenceInfo Sequence(const std::string& model, const std::string& sequence) {
+    grpc::ClientContext context;
+    v1::ListSequencesRequest request;
+    request.set_model_id(model);
+    request.set_include_block_tables(true);
+    v1::ListSequencesResponse response;
+    EXPECT_TRUE(stub_->ListSequences(&context, request, &response).ok());
+    for (const v1::SequenceInfo& info : response.sequences()) {
+      if (info.sequence_id() == sequence) return info;
+    }
+    ADD_FAILURE() << "no sequence " << sequence;
+    return {};
+  }
   void ExpectInvariants(const std::string& model) {
     absl::StatusOr<std::shared_ptr<Model>> found = server_->service().registry().Find(model);
     ASSERT_TRUE(found.ok());

@@ -96,14 +96,16 @@ class TensorParallelTest : public ServiceTest {
     return replies;
   }
 
-  v1::SequenceInfo Tables(const std::string& model) {
-    grpc::ClientContext context;
-    v1::ListSequencesRequest request;
-    request.set_model_id(model);
-    request.set_include_block_tables(true);
-    v1::ListSequencesResponse response;
-    EXPECT_TRUE(stub_->ListSequences(&context, request, &response).ok());
-    return response.sequences_size() > 0 ? response.sequences(0) : v1::SequenceInfo();
+  // Every rank's arena of `pool`, mapped as that rank's worker maps it.
+  static std::vector<std::unique_ptr<HostArenaMapping>> MapRanks(const v1::PoolInfo& pool) {
+    std::vector<std::unique_ptr<HostArenaMapping>> arenas;
+    for (const v1::RankArena& rank : pool.ranks()) {
+      absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
+          HostArenaMapping::OpenByName(rank.arena_name());
+      EXPECT_TRUE(mapping.ok()) << "rank " << rank.rank() << ": " << mapping.status();
+      arenas.push_back(mapping.ok() ? *std::move(mapping) : nullptr);
+    }
+    return arenas;
   }
 };
 
@@ -171,8 +173,8 @@ TEST_F(TensorParallelTest, RanksDecideTogetherAsOnePoolWould) {
         // The same frames are live: the budget is exact over the whole model.
         EXPECT_EQ(Stats(sharded).used_frames(), Stats(single).used_frames());
         EXPECT_EQ(Stats(sharded).pages_evicted_total(), Stats(single).pages_evicted_total());
-        const v1::SequenceInfo a = Tables(single);
-        const v1::SequenceInfo b = Tables(sharded);
+        const v1::SequenceInfo a = Sequence(single, "s");
+        const v1::SequenceInfo b = Sequence(sharded, "s");
         ASSERT_EQ(a.block_tables_size(), b.block_tables_size());
         for (int i = 0; i < a.block_tables_size(); ++i) {
           EXPECT_THAT(b.block_tables(i).frames(),
@@ -238,12 +240,9 @@ TEST_F(TensorParallelTest, CopyOnWriteCopiesEveryRanksSlice) {
   open.set_initial_tokens(6);  // one full page and a tail of 2 tokens
   v1::OpenSequenceResponse opened;
   ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
-  std::vector<std::unique_ptr<HostArenaMapping>> arenas;
-  for (int rank = 0; rank < 2; ++rank) {
-    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
-                                 HostArenaMapping::OpenByName(pool.ranks(rank).arena_name()));
-    arenas.push_back(std::move(mapping));
-  }
+  const std::vector<std::unique_ptr<HostArenaMapping>> arenas = MapRanks(pool);
+  ASSERT_EQ(arenas.size(), 2u);
+  for (const auto& arena : arenas) ASSERT_NE(arena, nullptr);
   const int64_t slice = static_cast<int64_t>(pool.ranks(0).frame_bytes());
   int32_t tail = -1;
   for (const v1::FrameAssignment& frame : opened.new_frames()) {
@@ -297,12 +296,9 @@ TEST_F(TensorParallelTest, SwapOutAndResumeKeepEveryRanksBytes) {
   open.set_initial_tokens(9);
   v1::OpenSequenceResponse opened;
   ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
-  std::vector<std::unique_ptr<HostArenaMapping>> arenas;
-  for (int rank = 0; rank < 2; ++rank) {
-    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<HostArenaMapping> mapping,
-                                 HostArenaMapping::OpenByName(pool.ranks(rank).arena_name()));
-    arenas.push_back(std::move(mapping));
-  }
+  const std::vector<std::unique_ptr<HostArenaMapping>> arenas = MapRanks(pool);
+  ASSERT_EQ(arenas.size(), 2u);
+  for (const auto& arena : arenas) ASSERT_NE(arena, nullptr);
   // (layer, page) -> a byte that names it and the rank.
   const auto mark = [](const v1::FrameAssignment& frame, int rank) {
     return static_cast<char>(frame.layer() * 16 + frame.page() * 2 + rank + 1);
@@ -436,7 +432,7 @@ TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing)
   for (const int rank : {0, 1, 3}) {
     three.push_back(RankRequest("m", values, 4, rank, budget, v1::SELECTION_SCOPE_LAYER));
   }
-  const v1::SequenceInfo before = Tables("m");
+  const v1::SequenceInfo before = Sequence("m", "s");
   const auto start = std::chrono::steady_clock::now();
   const auto replies = DecideRanks(three);
   const auto waited = std::chrono::steady_clock::now() - start;
@@ -447,7 +443,7 @@ TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing)
   }
   EXPECT_GE(waited, std::chrono::milliseconds(300));
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
-  const v1::SequenceInfo after = Tables("m");
+  const v1::SequenceInfo after = Sequence("m", "s");
   ASSERT_EQ(after.block_tables_size(), before.block_tables_size());
   for (int i = 0; i < after.block_tables_size(); ++i) {
     EXPECT_THAT(after.block_tables(i).frames(),
