@@ -201,7 +201,7 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       wire_defaults_(WireDefaults(options)),
       decider_(wire_defaults_, metrics, &shm_),
       ranks_(std::chrono::milliseconds(options.rank_wait_ms), options.max_inflight_decisions,
-             &shm_) {
+             int64_t{options.max_inflight_decisions} * options.max_message_bytes, &shm_) {
   registry_.UsePressure(ToPressureOptions(options));
 }
 

@@ -93,8 +93,11 @@ std::string KeyOf(const Model& model, const v1::DecideRequest& request) {
 
 }  // namespace
 
-RankGather::RankGather(std::chrono::milliseconds wait, int max_sets, const ShmReader* shm)
-    : wait_(wait), max_sets_(max_sets), shm_(shm), timer_([this] { ExpireLoop(); }) {}
+RankGather::RankGather(std::chrono::milliseconds wait, int max_sets, int64_t max_bytes,
+                       const ShmReader* shm)
+    : wait_(wait), max_sets_(max_sets), max_bytes_(max_bytes), shm_(shm), timer_([this] {
+        ExpireLoop();
+      }) {}
 
 RankGather::~RankGather() {
   std::vector<Set> left;
@@ -122,6 +125,11 @@ int RankGather::waiting() const {
   return static_cast<int>(sets_.size());
 }
 
+int64_t RankGather::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return held_bytes_;
+}
+
 absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
     const Model& model, const v1::DecideRequest& request, Reply reply) {
   const int ranks = model.state().ranks();
@@ -145,10 +153,35 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
   std::vector<Reply> failed;  // replies of a set this request broke, answered unlocked
   absl::Status error;
   std::optional<Complete> complete;
+  int64_t bytes = 0;
+  for (const std::string& layer_rows : rows) bytes += static_cast<int64_t>(layer_rows.size());
   {
     absl::MutexLock lock(&mu_);
     auto it = sets_.find(key);
-    if (it == sets_.end()) {
+    if (it != sets_.end() && it->second.shape != shape_bytes) {
+      error = absl::InvalidArgumentError(absl::StrCat(
+          "rank: rank ", rank, "'s Decide for ", it->second.description,
+          " differs from the first rank's in more than its statistics (layers, budget, policy, "
+          "flags and the statistics' dtype, tokens and kind must be the same); no rank's "
+          "decision was applied"));
+      for (std::optional<Reply>& waiting : it->second.replies) {
+        if (waiting.has_value()) failed.push_back(*std::move(waiting));
+      }
+      held_bytes_ -= it->second.bytes;
+      sets_.erase(it);
+    } else if (it != sets_.end() && it->second.replies[static_cast<size_t>(rank)].has_value()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank: rank ", rank, " already sent ",
+                                                     it->second.description,
+                                                     ", which waits for the other ranks"));
+    } else if (const bool completes = it != sets_.end() && it->second.arrived + 1 == ranks;
+               !completes && held_bytes_ + bytes > max_bytes_) {
+      // The last rank's rows never wait; every other rank's do, and are bounded.
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "max_inflight_decisions: tensor-parallel decisions waiting for their ranks hold ",
+          held_bytes_, " bytes of statistics; rank ", rank, "'s ", bytes,
+          " would pass the bound of ", max_bytes_,
+          " (--max_inflight_decisions x --max_message_bytes); retry with backoff"));
+    } else if (it == sets_.end()) {
       if (static_cast<int>(sets_.size()) >= max_sets_) {
         return absl::ResourceExhaustedError(
             absl::StrCat("max_inflight_decisions: ", max_sets_,
@@ -168,25 +201,13 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
       set.deadline = Clock::now() + wait_;
       it = sets_.emplace(key, std::move(set)).first;
       timer_wakeup_.Signal();
-    } else if (it->second.shape != shape_bytes) {
-      error = absl::InvalidArgumentError(absl::StrCat(
-          "rank: rank ", rank, "'s Decide for ", it->second.description,
-          " differs from the first rank's in more than its statistics (layers, budget, policy, "
-          "flags and the statistics' dtype, tokens and kind must be the same); no rank's "
-          "decision was applied"));
-      for (std::optional<Reply>& waiting : it->second.replies) {
-        if (waiting.has_value()) failed.push_back(*std::move(waiting));
-      }
-      sets_.erase(it);
-    } else if (it->second.replies[static_cast<size_t>(rank)].has_value()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank: rank ", rank, " already sent ",
-                                                     it->second.description,
-                                                     ", which waits for the other ranks"));
     }
     if (error.ok()) {
       Set& set = it->second;
       set.rows[static_cast<size_t>(rank)] = std::move(rows);
       set.replies[static_cast<size_t>(rank)] = std::move(reply);
+      set.bytes += bytes;
+      held_bytes_ += bytes;
       if (++set.arrived == ranks) {
         complete.emplace();
         complete->request = std::move(set.request);
@@ -201,6 +222,7 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
         }
         for (std::optional<Reply>& waiting : set.replies)
           complete->replies.push_back(*std::move(waiting));
+        held_bytes_ -= set.bytes;
         sets_.erase(it);
       }
     }
@@ -216,6 +238,7 @@ std::vector<RankGather::Set> RankGather::TakeExpired(Clock::time_point now) {
   std::vector<Set> expired;
   for (auto it = sets_.begin(); it != sets_.end();) {
     if (it->second.deadline <= now) {
+      held_bytes_ -= it->second.bytes;
       expired.push_back(std::move(it->second));
       sets_.erase(it++);
     } else {

@@ -40,9 +40,9 @@ class RankGather {
   };
 
   // `wait`: how long a set waits for its last rank after its first; `max_sets`: sets waiting
-  // at once, more get RESOURCE_EXHAUSTED; `shm` reads statistics in shared memory and must
-  // outlive this.
-  RankGather(std::chrono::milliseconds wait, int max_sets, const ShmReader* shm);
+  // at once, and `max_bytes`: statistic bytes the waiting ranks hold together, more get
+  // RESOURCE_EXHAUSTED; `shm` reads statistics in shared memory and must outlive this.
+  RankGather(std::chrono::milliseconds wait, int max_sets, int64_t max_bytes, const ShmReader* shm);
   // Every set still waiting gets UNAVAILABLE.
   ~RankGather();
   RankGather(const RankGather&) = delete;
@@ -55,13 +55,16 @@ class RankGather {
   // dtype that is not the rank's share), or the request when it differs from the first
   // rank's in more than its statistics; then every rank waiting on the set gets the same
   // error and the set is gone. RESOURCE_EXHAUSTED naming max_inflight_decisions when
-  // `max_sets` sets wait already; the shared-memory reader's errors.
+  // `max_sets` sets wait already, or when this request's rows would make the waiting ranks
+  // hold more than `max_bytes` (the last rank of a set never waits, so it always passes);
+  // the shared-memory reader's errors.
   [[nodiscard]] absl::StatusOr<std::optional<Complete>> Add(const Model& model,
                                                             const v1::DecideRequest& request,
                                                             Reply reply);
 
-  // Sets waiting for ranks now.
+  // Sets waiting for ranks now, and the statistic bytes their ranks hold.
   [[nodiscard]] int waiting() const;
+  [[nodiscard]] int64_t held_bytes() const;
 
  private:
   struct Set {
@@ -71,6 +74,7 @@ class RankGather {
     std::vector<std::vector<std::string>> rows;  // [rank][layer]: the rank's statistic bytes
     std::vector<std::optional<Reply>> replies;   // [rank]
     int arrived = 0;
+    int64_t bytes = 0;  // of rows
     std::chrono::steady_clock::time_point deadline;
   };
 
@@ -81,9 +85,11 @@ class RankGather {
 
   const std::chrono::milliseconds wait_;
   const int max_sets_;
+  const int64_t max_bytes_;
   const ShmReader* const shm_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Set> sets_ ABSL_GUARDED_BY(mu_);
+  int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // every set's bytes
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar timer_wakeup_;  // a new set (an earlier deadline maybe) or stopping
   std::thread timer_;           // started last, joined first

@@ -420,6 +420,47 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
   EXPECT_EQ(server_->service().ranks().waiting(), 0);
 }
 
+// Waiting ranks hold their statistics; together they stay within --max_inflight_decisions x
+// --max_message_bytes, so a client sending ranks that never complete cannot grow the daemon.
+TEST_F(TensorParallelTest, WaitingRanksHoldBoundedBytes) {
+  ServerOptions options = LoopbackOptions();
+  options.host_devices = 8;
+  options.rank_wait_ms = 2000;
+  options.max_inflight_decisions = 1;
+  options.max_message_bytes = 4096;  // 4096 bytes may wait: four ranks' 888 bytes, not five
+  Restart(options);
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 8)).ok());
+  Open("m", "s", kTokens);
+  v1::Budget budget;
+  budget.set_pages_per_group(3);
+  const std::vector<std::vector<float>> values = Statistics(13);
+  const int64_t rank_bytes = int64_t{kTpLayers} * (kTpHeads / 8) * kTokens * 4;
+  std::vector<std::future<std::pair<grpc::Status, v1::DecideResponse>>> waiting;
+  for (int rank = 0; rank < 4; ++rank) {
+    waiting.push_back(std::async(std::launch::async, [this, &values, &budget, rank] {
+      return DecideRanks({RankRequest("m", values, 8, rank, budget, v1::SELECTION_SCOPE_LAYER)})[0];
+    }));
+    // One rank at a time: the worker pool takes one decision job at once here.
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (server_->service().ranks().held_bytes() < (rank + 1) * rank_bytes &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ASSERT_EQ(server_->service().ranks().held_bytes(), (rank + 1) * rank_bytes);
+  }
+  const auto refused =
+      DecideRanks({RankRequest("m", values, 8, 4, budget, v1::SELECTION_SCOPE_LAYER)})[0].first;
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << refused.error_message();
+  EXPECT_THAT(refused.error_message(), HasSubstr("max_inflight_decisions"));
+  EXPECT_EQ(server_->service().ranks().held_bytes(), 4 * rank_bytes);  // nothing added
+  for (auto& call : waiting) {
+    EXPECT_EQ(call.get().first.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  }
+  EXPECT_EQ(server_->service().ranks().held_bytes(), 0);
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+  ExpectInvariants("m");
+}
+
 // A rank that never sends its Decide: after --rank_wait_ms every waiting rank hears which rank
 // is missing, nothing is applied, and the next complete set decides normally.
 TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing) {
