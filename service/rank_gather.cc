@@ -22,7 +22,8 @@ using Clock = std::chrono::steady_clock;
 // The bytes of one rank's statistic of layers[index], checked to be that rank's share: H_Q / t
 // rows of `tokens` values. Empty when the layer carries no statistic (policies needing none).
 absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index, int ranks,
-                                     int rank, int query_heads, const ShmReader& shm) {
+                                     int rank, int query_heads, int64_t sequence_tokens,
+                                     const ShmReader& shm) {
   if (!layer.has_statistic() || layer.statistic().source_case() == v1::Statistic::SOURCE_NOT_SET) {
     return std::string();
   }
@@ -35,6 +36,12 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
         " sends its own ", query_heads / ranks, " of the model's ", query_heads, " query heads"));
   }
   RETURN_IF_ERROR(wire::ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
+  // Checked before any byte is read, as the decider does: a rank's rows are at most the
+  // sequence's own size, whatever length a request claims.
+  if (stat.tokens() != sequence_tokens) {
+    return absl::FailedPreconditionError(absl::StrCat(field, ".tokens: ", stat.tokens(),
+                                                      " but the sequence holds ", sequence_tokens));
+  }
   const uint64_t expected = static_cast<uint64_t>(stat.query_heads()) *
                             static_cast<uint64_t>(stat.tokens()) *
                             static_cast<uint64_t>(DTypeBytes(dtype));
@@ -140,10 +147,13 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
                                                    "): model \"", model.id(), "\" has ", ranks,
                                                    ranks == 1 ? " rank" : " ranks"));
   }
+  RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
+  ASSIGN_OR_RETURN(const int64_t sequence_tokens,
+                   model.state().SequenceLength(request.sequence_id()));
   std::vector<std::string> rows;
   for (int i = 0; i < request.layers_size(); ++i) {
-    ASSIGN_OR_RETURN(std::string layer_rows,
-                     RankRows(request.layers(i), i, ranks, rank, query_heads, *shm_));
+    ASSIGN_OR_RETURN(std::string layer_rows, RankRows(request.layers(i), i, ranks, rank,
+                                                      query_heads, sequence_tokens, *shm_));
     rows.push_back(std::move(layer_rows));
   }
   v1::DecideRequest shape = ShapeOf(request);

@@ -50,7 +50,9 @@ class RankGather {
 
   // Adds one rank's request for `model`. The completed set when this request was the last rank
   // to come; nullopt when ranks are missing (`reply` is called later). Errors, where `reply`
-  // is not called (the caller answers): INVALID_ARGUMENT naming rank (outside [0, t) or sent
+  // is not called (the caller answers): NOT_FOUND for an unknown sequence, FAILED_PRECONDITION
+  // naming a statistic's tokens other than the sequence's length (checked before any byte is
+  // read); INVALID_ARGUMENT naming rank (outside [0, t) or sent
   // twice for the same layers), a statistic field (query_heads other than H_Q / t, a size or
   // dtype that is not the rank's share), or the request when it differs from the first
   // rank's in more than its statistics; then every rank waiting on the set gets the same

@@ -396,6 +396,14 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
   expect(negative, grpc::StatusCode::INVALID_ARGUMENT, "rank");
   expect(RankRequest("one", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER),
          grpc::StatusCode::INVALID_ARGUMENT, "rank");
+  // A length the sequence does not have, its rows sized to match: refused before any is read.
+  v1::DecideRequest longer = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
+  *longer.mutable_layers(0)->mutable_statistic() = BytesStatistic(
+      RandomStatistic(kTpHeads / 2, kTokens + 1, 3), kTpHeads / 2, kTokens + 1, v1::DTYPE_FLOAT32);
+  expect(longer, grpc::StatusCode::FAILED_PRECONDITION, "layers[0].statistic.tokens");
+  v1::DecideRequest nobody = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
+  nobody.set_sequence_id("nobody");
+  expect(nobody, grpc::StatusCode::NOT_FOUND, "nobody");
   // Every query head from one rank: not its share.
   v1::DecideRequest all_heads = RankRequest("m", values, 1, -1, budget, v1::SELECTION_SCOPE_LAYER);
   all_heads.set_rank(1);
