@@ -93,4 +93,37 @@ TEST(EntropyTest, ScaleInvariant) {
 }
 
 }  // namespace
+// The sums' order is the striped lanes' (entropy.h), which the CUDA scorer reproduces: a row
+// where that order and a plain left-to-right sum give different doubles.
+TEST(EntropyTest, SumsTakeTheStripedLanesOrder) {
+  std::vector<float> row(300, 1.0f);
+  row[0] = 0x1p60f;  // a double's ulp here is 256: ones added one by one vanish
+  double plain = 0.0;
+  for (const float x : row) plain += x;
+  // Lane 0 holds 2^60 (its 1 vanishes); the folds add the even lanes' partial sums (at most 75,
+  // below half an ulp) to it and they vanish too; the last fold adds the odd lanes' 128 + 22 ones,
+  // and 2^60 + 150 rounds to 2^60 + 256.
+  const EntropySums sums = EntropySumsOf(row, 2.0);
+  EXPECT_EQ(plain, 0x1p60);
+  EXPECT_EQ(sums.total, 0x1p60 + 256.0);
+  // Chunks of any length continue the lanes: the same bits as one call.
+  std::mt19937_64 rng(3);
+  std::vector<float> values(5000);
+  for (float& value : values) value = static_cast<float>(rng() % 1000) * 0.37f;
+  for (const double alpha : {2.0, 1.0, kAlphaInfinity}) {
+    const EntropySums whole = EntropySumsOf(values, alpha);
+    EntropyLanes lanes;
+    size_t at = 0;
+    for (const size_t chunk : {1, 255, 300, 17, 1024, 3403}) {
+      const size_t count = std::min(chunk, values.size() - at);
+      AccumulateEntropyLanes(std::span<const float>(values).subspan(at, count), alpha, &lanes);
+      at += count;
+    }
+    ASSERT_EQ(at, values.size());
+    const EntropySums chunked = FoldEntropyLanes(lanes, alpha);
+    EXPECT_EQ(chunked.total, whole.total) << alpha;
+    EXPECT_EQ(chunked.power, whole.power) << alpha;
+  }
+}
+
 }  // namespace entrokv

@@ -1,23 +1,16 @@
-// The SIMD kernels of the fused scorer (fused_scorer.h): entropy sums of several rows side by
-// side, the pooled chunk of a group's rows with its validation, and page maxima. Each gives the
-// reference's bits (see fused_scorer.cc for why); the AVX2 forms are compiled for that target
+// The SIMD kernels of the fused scorer (fused_scorer.h): the pooled chunk of a group's rows with
+// its validation, and page maxima (the entropy sums are entropy.h's own striped lanes). Each gives
+// the reference's bits (see fused_scorer.cc for why); the AVX2 forms are compiled for that target
 // only and chosen at run time.
 #ifndef ENTROKV_CORE_SCORING_FUSED_KERNELS_H_
 #define ENTROKV_CORE_SCORING_FUSED_KERNELS_H_
 
 #include <cstdint>
 
-#include "core/scoring/entropy.h"
-
 namespace entrokv::fused {
 
 // Whether this machine runs the AVX2 kernels.
 [[nodiscard]] bool HaveAvx2();
-
-// AccumulateEntropySums (entropy.h) of rows[0, count_rows), `count` tokens each, continued from
-// sums[i], with the same operations per row in token order. REQUIRES: alpha 1, 2 or inf.
-void AccumulateRowBlock(const float* const* rows, int count_rows, int64_t count, double alpha,
-                        EntropySums* sums);
 
 // How a chunk of the group's rows becomes the pooled row, with the reference's operations per
 // token (weights.h, MaxPolicy):

@@ -1,7 +1,6 @@
 // Why the fused path gives the reference's bits:
-//  - Entropy sums: every head's total and power are accumulated in double in token order with
-//    the same operations as AccumulateEntropySums; several heads run side by side only so that
-//    their independent dependency chains overlap. EntropyFromSums and EntropyWeights are shared.
+//  - Entropy sums: every head's sums go through the shared striped lanes (entropy.h), chunk by
+//    chunk; EntropyFromSums and EntropyWeights are shared.
 //  - Pooling: each token's pooled value is a double that starts at +0 and adds w_h * x_h (or x_h
 //    for the mean, scaled once at the end) head by head in head order, then is rounded to float
 //    once, as PoolRows and MeanRows do; only the loop order over tokens changes (chunk by chunk,
@@ -28,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/scoring/entropy.h"
 #include "core/scoring/fused_kernels.h"
+#include "core/scoring/group_finish.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
@@ -39,7 +39,6 @@
 namespace entrokv {
 namespace {
 
-using fused::AccumulateRowBlock;
 using fused::PageMaximaOf;
 using fused::PoolOp;
 using fused::PoolRowsChunk;
@@ -97,19 +96,19 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
           std::min<int64_t>(pooling.isolate_sinks ? options_.sink_tokens : 0, tokens);
       decision->entropies.resize(static_cast<size_t>(r));
       if (IsOnePassOrder(options_.alpha)) {
-        std::vector<EntropySums> sums(static_cast<size_t>(r));
-        row_pointers_.resize(static_cast<size_t>(r));
-        const float** rows = row_pointers_.data();
+        lanes_.assign(static_cast<size_t>(r), EntropyLanes{});
         for (int64_t first = sinks; first < tokens; first += chunk) {
           const int64_t count = std::min(chunk, tokens - first);
           for (int i = 0; i < r; ++i) {
-            rows[i] = Tokens(request, first_head + i, first, count, buffer(i));
+            const float* row = Tokens(request, first_head + i, first, count, buffer(i));
+            AccumulateEntropyLanes(std::span<const float>(row, static_cast<size_t>(count)),
+                                   options_.alpha, &lanes_[static_cast<size_t>(i)]);
           }
-          AccumulateRowBlock(rows, r, count, options_.alpha, sums.data());
         }
         for (int i = 0; i < r; ++i) {
           decision->entropies[static_cast<size_t>(i)] =
-              EntropyFromSums(sums[static_cast<size_t>(i)], options_.alpha, tokens - sinks);
+              EntropyFromSums(FoldEntropyLanes(lanes_[static_cast<size_t>(i)], options_.alpha),
+                              options_.alpha, tokens - sinks);
         }
       } else {
         // The general order reads each row twice (normalise, then powers): the shared function.
@@ -173,62 +172,15 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
     }
   }
   if (!ok) return false;
-  if (request.page_scores) {
-    decision->page_scores.assign(page_max_.begin(),
-                                 page_max_.begin() + static_cast<ptrdiff_t>(pages));
+  const auto n = static_cast<size_t>(pages);
+  GroupScores scores;
+  scores.page_max = std::span<const float>(page_max_.data(), n);
+  if (measure) {
+    scores.head_max = std::span<const float>(head_max_.data(), static_cast<size_t>(r) * n);
+    scores.page_sums = std::span<const double>(page_sums_.data(), n);
   }
-
-  // Selection: the protected pages (the shared rules) get bit 31 of their key; evicted pages get
-  // key 0 below every live page (whose keys are shifted up by one), so they are never kept.
-  const std::span<const uint8_t> live = GroupLivePages(request, pages, group);
-  const int64_t live_count =
-      live.empty() ? pages : std::count_if(live.begin(), live.end(), [](uint8_t v) { return v; });
-  const int64_t quota = std::min(request.quota_pages, live_count);
-  std::vector<int32_t>& kept = decision->kept_pages;
-  keys_.resize(static_cast<size_t>(pages) * 2);
-  uint32_t* keys = keys_.data();
-  if (quota == pages) {
-    KeepAllPages(pages, &kept);
-  } else if (quota == live_count) {
-    kept.clear();
-    for (int64_t page = 0; page < pages; ++page) {
-      if (live[static_cast<size_t>(page)] != 0) kept.push_back(static_cast<int32_t>(page));
-    }
-  } else {
-    FillKeys(page_max_.data(), pages, keys);
-    if (!live.empty()) {
-      for (int64_t page = 0; page < pages; ++page) {
-        keys[page] = live[static_cast<size_t>(page)] != 0 ? keys[page] + 1 : 0;
-      }
-    }
-    for (const int32_t page : ProtectedPagesOf(options_, tokens, quota, live)) {
-      keys[page] |= uint32_t{1} << 31;
-    }
-    KeepLargestKeys(keys, pages, quota, keys + pages, &kept);
-  }
-  if (request.measure) Measure(r, pages, std::min(request.quota_pages, pages), decision);
+  finisher_.Finish(options_, request, group, r, scores, decision);
   return true;
-}
-
-void FusedScorer::Measure(int r, int64_t pages, int64_t quota, GroupDecision* decision) {
-  // The head-independent shadow: each head's own top-K of its page maxima, no protections, as
-  // MeasureGroup selects them.
-  head_kept_.resize(static_cast<size_t>(r));
-  uint32_t* keys = keys_.data();
-  for (int i = 0; i < r; ++i) {
-    std::vector<int32_t>& kept = head_kept_[static_cast<size_t>(i)];
-    if (quota == pages) {
-      KeepAllPages(pages, &kept);
-      continue;
-    }
-    FillKeys(head_max_.data() + static_cast<size_t>(i) * static_cast<size_t>(pages), pages, keys);
-    KeepLargestKeys(keys, pages, quota, keys + pages, &kept);
-  }
-  const std::span<const std::vector<int32_t>> sets(head_kept_.data(), static_cast<size_t>(r));
-  decision->shadow_uor = UnionOverheadRatio(sets, quota);
-  decision->disagreement = PairwiseJaccard(sets).disagreement();
-  decision->retained_mass = RetainedMassFromPageSums(
-      std::span<const double>(page_sums_.data(), static_cast<size_t>(pages)), decision->kept_pages);
 }
 
 absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
@@ -262,23 +214,7 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
       }
     }
   }
-  if (!layer_scope) {
-    FinishGroupScope(&decision);
-    return decision;
-  }
-  std::vector<std::span<const float>> scores(groups);
-  for (size_t g = 0; g < groups; ++g) {
-    scores[g] = std::span<const float>(layer_scores_.data() + g * pages, pages);
-  }
-  ApplyLayerScope(scores, request.combine, options_, request.tokens,
-                  LayerLivePages(request, decision.page_count), &decision);
-  if (request.measure) {  // retained mass against the layer's set, as MeasureGroup takes it
-    for (size_t g = 0; g < groups; ++g) {
-      GroupDecision& group = decision.groups[g];
-      group.retained_mass = RetainedMassFromPageSums(
-          std::span<const double>(layer_page_sums_.data() + g * pages, pages), group.kept_pages);
-    }
-  }
+  GroupFinisher::FinishLayer(options_, request, layer_scores_, layer_page_sums_, &decision);
   return decision;
 }
 

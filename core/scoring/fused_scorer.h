@@ -11,6 +11,8 @@
 
 #include "absl/status/statusor.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/group_finish.h"
 #include "core/scoring/policy.h"
 
 namespace entrokv {
@@ -41,22 +43,20 @@ class FusedScorer {
                    GroupDecision* decision);
   // Loads `count` tokens of `head` from `first` as float32: a view for float32, widened into
   // `buffer` otherwise.
-  // The measure fields of one group from head_max_ and page_sums_ (filled by DecideGroup).
-  void Measure(int r, int64_t pages, int64_t quota, GroupDecision* decision);
   const float* Tokens(const LayerRequest& request, int head, int64_t first, int64_t count,
                       float* buffer) const;
 
   PolicyOptions options_;
+  GroupFinisher finisher_;                  // selection and measurement from the pass's page scores
   std::vector<float> widened_;              // chunk buffers for half-precision rows
   std::vector<const float*> row_pointers_;  // the group's rows at the current chunk
+  std::vector<EntropyLanes> lanes_;         // one per head of the group
   std::vector<float> pooled_;               // one chunk of the pooled row
   std::vector<float> page_max_;             // I_g[b] for the current group
-  std::vector<uint32_t> keys_;              // selection keys, one per page, then as many of work
   // measure = true only:
-  std::vector<float> head_max_;                  // [r][n] page maxima of each head of the group
-  std::vector<float> mean_;                      // one chunk of the head-mean row
-  std::vector<double> page_sums_;                // PageSums of the head-mean row
-  std::vector<std::vector<int32_t>> head_kept_;  // the head-independent shadow's pages
+  std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
+  std::vector<float> mean_;        // one chunk of the head-mean row
+  std::vector<double> page_sums_;  // PageSums of the head-mean row
   // layer scope only: [G][n] page scores and (measure) page sums of every group of the layer
   std::vector<float> layer_scores_;
   std::vector<double> layer_page_sums_;

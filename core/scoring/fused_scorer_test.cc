@@ -10,6 +10,7 @@
 #include "core/scoring/decision.h"
 #include "core/scoring/entropy.h"
 #include "core/scoring/pages.h"
+#include "core/testing/decisions.h"
 #include "core/testing/status_matchers.h"
 #include "core/util/dtype.h"
 #include "gmock/gmock.h"
@@ -21,89 +22,10 @@ namespace {
 using ::entrokv::testing::StatusIs;
 using ::testing::HasSubstr;
 
-// A statistic in any dtype, kept alive beside its view.
-struct Statistic {
-  DType dtype = DType::kFloat32;
-  int heads = 0;
-  int64_t tokens = 0;
-  std::vector<float> f32;
-  std::vector<uint16_t> half;
-
-  Statistic(DType type, int query_heads, int64_t length, const std::vector<float>& values)
-      : dtype(type), heads(query_heads), tokens(length), f32(values) {
-    if (dtype == DType::kFloat32) return;
-    for (const float value : values) {
-      half.push_back(dtype == DType::kBFloat16 ? FloatToBFloat16(value) : FloatToFloat16(value));
-    }
-  }
-  StatisticView View() const {
-    const void* data = dtype == DType::kFloat32 ? static_cast<const void*>(f32.data())
-                                                : static_cast<const void*>(half.data());
-    return *StatisticView::Create(data, dtype, heads, tokens);
-  }
-};
-
-// Rows with the shapes that break naive code: plain random, coarse values (many ties), all-zero,
-// all mass on the sinks, one spike, uniform.
-std::vector<float> RandomValues(std::mt19937_64& rng, int heads, int64_t tokens, int sinks) {
-  std::vector<float> values(static_cast<size_t>(heads * tokens), 0.0f);
-  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
-  std::uniform_int_distribution<int> shape(0, 6);
-  for (int h = 0; h < heads; ++h) {
-    float* row = values.data() + h * tokens;
-    const int kind = shape(rng);
-    for (int64_t t = 0; t < tokens; ++t) {
-      switch (kind) {
-        case 0:
-          row[t] = unit(rng);
-          break;
-        case 1:
-          row[t] = std::floor(unit(rng) * 3.0f) * 0.25f;
-          break;  // ties
-        case 2:
-          row[t] = 0.0f;
-          break;
-        case 3:
-          row[t] = t < sinks ? unit(rng) + 1.0f : 0.0f;
-          break;  // all-sink head
-        case 4:
-          row[t] = t == tokens / 2 ? 1.0f : 1e-6f * unit(rng);
-          break;
-        case 5:
-          row[t] = 1.0f / static_cast<float>(tokens);
-          break;  // uniform: all ties
-        default:
-          row[t] = unit(rng) * unit(rng) * 1e3f;
-          break;
-      }
-    }
-  }
-  return values;
-}
-
-// The seed of the randomized tests: fixed, so that a failure replays; ENTROKV_TEST_SEED runs
-// another one (the trace names it).
-uint64_t TestSeed() {
-  const char* text = std::getenv("ENTROKV_TEST_SEED");
-  return text != nullptr ? std::strtoull(text, nullptr, 10) : uint64_t{20261130};
-}
-
-void ExpectSameDecision(const LayerDecision& expected, const LayerDecision& actual) {
-  EXPECT_EQ(expected.page_count, actual.page_count);
-  EXPECT_EQ(expected.quota_pages, actual.quota_pages);
-  ASSERT_EQ(expected.groups.size(), actual.groups.size());
-  for (size_t g = 0; g < expected.groups.size(); ++g) {
-    const GroupDecision& want = expected.groups[g];
-    const GroupDecision& got = actual.groups[g];
-    EXPECT_EQ(want.kept_pages, got.kept_pages) << "group " << g;
-    EXPECT_EQ(want.weights, got.weights) << "group " << g;
-    EXPECT_EQ(want.entropies, got.entropies) << "group " << g;
-    EXPECT_EQ(want.shadow_uor, got.shadow_uor) << "group " << g;
-    EXPECT_EQ(want.disagreement, got.disagreement) << "group " << g;
-    EXPECT_EQ(want.retained_mass, got.retained_mass) << "group " << g;
-    EXPECT_EQ(want.page_scores, got.page_scores) << "group " << g;
-  }
-}
+using ::entrokv::testing::ExpectSameDecision;
+using ::entrokv::testing::RandomValues;
+using ::entrokv::testing::Statistic;
+using ::entrokv::testing::TestSeed;
 
 TEST(FusedScorerTest, KnowsWhichPoliciesItFuses) {
   for (const char* name : {"page_entrokv", "raw_entropy", "mean", "h2o", "max"}) {
@@ -148,7 +70,6 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
   SCOPED_TRACE(::testing::Message() << "seed " << seed << " (ENTROKV_TEST_SEED replays it)");
   std::mt19937_64 rng(seed);
   const std::vector<double> alphas = {2.0, 1.0, kAlphaInfinity, 0.5, 3.0};
-  const std::vector<DType> dtypes = {DType::kFloat32, DType::kFloat16, DType::kBFloat16};
   // The fused policies only: for the others FusedScorer::DecideLayer is DecideLayer itself, so
   // comparing them would compare the reference with itself.
   std::vector<absl::string_view> names;
@@ -156,51 +77,13 @@ TEST(FusedScorerTest, MatchesReferenceOnRandomAndAdversarialInputs) {
     if (IsFusedPolicy(**FindPolicy(name))) names.push_back(name);
   }
   ASSERT_EQ(names.size(), 5u);
-  auto pick = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  // One scorer per options, reused across layers of every size, so scratch reuse is tested too.
   for (int trial = 0; trial < 400; ++trial) {
-    PolicyOptions options;
-    options.page_size = std::vector<int>{1, 3, 4, 8, 16, 17, 32}[static_cast<size_t>(pick(0, 6))];
-    options.sink_tokens = pick(0, 6);
-    options.alpha = alphas[static_cast<size_t>(pick(0, 4))];
-    options.tau = std::vector<double>{0.5, 0.05, 4.0}[static_cast<size_t>(pick(0, 2))];
-    options.protections.tail_page = pick(0, 1) == 1;
-    options.protections.sink_pages = pick(0, 1) == 1;
-    options.protections.recent_pages = pick(0, 2) == 0 ? pick(1, 5) : 0;
-    const int groups = pick(1, 3);
-    const int r = pick(0, 3) == 0 ? pick(7, 13) : pick(1, 6);  // quads, a pair, an odd row
-    const int heads = groups * r;
-    const int64_t tokens = pick(0, 3) == 0 ? pick(1, 20) : pick(1, 5000);
-    const int64_t pages = PageCount(tokens, options.page_size);
-    const int64_t quota = pick(0, 4) == 0 ? pages + pick(0, 3) : pick(1, static_cast<int>(pages));
-    const Statistic statistic(dtypes[static_cast<size_t>(pick(0, 2))], heads, tokens,
-                              RandomValues(rng, heads, tokens, options.sink_tokens));
-    std::vector<double> cached;
-    if (pick(0, 4) == 0) {
-      for (int h = 0; h < heads; ++h) cached.push_back(pick(0, 3) * 0.25);
-    }
-    LayerRequest request;
-    request.statistic = statistic.View();
-    request.query_heads = heads;
-    request.kv_groups = groups;
-    request.tokens = tokens;
-    request.quota_pages = quota;
-    request.cached_weights = cached;
-    request.measure = pick(0, 1) == 1;
-    request.page_scores = pick(0, 1) == 1;
-    std::vector<uint8_t> live;  // a decode-time decision after evictions: n or G * n entries
-    if (pick(0, 3) == 0) {
-      const int64_t entries = pick(0, 1) == 0 ? pages : pages * groups;
-      const int dead_percent = pick(0, 100);
-      for (int64_t i = 0; i < entries; ++i) live.push_back(pick(0, 99) >= dead_percent ? 1 : 0);
-    }
-    request.live_pages = live;
-    const Policy& policy = **FindPolicy(names[static_cast<size_t>(trial) % names.size()]);
-    SCOPED_TRACE(::testing::Message()
-                 << "trial " << trial << " policy " << policy.name() << " B " << options.page_size
-                 << " s " << options.sink_tokens << " alpha " << options.alpha << " G " << groups
-                 << " r " << r << " T " << tokens << " K " << quota << " live " << live.size()
-                 << " dtype " << DTypeName(statistic.dtype));
+    const std::unique_ptr<testing::RandomCase> c =
+        testing::MakeRandomCase(rng, trial, names, alphas, /*layers=*/1);
+    const PolicyOptions& options = c->options;
+    const Policy& policy = *c->policy;
+    const LayerRequest& request = c->requests[0];
+    SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << c->Describe());
     const absl::StatusOr<LayerDecision> expected = DecideLayer(policy, options, request);
     ASSERT_TRUE(expected.ok()) << expected.status();
     FusedScorer scorer(options);
