@@ -1,0 +1,589 @@
+#include "core/cuda/scorer.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/str_cat.h"
+#include "core/cuda/scorer_kernels.h"
+#include "core/scoring/entropy.h"
+#include "core/scoring/fused_scorer.h"
+#include "core/scoring/group_finish.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/weights.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv::cuda {
+namespace {
+
+absl::Status CudaCall(cudaError_t error, absl::string_view call) {
+  if (error == cudaSuccess) return absl::OkStatus();
+  const std::string message = absl::StrCat("cuda scorer: ", call, ": ", cudaGetErrorString(error));
+  if (error == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
+
+// Device memory that grows to the largest size asked and is then reused.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() { cudaFree(data_); }
+  absl::Status Reserve(size_t count) {
+    if (count <= capacity_) return absl::OkStatus();
+    cudaFree(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    void* data = nullptr;
+    RETURN_IF_ERROR(
+        CudaCall(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"));
+    data_ = static_cast<T*>(data);
+    capacity_ = count;
+    return absl::OkStatus();
+  }
+  T* data() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+int ElementOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return kernels::kF32;
+    case DType::kFloat16:
+      return kernels::kF16;
+    case DType::kBFloat16:
+      return kernels::kBF16;
+  }
+  return kernels::kF32;
+}
+
+int PoolOf(PoolingKind kind) {
+  return kind == PoolingKind::kMax    ? kernels::kMax
+         : kind == PoolingKind::kMean ? kernels::kMean
+                                      : kernels::kWeighted;
+}
+
+// Layers decided in one launch of each kernel share everything the kernels take.
+bool SameBatch(const LayerRequest& a, const LayerRequest& b) {
+  return a.query_heads == b.query_heads && a.kv_groups == b.kv_groups && a.tokens == b.tokens &&
+         a.statistic->dtype() == b.statistic->dtype() && a.measure == b.measure &&
+         a.scope == b.scope && a.page_scores == b.page_scores;
+}
+
+// Host memory the device copies into and out of at full speed (cudaMallocHost), grown on need.
+template <typename T>
+class PinnedBuffer {
+ public:
+  PinnedBuffer() = default;
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { cudaFreeHost(data_); }
+  absl::Status Reserve(size_t count) {
+    if (count <= capacity_) return absl::OkStatus();
+    cudaFreeHost(data_);
+    data_ = nullptr;
+    capacity_ = 0;
+    void* data = nullptr;
+    RETURN_IF_ERROR(
+        CudaCall(cudaMallocHost(&data, std::max<size_t>(count, 1) * sizeof(T)), "cudaMallocHost"));
+    data_ = static_cast<T*>(data);
+    capacity_ = count;
+    return absl::OkStatus();
+  }
+  T* data() const { return data_; }
+
+ private:
+  T* data_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// Restores the calling thread's device when it goes.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device) {
+    cudaGetDevice(&previous_);
+    switched_ = previous_ != device && cudaSetDevice(device) == cudaSuccess;
+  }
+  ~DeviceScope() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+}  // namespace
+
+bool ScoresOnDevice(const Policy& policy, const PolicyOptions& options,
+                    const LayerRequest& request) {
+  if (!IsFusedPolicy(policy) || !request.statistic.has_value()) return false;
+  if (options.page_size > kernels::kMaxPageSize) return false;
+  const bool entropy =
+      policy.pooling().kind == PoolingKind::kEntropyWeighted && request.cached_weights.empty();
+  return !entropy || options.alpha == 2.0 || std::isinf(options.alpha);
+}
+
+struct Scorer::State {
+  explicit State(int device) : device(device) {}
+  ~State() {
+    if (stream != nullptr) cudaStreamDestroy(stream);
+  }
+
+  // Decides `layers` (indices into requests, one batch) on the device. `host` holds the
+  // requests with host views, for the value error's message; null when the views are on the
+  // device (the layer is then copied back to report it).
+  absl::Status RunBatch(const Policy& policy, const PolicyOptions& options,
+                        std::span<const LayerRequest> requests, const LayerRequest* host,
+                        std::span<const size_t> layers,
+                        std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
+  // RunBatch's end for the device selection: the kept pages from the device, the weights and
+  // entropies from RunBatch (`entropies`, host_weights).
+  absl::Status SelectOnDevice(const Policy& policy, const PolicyOptions& options,
+                              std::span<const LayerRequest> requests, const LayerRequest* host,
+                              std::span<const size_t> layers, int64_t pages,
+                              const std::vector<std::vector<double>>& entropies,
+                              std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
+  // A layer whose values the device found bad: the CPU path's error, from a host view.
+  absl::Status ValueError(const LayerRequest& request, const LayerRequest* host, size_t l);
+  absl::StatusOr<std::vector<LayerDecision>> Decide(const Policy& policy,
+                                                    const PolicyOptions& options,
+                                                    std::span<const LayerRequest> requests,
+                                                    const LayerRequest* host);
+
+  int device;
+  cudaStream_t stream = nullptr;
+  GroupFinisher finisher;
+  DeviceBuffer<const void*> layer_pointers;
+  DeviceBuffer<char> staging;
+  DeviceBuffer<double> sums;
+  DeviceBuffer<double> weights;
+  DeviceBuffer<float> page_max;
+  DeviceBuffer<float> head_max;
+  DeviceBuffer<double> page_sums;
+  DeviceBuffer<int> bad;
+  // The device selection (group scope, nothing measured, no page scores asked).
+  DeviceBuffer<int64_t> select_plan;  // quotas, output offsets, protected offsets
+  DeviceBuffer<int32_t> protected_pages;
+  DeviceBuffer<uint8_t> live;
+  DeviceBuffer<uint32_t> keys;
+  DeviceBuffer<int32_t> kept;
+  PinnedBuffer<int32_t> host_kept;
+  std::vector<double> host_sums, host_weights, host_page_sums;
+  std::vector<float> host_page_max, host_head_max;
+  std::vector<int> host_bad;
+};
+
+absl::Status Scorer::State::RunBatch(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
+    const LayerRequest* host, std::span<const size_t> layers,
+    std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results) {
+  const LayerRequest& first = requests[layers.front()];
+  const int heads = first.query_heads;
+  const int groups = first.kv_groups;
+  const int r = heads / groups;
+  const int64_t tokens = first.tokens;
+  const int64_t pages = PageCount(tokens, options.page_size);
+  const bool measure = first.measure;
+  const auto count = layers.size();
+  const auto rows = count * static_cast<size_t>(heads);
+  const auto group_pages = count * static_cast<size_t>(groups) * static_cast<size_t>(pages);
+  const auto head_pages = rows * static_cast<size_t>(pages);
+  const Pooling pooling = policy.pooling();
+
+  std::vector<const void*> pointers(count);
+  for (size_t i = 0; i < count; ++i) pointers[i] = requests[layers[i]].statistic->data();
+  RETURN_IF_ERROR(layer_pointers.Reserve(count));
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemcpyAsync(layer_pointers.data(), pointers.data(), count * sizeof(const void*),
+                               cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync"));
+  kernels::Batch batch{.layers = layer_pointers.data(),
+                       .layer_count = static_cast<int>(count),
+                       .heads = heads,
+                       .groups = groups,
+                       .tokens = tokens,
+                       .element = ElementOf(first.statistic->dtype())};
+
+  // Head weights: from the device's entropy sums through the host's functions, cached, or the
+  // mean's scale; the decisions carry them as the CPU path's do.
+  std::vector<std::vector<double>> entropies(count);
+  host_weights.assign(rows, 0.0);
+  if (pooling.kind == PoolingKind::kEntropyWeighted) {
+    const int64_t sinks =
+        std::min<int64_t>(pooling.isolate_sinks ? options.sink_tokens : 0, tokens);
+    const bool any_uncached = std::any_of(
+        layers.begin(), layers.end(), [&](size_t l) { return requests[l].cached_weights.empty(); });
+    if (any_uncached) {
+      RETURN_IF_ERROR(sums.Reserve(2 * rows));
+      RETURN_IF_ERROR(CudaCall(static_cast<cudaError_t>(kernels::LaunchEntropySums(
+                                   batch, sinks, options.alpha == 2.0, sums.data(), stream)),
+                               "entropy kernel"));
+      host_sums.resize(2 * rows);
+      RETURN_IF_ERROR(
+          CudaCall(cudaMemcpyAsync(host_sums.data(), sums.data(), 2 * rows * sizeof(double),
+                                   cudaMemcpyDeviceToHost, stream),
+                   "cudaMemcpyAsync"));
+      RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+    }
+    for (size_t i = 0; i < count; ++i) {
+      const LayerRequest& request = requests[layers[i]];
+      double* w = host_weights.data() + i * static_cast<size_t>(heads);
+      if (!request.cached_weights.empty()) {
+        std::copy(request.cached_weights.begin(), request.cached_weights.end(), w);
+        continue;
+      }
+      entropies[i].resize(static_cast<size_t>(heads));
+      for (int h = 0; h < heads; ++h) {
+        const size_t row = i * static_cast<size_t>(heads) + static_cast<size_t>(h);
+        entropies[i][static_cast<size_t>(h)] = EntropyFromSums(
+            EntropySums{.total = host_sums[2 * row], .power = host_sums[2 * row + 1]},
+            options.alpha, tokens - sinks);
+      }
+      for (int g = 0; g < groups; ++g) {
+        const std::vector<double> group_weights =
+            EntropyWeights(std::span<const double>(entropies[i])
+                               .subspan(static_cast<size_t>(g * r), static_cast<size_t>(r)),
+                           options.tau);
+        std::copy(group_weights.begin(), group_weights.end(), w + g * r);
+      }
+    }
+  } else if (pooling.kind == PoolingKind::kMean) {
+    std::fill(host_weights.begin(), host_weights.end(), MeanScale(static_cast<size_t>(r)));
+  }
+  RETURN_IF_ERROR(weights.Reserve(rows));
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(weights.data(), host_weights.data(),
+                                           rows * sizeof(double), cudaMemcpyHostToDevice, stream),
+                           "cudaMemcpyAsync"));
+
+  RETURN_IF_ERROR(page_max.Reserve(group_pages));
+  RETURN_IF_ERROR(bad.Reserve(count));
+  if (measure) {
+    RETURN_IF_ERROR(head_max.Reserve(head_pages));
+    RETURN_IF_ERROR(page_sums.Reserve(group_pages));
+  }
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemsetAsync(bad.data(), 0, count * sizeof(int), stream), "cudaMemsetAsync"));
+  RETURN_IF_ERROR(
+      CudaCall(static_cast<cudaError_t>(kernels::LaunchPool(
+                   batch, PoolOf(pooling.kind), weights.data(), MeanScale(static_cast<size_t>(r)),
+                   options.page_size, pages, measure, page_max.data(), head_max.data(),
+                   page_sums.data(), bad.data(), stream)),
+               "pool kernel"));
+  if (!measure && first.scope == SelectionScope::kGroup && !first.page_scores) {
+    return SelectOnDevice(policy, options, requests, host, layers, pages, entropies, results);
+  }
+  host_page_max.resize(group_pages);
+  host_bad.resize(count);
+  auto to_host = [&](void* dst, const void* src, size_t bytes) {
+    return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
+                    "cudaMemcpyAsync");
+  };
+  RETURN_IF_ERROR(to_host(host_page_max.data(), page_max.data(), group_pages * sizeof(float)));
+  RETURN_IF_ERROR(to_host(host_bad.data(), bad.data(), count * sizeof(int)));
+  if (measure) {
+    host_head_max.resize(head_pages);
+    host_page_sums.resize(group_pages);
+    RETURN_IF_ERROR(to_host(host_head_max.data(), head_max.data(), head_pages * sizeof(float)));
+    RETURN_IF_ERROR(to_host(host_page_sums.data(), page_sums.data(), group_pages * sizeof(double)));
+  }
+  RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+
+  const auto n = static_cast<size_t>(pages);
+  for (size_t i = 0; i < count; ++i) {
+    const size_t l = layers[i];
+    const LayerRequest& request = requests[l];
+    if (host_bad[i] != 0) {
+      results[l] = ValueError(request, host, l);
+      continue;
+    }
+    LayerDecision decision;
+    decision.page_count = pages;
+    decision.quota_pages = request.quota_pages;
+    decision.groups.resize(static_cast<size_t>(groups));
+    const size_t layer_group_pages = static_cast<size_t>(groups) * n;
+    const std::span<const float> layer_scores(host_page_max.data() + i * layer_group_pages,
+                                              layer_group_pages);
+    std::span<const double> layer_sums;
+    if (measure) {
+      layer_sums =
+          std::span<const double>(host_page_sums.data() + i * layer_group_pages, layer_group_pages);
+    }
+    for (int g = 0; g < groups; ++g) {
+      GroupDecision& group = decision.groups[static_cast<size_t>(g)];
+      const size_t first_head = i * static_cast<size_t>(heads) + static_cast<size_t>(g * r);
+      if (pooling.kind != PoolingKind::kMax) {
+        group.weights.assign(host_weights.begin() + static_cast<ptrdiff_t>(first_head),
+                             host_weights.begin() + static_cast<ptrdiff_t>(first_head) + r);
+      }
+      if (!entropies[i].empty()) {
+        group.entropies.assign(entropies[i].begin() + g * r, entropies[i].begin() + (g + 1) * r);
+      }
+      GroupScores scores;
+      scores.page_max = layer_scores.subspan(static_cast<size_t>(g) * n, n);
+      if (measure) {
+        scores.head_max = std::span<const float>(host_head_max.data() + first_head * n,
+                                                 static_cast<size_t>(r) * n);
+        scores.page_sums = layer_sums.subspan(static_cast<size_t>(g) * n, n);
+      }
+      finisher.Finish(options, request, g, r, scores, &group);
+    }
+    GroupFinisher::FinishLayer(options, request, layer_scores, layer_sums, &decision);
+    results[l] = std::move(decision);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Scorer::State::ValueError(const LayerRequest& request, const LayerRequest* host,
+                                       size_t l) {
+  absl::Status status;
+  if (host != nullptr) {
+    status = host[l].statistic->ValidateValues();
+  } else {
+    const StatisticView& view = *request.statistic;
+    std::vector<char> bytes(static_cast<size_t>(view.query_heads()) *
+                            static_cast<size_t>(view.tokens()) *
+                            static_cast<size_t>(DTypeBytes(view.dtype())));
+    RETURN_IF_ERROR(CudaCall(
+        cudaMemcpy(bytes.data(), view.data(), bytes.size(), cudaMemcpyDeviceToHost), "cudaMemcpy"));
+    ASSIGN_OR_RETURN(
+        const StatisticView copy,
+        StatisticView::Create(bytes.data(), view.dtype(), view.query_heads(), view.tokens()));
+    status = copy.ValidateValues();
+  }
+  if (status.ok()) {
+    return absl::InternalError("statistic: the device's validation disagrees with ValidateValues");
+  }
+  return status;
+}
+
+absl::Status Scorer::State::SelectOnDevice(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
+    const LayerRequest* host, std::span<const size_t> layers, int64_t pages,
+    const std::vector<std::vector<double>>& entropies,
+    std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results) {
+  const LayerRequest& first = requests[layers.front()];
+  const int groups = first.kv_groups;
+  const int heads = first.query_heads;
+  const int r = heads / groups;
+  const size_t count = layers.size();
+  const size_t group_count = count * static_cast<size_t>(groups);
+  const auto n = static_cast<size_t>(pages);
+  // The plan: each group's quota (min(K, its live pages)), where its kept pages go, and its
+  // protected pages (the shared rules); the live masks when any layer has some.
+  std::vector<int64_t> plan(3 * group_count + 1, 0);
+  int64_t* quotas = plan.data();
+  int64_t* out_offsets = plan.data() + group_count;
+  int64_t* protected_offsets = plan.data() + 2 * group_count;  // group_count + 1 entries
+  std::vector<int32_t> protected_list;
+  const bool any_live = std::any_of(layers.begin(), layers.end(),
+                                    [&](size_t l) { return !requests[l].live_pages.empty(); });
+  std::vector<uint8_t> live_flat(any_live ? group_count * n : 0, 1);
+  int64_t total_kept = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const LayerRequest& request = requests[layers[i]];
+    for (int g = 0; g < groups; ++g) {
+      const size_t lg = i * static_cast<size_t>(groups) + static_cast<size_t>(g);
+      const std::span<const uint8_t> live = GroupLivePages(request, pages, g);
+      const int64_t live_count =
+          live.empty() ? pages
+                       : std::count_if(live.begin(), live.end(), [](uint8_t v) { return v != 0; });
+      const int64_t quota = std::min(request.quota_pages, live_count);
+      quotas[lg] = quota;
+      out_offsets[lg] = total_kept;
+      total_kept += quota;
+      protected_offsets[lg] = static_cast<int64_t>(protected_list.size());
+      if (quota > 0) {
+        for (const int32_t page : ProtectedPagesOf(options, request.tokens, quota, live)) {
+          protected_list.push_back(page);
+        }
+      }
+      if (!live.empty()) std::copy(live.begin(), live.end(), live_flat.begin() + lg * n);
+    }
+  }
+  protected_offsets[group_count] = static_cast<int64_t>(protected_list.size());
+  RETURN_IF_ERROR(select_plan.Reserve(plan.size()));
+  RETURN_IF_ERROR(protected_pages.Reserve(protected_list.size()));
+  RETURN_IF_ERROR(keys.Reserve(group_count * n));
+  RETURN_IF_ERROR(kept.Reserve(static_cast<size_t>(total_kept)));
+  RETURN_IF_ERROR(host_kept.Reserve(static_cast<size_t>(total_kept)));
+  auto to_device = [&](void* dst, const void* src, size_t bytes) {
+    return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
+                    "cudaMemcpyAsync");
+  };
+  RETURN_IF_ERROR(to_device(select_plan.data(), plan.data(), plan.size() * sizeof(int64_t)));
+  RETURN_IF_ERROR(to_device(protected_pages.data(), protected_list.data(),
+                            protected_list.size() * sizeof(int32_t)));
+  if (any_live) {
+    RETURN_IF_ERROR(live.Reserve(live_flat.size()));
+    RETURN_IF_ERROR(to_device(live.data(), live_flat.data(), live_flat.size()));
+  }
+  RETURN_IF_ERROR(CudaCall(
+      static_cast<cudaError_t>(kernels::LaunchSelect(
+          static_cast<int>(group_count), page_max.data(), pages, any_live ? live.data() : nullptr,
+          select_plan.data() + 2 * group_count, protected_pages.data(), select_plan.data(),
+          select_plan.data() + group_count, keys.data(), kept.data(), stream)),
+      "select kernel"));
+  host_bad.resize(count);
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_kept.data(), kept.data(),
+                                           static_cast<size_t>(total_kept) * sizeof(int32_t),
+                                           cudaMemcpyDeviceToHost, stream),
+                           "cudaMemcpyAsync"));
+  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_bad.data(), bad.data(), count * sizeof(int),
+                                           cudaMemcpyDeviceToHost, stream),
+                           "cudaMemcpyAsync"));
+  RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
+  const Pooling pooling = policy.pooling();
+  for (size_t i = 0; i < count; ++i) {
+    const size_t l = layers[i];
+    const LayerRequest& request = requests[l];
+    if (host_bad[i] != 0) {
+      results[l] = ValueError(request, host, l);
+      continue;
+    }
+    LayerDecision decision;
+    decision.page_count = pages;
+    decision.quota_pages = request.quota_pages;
+    decision.groups.resize(static_cast<size_t>(groups));
+    for (int g = 0; g < groups; ++g) {
+      GroupDecision& group = decision.groups[static_cast<size_t>(g)];
+      const size_t lg = i * static_cast<size_t>(groups) + static_cast<size_t>(g);
+      const size_t first_head = i * static_cast<size_t>(heads) + static_cast<size_t>(g * r);
+      if (pooling.kind != PoolingKind::kMax) {
+        group.weights.assign(host_weights.begin() + static_cast<ptrdiff_t>(first_head),
+                             host_weights.begin() + static_cast<ptrdiff_t>(first_head) + r);
+      }
+      if (!entropies[i].empty()) {
+        group.entropies.assign(entropies[i].begin() + g * r, entropies[i].begin() + (g + 1) * r);
+      }
+      const int32_t* begin = host_kept.data() + out_offsets[lg];
+      group.kept_pages.assign(begin, begin + quotas[lg]);
+    }
+    GroupFinisher::FinishLayer(options, request, {}, {}, &decision);
+    results[l] = std::move(decision);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<LayerDecision>> Scorer::State::Decide(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
+    const LayerRequest* host) {
+  const DeviceScope scope(device);
+  std::optional<FusedScorer> cpu;  // for the layers the device does not score
+  std::vector<std::optional<absl::StatusOr<LayerDecision>>> results(requests.size());
+  std::vector<size_t> on_device;
+  for (size_t l = 0; l < requests.size(); ++l) {
+    const LayerRequest& request = requests[l];
+    if (absl::Status status = ValidateLayerRequest(policy, options, request, false); !status.ok()) {
+      results[l] = status;
+    } else if (absl::Status cancelled = CheckCancelled(request, 0); !cancelled.ok()) {
+      results[l] = cancelled;
+    } else if (!ScoresOnDevice(policy, options, request)) {
+      if (!cpu.has_value()) cpu.emplace(options);
+      results[l] = cpu->DecideLayer(policy, host != nullptr ? host[l] : request);
+    } else {
+      on_device.push_back(l);
+    }
+  }
+  // Runs of layers that share a shape, at most 65535 groups a launch (the grid's y).
+  for (size_t begin = 0; begin < on_device.size();) {
+    const LayerRequest& first = requests[on_device[begin]];
+    const size_t most = std::max<size_t>(1, 65535 / static_cast<size_t>(first.kv_groups));
+    size_t end = begin + 1;
+    while (end < on_device.size() && end - begin < most &&
+           SameBatch(first, requests[on_device[end]])) {
+      ++end;
+    }
+    RETURN_IF_ERROR(RunBatch(policy, options, requests, host,
+                             std::span<const size_t>(on_device).subspan(begin, end - begin),
+                             results));
+    begin = end;
+  }
+  std::vector<LayerDecision> decisions;
+  decisions.reserve(requests.size());
+  for (auto& result : results) {
+    if (!result->ok()) return result->status();
+    decisions.push_back(*std::move(*result));
+  }
+  return decisions;
+}
+
+Scorer::Scorer(std::unique_ptr<State> state) : state_(std::move(state)) {}
+Scorer::~Scorer() = default;
+
+int Scorer::device() const { return state_->device; }
+
+absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device) {
+  int count = 0;
+  if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess || count == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("scorer: cuda has no usable device: ",
+                     error != cudaSuccess ? cudaGetErrorString(error) : "no device"));
+  }
+  if (device < 0 || device >= count) {
+    return absl::InvalidArgumentError(absl::StrCat("device: CUDA device ", device,
+                                                   " does not exist (this host has ", count,
+                                                   count == 1 ? " device)" : " devices)"));
+  }
+  auto state = std::make_unique<State>(device);
+  const DeviceScope scope(device);
+  RETURN_IF_ERROR(CudaCall(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking),
+                           "cudaStreamCreate"));
+  return std::unique_ptr<Scorer>(new Scorer(std::move(state)));
+}
+
+absl::StatusOr<std::vector<LayerDecision>> Scorer::DecideModelOnDevice(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests) {
+  return state_->Decide(policy, options, requests, nullptr);
+}
+
+absl::StatusOr<std::vector<LayerDecision>> Scorer::DecideModel(
+    const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests) {
+  State& state = *state_;
+  const DeviceScope scope(state.device);
+  // The device copies of the statistics the device scores, back to back in one staging buffer.
+  // Only layers whose shape is valid: the others get their error from Decide.
+  std::vector<size_t> offsets(requests.size(), 0);
+  std::vector<bool> staged(requests.size(), false);
+  auto bytes_of = [](const StatisticView& view) {
+    return static_cast<size_t>(view.query_heads()) * static_cast<size_t>(view.tokens()) *
+           static_cast<size_t>(DTypeBytes(view.dtype()));
+  };
+  size_t total = 0;
+  for (size_t l = 0; l < requests.size(); ++l) {
+    const LayerRequest& request = requests[l];
+    staged[l] = ScoresOnDevice(policy, options, request) &&
+                ValidateLayerRequest(policy, options, request, false).ok();
+    if (!staged[l]) continue;
+    offsets[l] = total;
+    total += (bytes_of(*request.statistic) + 255) / 256 * 256;  // aligned for every dtype
+  }
+  RETURN_IF_ERROR(state.staging.Reserve(total));
+  std::vector<LayerRequest> on_device(requests.begin(), requests.end());
+  for (size_t l = 0; l < requests.size(); ++l) {
+    if (!staged[l]) continue;
+    const StatisticView& view = *requests[l].statistic;
+    const size_t bytes = bytes_of(view);
+    char* at = state.staging.data() + offsets[l];
+    RETURN_IF_ERROR(
+        CudaCall(cudaMemcpyAsync(at, view.data(), bytes, cudaMemcpyHostToDevice, state.stream),
+                 "cudaMemcpyAsync"));
+    ASSIGN_OR_RETURN(const StatisticView device_view,
+                     StatisticView::Create(at, view.dtype(), view.query_heads(), view.tokens()));
+    on_device[l].statistic = device_view;
+  }
+  return state.Decide(policy, options, on_device, requests.data());
+}
+
+}  // namespace entrokv::cuda

@@ -1,0 +1,368 @@
+// Why these kernels give the CPU path's bits (core/scoring/fused_scorer.cc says it for the CPU):
+//  - Entropy sums: thread k of a row's block is lane k of entropy.h's striped order, adding its
+//    values in order from +0, and the block folds the lanes in the same pairwise order. Every
+//    operation is an explicit round-to-nearest intrinsic, so nvcc contracts nothing into an FMA.
+//  - Pooling: one thread per token adds w_h * x_h (or x_h) head by head from +0 in double and
+//    rounds once to float, as PoolRows and MeanRows do; the max starts at +0 and takes
+//    x > acc ? x : acc, as the CPU's maxps does.
+//  - Page maxima: no NaN and no -0 in the pooled row, so the max is the same in any order; a
+//    head's page maximum may differ in the sign of a zero, which its selection key ignores.
+//  - Page sums of the head-mean row: one thread per page adds its tokens in order from +0.
+//  - Selection: radix_select.cc's keys, and the same rule (the quota largest keys, ties to the
+//    lower page): an MSD radix select finds the quota-th key and how many of its equals are
+//    kept, and a block scan in page order emits the kept pages ascending.
+#include "core/cuda/scorer_kernels.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+namespace entrokv::cuda::kernels {
+namespace {
+
+constexpr int kPoolThreads = 256;
+constexpr int kTileTokens = 2048;  // tokens of pooled row one block holds (whole pages)
+constexpr int kLoadBatch = 8;      // loads a pooling thread has in flight
+
+template <int kElement>
+__device__ __forceinline__ float Load(const void* base, int64_t index) {
+  if constexpr (kElement == kF32) {
+    return static_cast<const float*>(base)[index];
+  } else if constexpr (kElement == kF16) {
+    return __half2float(static_cast<const __half*>(base)[index]);
+  } else {
+    return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[index]);
+  }
+}
+
+template <int kElement, bool kSquares>
+__global__ void __launch_bounds__(kLanes)
+    EntropySumsKernel(const void* const* layers, int heads, int64_t tokens, int64_t sinks,
+                      double2* sums) {
+  const int row = blockIdx.x;
+  const int layer = row / heads;
+  const int head = row % heads;
+  const void* data = layers[layer];
+  const int64_t first = static_cast<int64_t>(head) * tokens + sinks;
+  const int64_t count = tokens - sinks;
+  double total = 0.0;
+  double power = 0.0;
+#pragma unroll 8
+  for (int64_t j = threadIdx.x; j < count; j += kLanes) {
+    const double x = static_cast<double>(Load<kElement>(data, first + j));
+    total = __dadd_rn(total, x);
+    if constexpr (kSquares) {
+      power = __dadd_rn(power, __dmul_rn(x, x));
+    } else {
+      power = power < x ? x : power;  // std::max(power, x)
+    }
+  }
+  __shared__ double lane_total[kLanes];
+  __shared__ double lane_power[kLanes];
+  const int k = threadIdx.x;
+  lane_total[k] = total;
+  lane_power[k] = power;
+  __syncthreads();
+  for (int width = kLanes / 2; width >= 1; width /= 2) {
+    if (k < width) {
+      lane_total[k] = __dadd_rn(lane_total[k], lane_total[k + width]);
+      if constexpr (kSquares) {
+        lane_power[k] = __dadd_rn(lane_power[k], lane_power[k + width]);
+      } else {
+        const double a = lane_power[k];
+        const double b = lane_power[k + width];
+        lane_power[k] = a < b ? b : a;  // std::max(a, b)
+      }
+    }
+    __syncthreads();
+  }
+  if (k == 0) sums[row] = make_double2(lane_total[0], lane_power[0]);
+}
+
+__device__ __forceinline__ bool ValueOk(float x) { return x >= 0.0f && x < INFINITY; }
+
+// Block (x, y): pages [x * tile_pages, ...) of group y = l * groups + g.
+template <int kElement, int kPool, bool kMeasure>
+__global__ void __launch_bounds__(kPoolThreads)
+    PoolKernel(const void* const* layers, int heads, int groups, int64_t tokens,
+               const double* weights, double scale, int page_size, int tile_pages, int64_t pages,
+               float* page_max, float* head_max, double* page_sums, int* bad) {
+  extern __shared__ float shared[];
+  const int tile_capacity = tile_pages * page_size;
+  float* pooled = shared;                  // the tile's pooled row
+  float* second = shared + tile_capacity;  // measure: the head-mean row, then each head's row
+  const int r = heads / groups;
+  const int lg = blockIdx.y;
+  const int layer = lg / groups;
+  const int group = lg % groups;
+  const int64_t first_page = static_cast<int64_t>(blockIdx.x) * tile_pages;
+  const int64_t first_token = first_page * page_size;
+  const int64_t tile_tokens_64 = tokens - first_token;
+  const int tile_tokens =
+      static_cast<int>(tile_tokens_64 < tile_capacity ? tile_tokens_64 : tile_capacity);
+  const int tile_real_pages = (tile_tokens + page_size - 1) / page_size;
+  const void* data = layers[layer];
+  const int64_t row0 = static_cast<int64_t>(group) * r * tokens + first_token;
+  const double* w = weights + static_cast<int64_t>(layer) * heads + group * r;
+  bool ok = true;
+  for (int k = threadIdx.x; k < tile_tokens; k += kPoolThreads) {
+    double acc = 0.0;
+    double sum = 0.0;
+    float max_acc = 0.0f;
+    // The heads' loads go out kLoadBatch at a time (independent, so they overlap in memory),
+    // then the arithmetic takes them in head order.
+    for (int i0 = 0; i0 < r; i0 += kLoadBatch) {
+      float xs[kLoadBatch];
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        xs[j] = i0 + j < r ? Load<kElement>(data, row0 + static_cast<int64_t>(i0 + j) * tokens + k)
+                           : 0.0f;
+      }
+#pragma unroll
+      for (int j = 0; j < kLoadBatch; ++j) {
+        if (i0 + j >= r) break;
+        const float x = xs[j];
+        ok = ok && ValueOk(x);
+        if constexpr (kPool == kMax) max_acc = x > max_acc ? x : max_acc;
+        if constexpr (kPool == kWeighted) {
+          acc = __dadd_rn(acc, __dmul_rn(w[i0 + j], static_cast<double>(x)));
+        }
+        if constexpr (kPool == kMean || kMeasure) sum = __dadd_rn(sum, static_cast<double>(x));
+      }
+    }
+    const float mean = __double2float_rn(__dmul_rn(sum, scale));
+    pooled[k] = kPool == kMax ? max_acc : kPool == kWeighted ? __double2float_rn(acc) : mean;
+    if constexpr (kMeasure) second[k] = mean;
+  }
+  if (!__syncthreads_and(ok) && threadIdx.x == 0) atomicExch(bad + layer, 1);
+  const int64_t out = static_cast<int64_t>(lg) * pages + first_page;
+  for (int p = threadIdx.x; p < tile_real_pages; p += kPoolThreads) {
+    const int begin = p * page_size;
+    const int end = begin + page_size < tile_tokens ? begin + page_size : tile_tokens;
+    float m = pooled[begin];
+    for (int t = begin + 1; t < end; ++t) m = pooled[t] > m ? pooled[t] : m;
+    page_max[out + p] = m;
+    if constexpr (kMeasure) {
+      double s = 0.0;
+      for (int t = begin; t < end; ++t) s = __dadd_rn(s, static_cast<double>(second[t]));
+      page_sums[out + p] = s;
+    }
+  }
+  if constexpr (kMeasure) {
+    for (int i = 0; i < r; ++i) {
+      __syncthreads();  // `second` is free: every page sum (or the last head's maxima) is done
+      for (int k = threadIdx.x; k < tile_tokens; k += kPoolThreads) {
+        second[k] = Load<kElement>(data, row0 + static_cast<int64_t>(i) * tokens + k);
+      }
+      __syncthreads();
+      const int64_t head_out =
+          (static_cast<int64_t>(layer) * heads + group * r + i) * pages + first_page;
+      for (int p = threadIdx.x; p < tile_real_pages; p += kPoolThreads) {
+        const int begin = p * page_size;
+        const int end = begin + page_size < tile_tokens ? begin + page_size : tile_tokens;
+        float m = second[begin];
+        for (int t = begin + 1; t < end; ++t) m = second[t] > m ? second[t] : m;
+        head_max[head_out + p] = m;
+      }
+    }
+  }
+}
+
+constexpr int kSelectThreads = 1024;
+
+__device__ __forceinline__ uint32_t ScoreKey(float value) {
+  return value == 0.0f ? 0u : __float_as_uint(value);  // radix_select.cc's ScoreBits
+}
+
+// Exclusive rank of `flag` among the block's threads, and the block's total, by warp ballots.
+// Every thread of the block must call it.
+__device__ __forceinline__ int BlockRank(bool flag, int* warp_counts, int* total) {
+  const int lane = threadIdx.x & 31;
+  const int warp = threadIdx.x >> 5;
+  const unsigned ballot = __ballot_sync(0xffffffffu, flag);
+  const int in_warp = __popc(ballot & ((1u << lane) - 1u));
+  __syncthreads();  // warp_counts is free (the previous call's readers are done)
+  if (lane == 0) warp_counts[warp] = __popc(ballot);
+  __syncthreads();
+  int before = 0;
+  int sum = 0;
+  for (int w = 0; w < kSelectThreads / 32; ++w) {
+    if (w < warp) before += warp_counts[w];
+    sum += warp_counts[w];
+  }
+  *total = sum;
+  return before + in_warp;
+}
+
+__global__ void __launch_bounds__(kSelectThreads)
+    SelectKernel(const float* page_max, int64_t pages, const uint8_t* live,
+                 const int64_t* protected_offsets, const int32_t* protected_pages,
+                 const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out) {
+  const int lg = blockIdx.x;
+  const int64_t quota = quotas[lg];
+  if (quota <= 0) return;
+  const float* scores = page_max + static_cast<int64_t>(lg) * pages;
+  uint32_t* key = keys + static_cast<int64_t>(lg) * pages;
+  const uint8_t* held = live != nullptr ? live + static_cast<int64_t>(lg) * pages : nullptr;
+  for (int64_t p = threadIdx.x; p < pages; p += kSelectThreads) {
+    uint32_t k = ScoreKey(scores[p]);
+    if (held != nullptr) k = held[p] != 0 ? k + 1 : 0;
+    key[p] = k;
+  }
+  __syncthreads();
+  for (int64_t i = protected_offsets[lg] + threadIdx.x; i < protected_offsets[lg + 1];
+       i += kSelectThreads) {
+    key[protected_pages[i]] |= 1u << 31;
+  }
+  __syncthreads();
+  // The quota-th largest key, a byte at a time from the top; `remaining` ends as how many keys
+  // equal to it are kept.
+  __shared__ unsigned int histogram[256];
+  __shared__ uint32_t shared_prefix;
+  __shared__ long long shared_remaining;
+  uint32_t prefix = 0;
+  uint32_t mask = 0;
+  long long remaining = quota;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += kSelectThreads) histogram[b] = 0;
+    __syncthreads();
+    for (int64_t p = threadIdx.x; p < pages; p += kSelectThreads) {
+      const uint32_t k = key[p];
+      if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      long long above = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (above + histogram[b] >= remaining || b == 0) {
+          shared_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+          shared_remaining = remaining - above;
+          break;
+        }
+        above += histogram[b];
+      }
+    }
+    __syncthreads();
+    prefix = shared_prefix;
+    remaining = shared_remaining;
+    mask |= 255u << shift;
+  }
+  const uint32_t boundary = prefix;
+  __shared__ int warp_counts[kSelectThreads / 32];
+  int32_t* kept = out + out_offsets[lg];
+  long long equals_before = 0;  // keys equal to the boundary in earlier chunks
+  long long kept_before = 0;
+  for (int64_t chunk = 0; chunk < pages; chunk += kSelectThreads) {
+    const int64_t p = chunk + threadIdx.x;
+    const uint32_t k = p < pages ? key[p] : 0u;
+    const bool equal = p < pages && k == boundary;
+    int equals_here = 0;
+    const int equal_rank = BlockRank(equal, warp_counts, &equals_here);
+    const bool keep =
+        p < pages && (k > boundary || (equal && equals_before + equal_rank < remaining));
+    int kept_here = 0;
+    const int position = BlockRank(keep, warp_counts, &kept_here);
+    if (keep) kept[kept_before + position] = static_cast<int32_t>(p);
+    equals_before += equals_here;
+    kept_before += kept_here;
+  }
+}
+
+template <int kElement>
+int LaunchEntropyFor(const Batch& batch, int64_t sinks, bool squares, double* sums,
+                     cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(batch.layer_count * batch.heads));
+  auto* out = reinterpret_cast<double2*>(sums);
+  if (squares) {
+    EntropySumsKernel<kElement, true>
+        <<<grid, kLanes, 0, stream>>>(batch.layers, batch.heads, batch.tokens, sinks, out);
+  } else {
+    EntropySumsKernel<kElement, false>
+        <<<grid, kLanes, 0, stream>>>(batch.layers, batch.heads, batch.tokens, sinks, out);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kElement, int kPool>
+int LaunchPoolFor(const Batch& batch, const double* weights, double scale, int page_size,
+                  int64_t pages, bool measure, float* page_max, float* head_max, double* page_sums,
+                  int* bad, cudaStream_t stream) {
+  const int tile_pages = page_size >= kTileTokens ? 1 : kTileTokens / page_size;
+  const int64_t tiles = (pages + tile_pages - 1) / tile_pages;
+  const dim3 grid(static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(batch.layer_count * batch.groups));
+  const size_t shared =
+      static_cast<size_t>(tile_pages) * page_size * sizeof(float) * (measure ? 2 : 1);
+  if (measure) {
+    PoolKernel<kElement, kPool, true><<<grid, kPoolThreads, shared, stream>>>(
+        batch.layers, batch.heads, batch.groups, batch.tokens, weights, scale, page_size,
+        tile_pages, pages, page_max, head_max, page_sums, bad);
+  } else {
+    PoolKernel<kElement, kPool, false><<<grid, kPoolThreads, shared, stream>>>(
+        batch.layers, batch.heads, batch.groups, batch.tokens, weights, scale, page_size,
+        tile_pages, pages, page_max, head_max, page_sums, bad);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kElement>
+int LaunchPoolElement(const Batch& batch, int pool, const double* weights, double scale,
+                      int page_size, int64_t pages, bool measure, float* page_max, float* head_max,
+                      double* page_sums, int* bad, cudaStream_t stream) {
+  switch (pool) {
+    case kWeighted:
+      return LaunchPoolFor<kElement, kWeighted>(batch, weights, scale, page_size, pages, measure,
+                                                page_max, head_max, page_sums, bad, stream);
+    case kMean:
+      return LaunchPoolFor<kElement, kMean>(batch, weights, scale, page_size, pages, measure,
+                                            page_max, head_max, page_sums, bad, stream);
+    default:
+      return LaunchPoolFor<kElement, kMax>(batch, weights, scale, page_size, pages, measure,
+                                           page_max, head_max, page_sums, bad, stream);
+  }
+}
+
+}  // namespace
+
+int LaunchSelect(int group_count, const float* page_max, int64_t pages, const uint8_t* live,
+                 const int64_t* protected_offsets, const int32_t* protected_pages,
+                 const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out,
+                 void* stream) {
+  SelectKernel<<<static_cast<unsigned>(group_count), kSelectThreads, 0,
+                 static_cast<cudaStream_t>(stream)>>>(
+      page_max, pages, live, protected_offsets, protected_pages, quotas, out_offsets, keys, out);
+  return static_cast<int>(cudaGetLastError());
+}
+
+int LaunchEntropySums(const Batch& batch, int64_t sinks, bool squares, double* sums, void* stream) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  switch (batch.element) {
+    case kF32:
+      return LaunchEntropyFor<kF32>(batch, sinks, squares, sums, s);
+    case kF16:
+      return LaunchEntropyFor<kF16>(batch, sinks, squares, sums, s);
+    default:
+      return LaunchEntropyFor<kBF16>(batch, sinks, squares, sums, s);
+  }
+}
+
+int LaunchPool(const Batch& batch, int pool, const double* weights, double scale, int page_size,
+               int64_t pages, bool measure, float* page_max, float* head_max, double* page_sums,
+               int* bad, void* stream) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  switch (batch.element) {
+    case kF32:
+      return LaunchPoolElement<kF32>(batch, pool, weights, scale, page_size, pages, measure,
+                                     page_max, head_max, page_sums, bad, s);
+    case kF16:
+      return LaunchPoolElement<kF16>(batch, pool, weights, scale, page_size, pages, measure,
+                                     page_max, head_max, page_sums, bad, s);
+    default:
+      return LaunchPoolElement<kBF16>(batch, pool, weights, scale, page_size, pages, measure,
+                                      page_max, head_max, page_sums, bad, s);
+  }
+}
+
+}  // namespace entrokv::cuda::kernels
