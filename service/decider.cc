@@ -274,6 +274,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // buffers are reused across the job's layers. A fresh copy buffer per job, zero-filled, was
   // measured no slower than one kept across jobs (docs/performance.md, "The service path").
   FusedScorer scorer(job.policy.options);
+  // --scorer: a pool the CUDA scorer serves is scored on its arena's device (a host pool's on
+  // device 0), with the same decisions; degraded layers stay on the CPU (no statistic).
+  const ArenaInfo arena = model.state().arena();
+  const bool on_device = device_scorers_ != nullptr && device_scorers_->ScoresPool(arena.backend);
+  const int scoring_device = arena.backend == Backend::kCuda ? arena.device : 0;
   std::vector<char> copied;  // the shared-memory statistic of the layer being scored
   // The moment a layer must be done by: the deadline less the reserve when the rest may be
   // degraded; answer_within_ms itself when it may not. A call's own deadline without
@@ -353,7 +358,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       if (work.cached_weights.has_value()) request.cached_weights = *work.cached_weights;
       request.live_pages = work.live_pages;
       const auto score_start = Clock::now();
-      absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(*job.policy.policy, request);
+      absl::StatusOr<LayerDecision> decision =
+          on_device ? device_scorers_->DecideLayer(scoring_device, *job.policy.policy,
+                                                   job.policy.options, request)
+                    : scorer.DecideLayer(*job.policy.policy, request);
       metrics_->ObservePhase(Phase::kScore, SecondsSince(score_start));
       if (absl::IsCancelled(decision.status())) {
         if (cancelled()) {

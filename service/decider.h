@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "entrokv/v1/cache_manager.pb.h"
+#include "service/device_scorers.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
 #include "service/shm_reader.h"
@@ -32,6 +33,11 @@ class Decider {
  public:
   Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
       : defaults_(defaults), metrics_(metrics), shm_(shm) {}
+
+  // --scorer: the CUDA scorers that decide the layers of pools they score
+  // (DeviceScorers::ScoresPool); null or never set: every layer on the CPU. Set before serving;
+  // `scorers` outlives the decider.
+  void UseDeviceScorers(DeviceScorers* scorers) { device_scorers_ = scorers; }
 
   // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
   // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
@@ -85,6 +91,7 @@ class Decider {
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
+  DeviceScorers* device_scorers_ = nullptr;
   mutable absl::Mutex hook_mu_;
   BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
   mutable absl::Mutex estimate_mu_;

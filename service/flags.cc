@@ -59,6 +59,32 @@ bool AbslParseFlag(absl::string_view text, ScopeSetting* setting, std::string* e
   return true;
 }
 
+bool AbslParseFlag(absl::string_view text, ScorerSetting* setting, std::string* error) {
+  if (text == "auto") {
+    *setting = ScorerSetting::kAuto;
+  } else if (text == "cpu") {
+    *setting = ScorerSetting::kCpu;
+  } else if (text == "cuda") {
+    *setting = ScorerSetting::kCuda;
+  } else {
+    *error = absl::StrCat("'", text, "' is not a scorer (auto, cpu, cuda)");
+    return false;
+  }
+  return true;
+}
+
+std::string AbslUnparseFlag(ScorerSetting setting) {
+  switch (setting) {
+    case ScorerSetting::kCpu:
+      return "cpu";
+    case ScorerSetting::kCuda:
+      return "cuda";
+    case ScorerSetting::kAuto:
+      break;
+  }
+  return "auto";
+}
+
 bool AbslParseFlag(absl::string_view text, UidList* uids, std::string* error) {
   UidList parsed;
   for (absl::string_view item : absl::StrSplit(text, ',', absl::SkipWhitespace())) {

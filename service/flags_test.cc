@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -44,6 +45,7 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"frame_layout", "group"},
       {"policy", "page_entrokv"},
       {"selection_scope", "auto"},
+      {"scorer", "auto"},
       {"tau", "0.5"},
       {"alpha", "2"},
       {"sink_tokens", "4"},
@@ -163,4 +165,19 @@ TEST(OptionsFromFlagsTest, SelectionScopeIsAutoUnlessNamed) {
 }
 
 }  // namespace
+TEST(OptionsFromFlagsTest, ScorerIsAutoUnlessNamed) {
+  absl::FlagSaver saver;
+  EXPECT_EQ(OptionsFromFlags().scorer, ScorerSetting::kAuto);
+  for (const auto& [text, setting] :
+       {std::pair{"cpu", ScorerSetting::kCpu}, std::pair{"cuda", ScorerSetting::kCuda},
+        std::pair{"auto", ScorerSetting::kAuto}}) {
+    ASSERT_TRUE(absl::FindCommandLineFlag("scorer")->ParseFrom(text, nullptr)) << text;
+    EXPECT_EQ(OptionsFromFlags().scorer, setting) << text;
+    EXPECT_EQ(AbslUnparseFlag(setting), text);
+  }
+  std::string error;
+  EXPECT_FALSE(absl::FindCommandLineFlag("scorer")->ParseFrom("tpu", &error));
+  EXPECT_THAT(error, HasSubstr("tpu"));
+}
+
 }  // namespace entrokv::service

@@ -24,6 +24,12 @@ enum class ScopeSetting : uint8_t { kAuto, kGroup, kLayer };
 bool AbslParseFlag(absl::string_view text, ScopeSetting* setting, std::string* error);
 std::string AbslUnparseFlag(ScopeSetting setting);
 
+// --scorer: which scorer decides (service/device_scorers.h). kAuto: the CUDA scorer for pools on
+// a GPU where this build and host have one, the CPU otherwise.
+enum class ScorerSetting : uint8_t { kAuto, kCpu, kCuda };
+bool AbslParseFlag(absl::string_view text, ScorerSetting* setting, std::string* error);
+std::string AbslUnparseFlag(ScorerSetting setting);
+
 // --allowed_shm_uids: user ids, given as "1000,1001".
 struct UidList : std::vector<uid_t> {
   using std::vector<uid_t>::vector;
@@ -61,6 +67,10 @@ std::string AbslUnparseFlag(const TenantShares& shares);
   X(::entrokv::service::ScopeSetting, selection_scope, ::entrokv::service::ScopeSetting::kAuto,    \
     "Default selection scope: auto (layer for a pool in the layer frame layout, group "            \
     "otherwise), group (one page set per layer and KV group) or layer (one per layer)")            \
+  X(::entrokv::service::ScorerSetting, scorer, ::entrokv::service::ScorerSetting::kAuto,           \
+    "Which scorer decides: auto (the CUDA scorer for pools on a GPU, where this build and host "   \
+    "have one; the CPU otherwise), cpu, or cuda (every pool on a GPU; no start without one). "     \
+    "Both give the same decisions")                                                                \
   X(double, tau, 0.5, "Default softmax temperature of the head weights (> 0)")                     \
   X(double, alpha, 2.0, "Default Renyi entropy order (> 0, inf allowed)")                          \
   X(int32_t, sink_tokens, 4, "Default sink tokens left out of the entropy")                        \

@@ -145,8 +145,11 @@ absl::StatusOr<std::unique_ptr<Server>> Server::Start(const ServerOptions& optio
                           ? options.worker_threads
                           : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   server->workers_ = std::make_unique<WorkerPool>(threads, options.max_inflight_decisions);
+  ASSIGN_OR_RETURN(server->scorers_, DeviceScorers::Create(options.scorer));
+  LogInfo(absl::StrCat("scoring: ", server->scorers_->description()));
   server->service_ = std::make_unique<CacheManagerService>(options, token, server->metrics_.get(),
                                                            server->workers_.get());
+  server->service_->decider().UseDeviceScorers(server->scorers_.get());
   ModelRegistry& registry = server->service_->registry();
   registry.UseArenaNames(server->namer_.get());
   if (server->store_ != nullptr) {

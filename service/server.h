@@ -11,6 +11,7 @@
 #include "grpcpp/server.h"
 #include "service/arena_names.h"
 #include "service/cache_manager_service.h"
+#include "service/device_scorers.h"
 #include "service/metrics.h"
 #include "service/options.h"
 #include "service/worker_pool.h"
@@ -64,6 +65,7 @@ class Server {
   std::unique_ptr<ServiceMetrics> metrics_;
   std::unique_ptr<prometheus::Exposer> exposer_;
   std::unique_ptr<WorkerPool> workers_;
+  std::unique_ptr<DeviceScorers> scorers_;  // outlives service_, whose decider uses it
   // The journal and the arena names outlive the service (its models use both).
   std::unique_ptr<store::StateStore> store_;
   std::unique_ptr<ArenaNamer> namer_;

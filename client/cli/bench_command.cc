@@ -24,6 +24,12 @@
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
 
+#if defined(ENTROKV_HAVE_CUDA)
+#include "core/cuda/bench_support.h"
+#include "core/cuda/device.h"
+#include "core/cuda/scorer.h"
+#endif
+
 namespace entrokv::cli {
 namespace {
 
@@ -139,6 +145,79 @@ absl::Status WriteKept(const std::string& path, const std::vector<LayerDecision>
              : absl::DataLossError(absl::StrCat("--kept-out: write failed for ", path));
 }
 
+// --scorer cuda: the statistic uploaded once, the whole model decided from device memory to the
+// kept pages on the host (wall clock: what a caller waits for), one layer the same way, and a
+// device-to-device copy of the statistic's bytes (CUDA events) as the bandwidth floor.
+absl::Status RunCuda(const ArgParser& parser, const BenchSetup& setup, const Policy& policy,
+                     const PolicyOptions& options, std::vector<LayerRequest> requests, int64_t runs,
+                     double budget, int64_t page_size) {
+#if defined(ENTROKV_HAVE_CUDA)
+  ASSIGN_OR_RETURN(const std::string gpu, cuda::DescribeDevice(0));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<cuda::DeviceCopy> copy,
+      cuda::DeviceCopy::Upload(0, setup.bytes.data(), static_cast<int64_t>(setup.bytes.size())));
+  const int64_t layer_bytes =
+      static_cast<int64_t>(setup.query_heads) * setup.tokens * DTypeBytes(setup.dtype);
+  for (size_t l = 0; l < requests.size(); ++l) {
+    ASSIGN_OR_RETURN(requests[l].statistic,
+                     StatisticView::Create(copy->data() + static_cast<int64_t>(l) * layer_bytes,
+                                           setup.dtype, setup.query_heads, setup.tokens));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<cuda::Scorer> scorer, cuda::Scorer::Create(0));
+  std::vector<LayerDecision> decisions;
+  absl::Status status;
+  auto whole = [&] {
+    absl::StatusOr<std::vector<LayerDecision>> result =
+        scorer->DecideModelOnDevice(policy, options, requests);
+    if (result.ok()) {
+      decisions = *std::move(result);
+    } else {
+      status = result.status();
+    }
+  };
+  auto one_layer = [&] {
+    absl::StatusOr<std::vector<LayerDecision>> result = scorer->DecideModelOnDevice(
+        policy, options, std::span<const LayerRequest>(requests.data(), 1));
+    if (!result.ok()) status = result.status();
+  };
+  whole();
+  one_layer();
+  RETURN_IF_ERROR(status);
+  std::vector<double> model_ms, layer_ms;
+  for (int64_t run = 0; run < runs; ++run) {
+    model_ms.push_back(TimeMs(whole));
+    layer_ms.push_back(TimeMs(one_layer));
+  }
+  RETURN_IF_ERROR(status);
+  ASSIGN_OR_RETURN(const std::vector<double> copy_ms, copy->TimeCopiesMs(static_cast<int>(runs)));
+  if (parser.Given("kept-out")) RETURN_IF_ERROR(WriteKept(parser.Get("kept-out"), decisions));
+  Json json = {
+      {"scorer", "cuda"},
+      {"gpu", gpu},
+      {"median_ms", RoundTo(Median(model_ms), 4)},
+      {"min_ms", RoundTo(*std::min_element(model_ms.begin(), model_ms.end()), 4)},
+      {"layer_median_us", RoundTo(Median(layer_ms) * 1000.0, 2)},
+      {"read_once_ms", RoundTo(Median(copy_ms), 4)},
+      {"read_once_min_ms", RoundTo(*std::min_element(copy_ms.begin(), copy_ms.end()), 4)},
+      {"read_once_is", "device-to-device copy of the statistic (reads and writes its bytes once)"},
+      {"bytes", setup.bytes.size()},
+      {"runs", runs},
+      {"layers", setup.layers},
+      {"query_heads", setup.query_heads},
+      {"kv_heads", setup.kv_groups},
+      {"tokens", setup.tokens},
+      {"page_size", page_size},
+      {"budget", budget},
+      {"dtype", std::string(DTypeName(setup.dtype))},
+      {"policy", std::string(policy.name())},
+      {"measure", parser.GetFlag("measure")}};
+  std::printf("%s\n", DumpJson(json).c_str());
+  return absl::OkStatus();
+#else
+  return absl::UnavailableError("--scorer cuda: this entrokv was built without CUDA");
+#endif
+}
+
 absl::Status Run(const ArgParser& parser) {
   BenchSetup setup;
   ASSIGN_OR_RETURN(const int64_t seed, parser.GetInt("seed"));
@@ -188,6 +267,13 @@ absl::Status Run(const ArgParser& parser) {
     request = LayerRequestFor(view, setup.query_heads, setup.kv_groups, setup.tokens,
                               plan.pages_per_layer[static_cast<size_t>(l)]);
     request.measure = parser.GetFlag("measure");
+  }
+  const std::string scorer = parser.Get("scorer");
+  if (scorer == "cuda") {
+    return RunCuda(parser, setup, *policy, options, std::move(requests), runs, budget, page_size);
+  }
+  if (scorer != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--scorer: '", scorer, "' is not cpu or cuda"));
   }
 
   absl::Status status;
@@ -282,6 +368,7 @@ int RunBench(const std::vector<std::string>& args) {
   parser.Option("runs", "7", "timed runs after one warm-up");
   parser.Option("seed", "1", "seed of the generated statistic");
   parser.Option("input", "", "a [L, H_Q, T] .npy statistic instead of the seeded one");
+  parser.Option("scorer", "cpu", "cpu, or cuda (the statistic in GPU memory, --json only)");
   parser.Option("kept-out", "", "write the kept pages, one line per (layer, group)");
   parser.Flag("measure", false, "also compute the shadow UOR, disagreement and retained mass");
   parser.Flag("protect-tail", false, "protect the tail page");

@@ -241,5 +241,20 @@ TEST(BadConfigurationTest, ExitsTwoNamingTheOptionBeforeBindingAnything) {
   ::rmdir(dir.c_str());
 }
 
+// --scorer=cuda where the build or the host has no CUDA device is configuration to fix: exit 2
+// naming --scorer, not a daemon scoring on the CPU against what it was told. (On a GPU host the
+// daemon starts: nothing to check here.)
+TEST(BadConfigurationTest, ScorerCudaWithoutAGpuExitsTwoNamingIt) {
+  DaemonProcess daemon(ENTROKVD_PATH,
+                       {"--scorer=cuda", "--listen=127.0.0.1:0", "--metrics_listen="});
+  if (daemon.WaitListening(10000)) {
+    daemon.Signal(SIGTERM);
+    EXPECT_EQ(daemon.WaitExit(15000), 0);
+    GTEST_SKIP() << "this host has a CUDA device";
+  }
+  EXPECT_EQ(daemon.WaitExit(10000), 2) << daemon.Stderr();
+  EXPECT_THAT(daemon.Stderr(), ::testing::HasSubstr("--scorer=cuda"));
+}
+
 }  // namespace
 }  // namespace entrokv::service

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The GPU checks, run once on a GPU machine (docs/testing.md, "On a GPU"): the gpu-labelled tests,
+# compute-sanitizer's memcheck and racecheck over the CUDA scorer, the scoring benchmark against
+# PyTorch, and the CUDA worker's checks. Every step has its own time limit and the script goes on
+# after a failure, so one run reports everything; it exits non-zero if any step failed.
+#
+# Needs, from the project root: .devrun/ (../shared/tools/device-bundle.sh build entrokvd entrokv
+# cuda_device_test cuda_scorer_test pool_cuda_test service_gpu_test, and the worker checks'
+# binaries), build/client/python (the generated Python client), python3 with torch.
+# Usage: bash bench/gpu/device_checks.sh OUT_DIR
+set -uo pipefail
+out=${1:?usage: device_checks.sh OUT_DIR}
+mkdir -p "$out"
+export LD_LIBRARY_PATH=$PWD/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export PYTHONUNBUFFERED=1
+bin=.devrun/bin
+log=$out/device_checks.log
+failed=()
+step() {  # step NAME SECONDS COMMAND...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  echo "==== $name (limit ${limit} s)" | tee -a "$log"
+  timeout -k 5 "$limit" "$@" >>"$log" 2>&1
+  local rc=$?
+  echo "==== $name: rc $rc in $((SECONDS - start)) s" | tee -a "$log"
+  ((rc == 0)) || failed+=("$name")
+}
+
+{ nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; } >>"$log" 2>&1
+for test in cuda_device_test pool_cuda_test cuda_scorer_test service_gpu_test; do
+  step "$test" 120 "$bin/$test" --gtest_brief=1
+done
+# The sanitizers over the kernels, on fewer random trials (odd shapes, both selection paths, every
+# policy and dtype) and the bad values.
+sanitize_filter='CudaScorerTest.Matches*:CudaScorerTest.BadValues*'
+step memcheck 150 env ENTROKV_GPU_TRIALS=60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "$bin/cuda_scorer_test" --gtest_filter="$sanitize_filter" --gtest_brief=1
+step racecheck 120 env ENTROKV_GPU_TRIALS=12 compute-sanitizer --tool racecheck --error-exitcode 1 \
+  "$bin/cuda_scorer_test" --gtest_filter="$sanitize_filter" --gtest_brief=1
+step scoring-bench 240 python3 bench/gpu/peer_torch_gpu.py \
+  --runner "$bin/entrokv bench" --out "$out/gpu_peer_torch.json"
+if [ -f bench/gpu/worker_checks.sh ]; then
+  step worker-checks 200 bash bench/gpu/worker_checks.sh "$out"
+fi
+if ((${#failed[@]})); then
+  echo "FAILED: ${failed[*]}" | tee -a "$log"
+  exit 1
+fi
+echo "all device checks passed" | tee -a "$log"
