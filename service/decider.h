@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "entrokv/v1/cache_manager.pb.h"
+#include "service/device_reader.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
 #include "service/shm_reader.h"
@@ -30,8 +31,9 @@ struct CallTiming {
 // serves every worker thread. Blocking (it scores): call it on the worker pool only.
 class Decider {
  public:
-  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
-      : defaults_(defaults), metrics_(metrics), shm_(shm) {}
+  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm,
+          DeviceReader* device)
+      : defaults_(defaults), metrics_(metrics), shm_(shm), device_(device) {}
 
   // Every layer is checked and scored, then all are applied at once (CacheState::ApplyDecisions,
   // all or nothing), so a bad layer or a racing AppendTokens/CloseSequence never leaves a
@@ -85,6 +87,7 @@ class Decider {
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
+  DeviceReader* const device_;  // device_buffer statistics; their mappings outlive a decision
   mutable absl::Mutex hook_mu_;
   BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);
   mutable absl::Mutex estimate_mu_;
