@@ -9,7 +9,7 @@
 #   .devrun/bin/device_buffer_exporter   the worker process that test starts
 #   .devrun/lib/                         their libraries (shared/tools/device-bundle.sh)
 #   build/client/python/                 the generated Python client (carried: it is ignored)
-#   python3 with torch (CUDA), cupy, grpcio, numpy, protobuf
+#   python3 with torch (CUDA), cupy, grpcio, numpy, protobuf ($PYTHON names another)
 #
 # Usage: bash bench/gpu/worker_checks.sh OUT_DIR
 # Writes at most 4 files into OUT_DIR:
@@ -28,6 +28,7 @@ log=$out/worker_checks.log
 export LD_LIBRARY_PATH=$root/.devrun/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export PYTHONPATH=$root/build/client/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
+python=${PYTHON:-python3}
 failed=0
 daemon_pid=
 daemon_dir=$(mktemp -d)
@@ -70,10 +71,10 @@ timeout 5 nvidia-smi -L >>"$log" 2>&1
 versions="import entrokv.device, torch, cupy, grpc, google.protobuf as p; print('torch', \
 torch.__version__, 'cupy', cupy.__version__, 'protobuf', p.__version__, 'grpcio', grpc.__version__, \
 torch.cuda.get_device_name())"
-if ! timeout 25 python3 -c "$versions" >>"$log" 2>&1; then
+if ! timeout 25 "$python" -c "$versions" >>"$log" 2>&1; then
   echo "== the client did not import; trying the pure-Python protobuf" >>"$log"
   export PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
-  timeout 20 python3 -c "$versions" >>"$log" 2>&1 || failed=$((failed + 1))
+  timeout 20 "$python" -c "$versions" >>"$log" 2>&1 || failed=$((failed + 1))
 fi
 
 # 1. The daemon maps a worker's allocation (in-process daemon, exporter processes): ~10 s.
@@ -82,8 +83,12 @@ ENTROKV_DEVICE_BUFFER_EXPORTER=$bin/device_buffer_exporter \
 rc=$?
 echo "== device_buffer_gpu_test: exit $rc" | tee -a "$log"
 tail -n 5 "$out/device_buffer_gpu_test.txt" >>"$log"
-grep -q "SKIPPED" "$out/device_buffer_gpu_test.txt" && echo "== (a test was SKIPPED: no device?)" >>"$log"
-[ "$rc" -eq 0 ] || failed=$((failed + 1))
+if grep -q "SKIPPED" "$out/device_buffer_gpu_test.txt"; then
+  echo "== device_buffer_gpu_test SKIPPED tests (no usable device?): counted as a failure" >>"$log"
+  failed=$((failed + 1))
+elif [ "$rc" -ne 0 ]; then
+  failed=$((failed + 1))
+fi
 
 # 2. A daemon whose default backend is cuda, on kernel-chosen ports.
 "$bin/entrokvd" --backend=cuda --listen=127.0.0.1:0 --metrics_listen=127.0.0.1:0 \
@@ -103,12 +108,12 @@ fi
 echo "== entrokvd --backend=cuda at $address" | tee -a "$log"
 
 # 3. The CUDA worker against the host worker on the same prompts, poisoned frames on the GPU.
-step cuda_worker_check 60 python3 eval/model/cuda_worker_check.py --server "$address" \
+step cuda_worker_check 60 "$python" eval/model/cuda_worker_check.py --server "$address" \
   --entrokv "$bin/entrokv" --weights eval/model/weights.npz --prompts 4 --length 512 \
   --policies none,page_entrokv,h2o --ratio 0.75 --out "$out/cuda_worker_check.json"
 
 # 4. One decision end to end by statistic source.
-step decision_latency 40 python3 bench/gpu/decision_latency.py --server "$address" \
+step decision_latency 40 "$python" bench/gpu/decision_latency.py --server "$address" \
   --tokens 2048,8192,32768 --repeats 5 --out "$out/decision_latency.json"
 
 echo "== done: $failed step(s) failed, ${SECONDS} s" | tee -a "$log"
