@@ -69,8 +69,8 @@ timeout 5 nvidia-smi -L >>"$log" 2>&1
 # The generated _pb2 files come from protoc 3.21. A protobuf runtime that refuses them (a newer
 # major version) is retried with the pure-Python implementation, which accepts them.
 versions="import entrokv.device, torch, cupy, grpc, google.protobuf as p; print('torch', \
-torch.__version__, 'cupy', cupy.__version__, 'protobuf', p.__version__, 'grpcio', grpc.__version__, \
-torch.cuda.get_device_name())"
+torch.__version__, 'cupy', cupy.__version__, 'protobuf', p.__version__, 'grpcio', \
+grpc.__version__, torch.cuda.get_device_name())"
 if ! timeout 25 "$python" -c "$versions" >>"$log" 2>&1; then
   echo "== the client did not import; trying the pure-Python protobuf" >>"$log"
   export PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python

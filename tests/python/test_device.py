@@ -113,7 +113,8 @@ class DaemonTest(unittest.TestCase):
 
     def test_a_daemon_without_a_gpu_says_so(self):
         before = self.kept()
-        with self.assertRaises((entrokv.UnavailableError, entrokv.FailedPreconditionError)) as raised:
+        refusals = (entrokv.UnavailableError, entrokv.FailedPreconditionError)
+        with self.assertRaises(refusals) as raised:
             self.client.decide("m", "s", region_statistic(1024), layers=[1], pages=1)
         self.assertIn("layers[0].statistic.device_buffer", str(raised.exception))
         self.assertEqual(self.kept(), before)
