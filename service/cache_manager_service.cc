@@ -198,10 +198,11 @@ CacheManagerService::CacheManagerService(const ServerOptions& options, std::stri
       shm_(ShmReader::Access{
           .allowed_uids = options.allowed_shm_uids,
           .is_arena = [this](dev_t dev, ino_t ino) { return registry_.IsArena(dev, ino); }}),
+      device_(CudaDeviceMemory()),
       wire_defaults_(WireDefaults(options)),
-      decider_(wire_defaults_, metrics, &shm_),
+      decider_(wire_defaults_, metrics, &shm_, &device_),
       ranks_(std::chrono::milliseconds(options.rank_wait_ms), options.max_inflight_decisions,
-             int64_t{options.max_inflight_decisions} * options.max_message_bytes, &shm_) {
+             int64_t{options.max_inflight_decisions} * options.max_message_bytes, &shm_, &device_) {
   registry_.UsePressure(ToPressureOptions(options));
 }
 
@@ -337,6 +338,7 @@ absl::Status CacheManagerService::DoUnregisterModel(const v1::UnregisterModelReq
                                                     v1::UnregisterModelResponse* response) {
   RETURN_IF_ERROR(ValidateId("model_id", request.model_id()));
   ASSIGN_OR_RETURN(const int64_t closed, registry_.Unregister(request.model_id(), request.force()));
+  device_.ReleaseModel(request.model_id());
   response->set_closed_sequences(closed);
   return absl::OkStatus();
 }
@@ -429,6 +431,7 @@ absl::Status CacheManagerService::DoCloseSequence(const v1::CloseSequenceRequest
   }
   RETURN_IF_ERROR(info.status());
   RETURN_IF_ERROR(state.CloseSequence(request.sequence_id()));
+  device_.ReleaseSequence(model->id(), request.sequence_id());
   response->set_live_frames(info->live_frames);
   model->RefreshOccupancy();
   return absl::OkStatus();

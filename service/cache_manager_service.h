@@ -11,6 +11,7 @@
 #include "entrokv/v1/cache_manager.grpc.pb.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "service/decider.h"
+#include "service/device_reader.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
 #include "service/options.h"
@@ -58,6 +59,8 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   // Calls admitted and not yet finished.
   [[nodiscard]] int active_calls() const { return active_calls_.load(); }
   [[nodiscard]] ModelRegistry& registry() { return registry_; }
+  // The device_buffer statistics' mappings (tests read what is mapped).
+  [[nodiscard]] DeviceReader& device_reader() { return device_; }
   [[nodiscard]] Decider& decider() { return decider_; }
   [[nodiscard]] const RankGather& ranks() const { return ranks_; }
 
@@ -169,6 +172,7 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   WorkerPool* const workers_;
   ModelRegistry registry_;
   ShmReader shm_;
+  DeviceReader device_;  // device_buffer statistics' mappings, released with their sequences
   const wire::Defaults wire_defaults_;  // WireDefaults(options_), built once
   Decider decider_;
   RankGather ranks_;  // tensor-parallel decisions waiting for their ranks

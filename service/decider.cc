@@ -1,6 +1,6 @@
 // A decision runs in three steps so that a bad request never half-applies:
-//  1. resolve: ids, policy, budget, each layer's statistic (bytes or shared memory) checked
-//     against the model and the sequence's current length;
+//  1. resolve: ids, policy, budget, each layer's statistic (bytes, shared memory or a device
+//     buffer, which is mapped here) checked against the model and the sequence's length;
 //  2. score: the core's fused CPU scorer per layer (the same decisions, bit for bit, as the
 //     reference DecideLayer; it also rejects NaN/negative values);
 //  3. apply: CacheState::ApplyDecisions, every layer at once (all or nothing under the pool's
@@ -58,6 +58,10 @@ struct LayerWork {
   const v1::SharedMemoryRegion* shm = nullptr;
   const ShmSegment* segment = nullptr;
   std::string shm_field;
+  // A device-buffer statistic: mapped and range-checked in step 1, copied to the host like a
+  // shared-memory one just before its layer is scored. A device scorer would read
+  // device->device_data() in place instead.
+  std::optional<DeviceStatistic> device;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
   std::optional<std::vector<double>> cached_weights;
@@ -118,6 +122,18 @@ absl::Status CopyStatistic(const ShmReader& reader, const LayerWork& work, char*
   return segment.Read(work.shm_field, ref.offset_bytes(), ref.length_bytes(), out);
 }
 
+// The statistic of a layer whose values are not in the request (shared memory or a device
+// buffer), in host memory: `out` is resized to its bytes and filled. The one place a host
+// scorer gets a device statistic's bytes (one device-to-host copy).
+absl::Status HostStatistic(const ShmReader& reader, const LayerWork& work, std::vector<char>& out) {
+  if (work.device.has_value()) {
+    out.resize(work.device->length());
+    return work.device->CopyToHost(out.data());
+  }
+  out.resize(work.shm->length_bytes());
+  return CopyStatistic(reader, work, out.data());
+}
+
 }  // namespace
 
 struct Decider::Job {
@@ -140,10 +156,19 @@ struct Decider::Job {
 
 namespace {
 
+// What step 1 reads a device-buffer statistic with, and for whom (its mapping is held for the
+// sequence until it is closed).
+struct Readers {
+  DeviceReader& device;
+  absl::string_view model_id;
+  absl::string_view sequence_id;
+};
+
 // Step 1 for one layer's statistic.
 absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeometry& geometry,
                               int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
-                              HeldSegments& segments, ServiceMetrics& metrics, LayerWork& work) {
+                              HeldSegments& segments, const Readers& readers,
+                              ServiceMetrics& metrics, LayerWork& work) {
   const std::string field = absl::StrCat(work.field, ".statistic");
   const v1::Statistic& stat = input.statistic();
   const bool present = input.has_statistic() && stat.source_case() != v1::Statistic::SOURCE_NOT_SET;
@@ -162,8 +187,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
   }
   if (!present) {
     if (policy.needs_statistic()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ": must carry data or shared_memory for policy ", policy.name()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ": must carry data, shared_memory or device_buffer for policy ", policy.name()));
     }
     return absl::OkStatus();
   }
@@ -187,6 +212,14 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
     }
     data = stat.data().data();
     metrics.AddStatsBytes(StatSource::kBytes, static_cast<int64_t>(expected));
+  } else if (stat.source_case() == v1::Statistic::kDeviceBuffer) {
+    ASSIGN_OR_RETURN(
+        work.device,
+        readers.device.Acquire(absl::StrCat(field, ".device_buffer"), stat.device_buffer(),
+                               expected, DTypeBytes(dtype), readers.model_id, readers.sequence_id));
+    work.dtype = dtype;
+    work.query_heads = stat.query_heads();
+    return absl::OkStatus();
   } else {
     const v1::SharedMemoryRegion& ref = stat.shared_memory();
     const std::string shm_field = absl::StrCat(field, ".shared_memory");
@@ -319,13 +352,13 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     const auto start = Clock::now();
     // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
     // running sum, so the next decision of the layer scores every chunk.
-    if (work.shm != nullptr && (!degrading || work.accumulate)) {
-      copied.resize(work.shm->length_bytes());
-      RETURN_IF_ERROR(CopyStatistic(*shm_, work, copied.data()));
+    if ((work.shm != nullptr || work.device.has_value()) && (!degrading || work.accumulate)) {
+      RETURN_IF_ERROR(HostStatistic(*shm_, work, copied));
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
                                                         job.tokens));
-      metrics_->AddStatsBytes(StatSource::kSharedMemory,
-                              static_cast<int64_t>(work.shm->length_bytes()));
+      metrics_->AddStatsBytes(
+          work.device.has_value() ? StatSource::kDeviceBuffer : StatSource::kSharedMemory,
+          static_cast<int64_t>(copied.size()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
     }
     if (work.accumulate) {
@@ -388,7 +421,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       work.decision = *std::move(decision);
       work.degraded = true;
     }
-    if (work.shm != nullptr) work.view.reset();  // it may point into `copied`
+    if (work.shm != nullptr || work.device.has_value()) work.view.reset();  // into `copied`
   }
   BeforeApplyHook hook;
   {
@@ -578,8 +611,8 @@ void PrepareDeadline(const Request& request, const CallTiming& timing,
 absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
                           const ResolvedPolicy& policy, const ResolvedBudget& quotas,
                           const v1::LayerStatistic& input, bool use_cached_weights,
-                          const ShmReader& shm, HeldSegments& segments, ServiceMetrics& metrics,
-                          LayerWork& work) {
+                          const ShmReader& shm, HeldSegments& segments, DeviceReader& device,
+                          ServiceMetrics& metrics, LayerWork& work) {
   const ModelGeometry& geometry = model.state().geometry();
   if (input.layer() < 0 || input.layer() >= geometry.layers) {
     return absl::InvalidArgumentError(
@@ -593,8 +626,9 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
         ".accumulate: not with budget.auto_budget (a chunk's running sum is kept with a fixed "
         "budget's decision); decide chunks with a fixed budget"));
   }
-  RETURN_IF_ERROR(
-      ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, metrics, work));
+  const Readers readers{.device = device, .model_id = model.id(), .sequence_id = sequence_id};
+  RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, readers,
+                                   metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (!work.cached_weights.has_value()) {
@@ -628,7 +662,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
     work.field = absl::StrCat("layers[", i, "]");
     RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
                                  request.layers(i), request.use_cached_weights(), *shm_,
-                                 job.segments, *metrics_, work));
+                                 job.segments, *device_, *metrics_, work));
     if (!seen.insert(work.layer).second) {
       return absl::InvalidArgumentError(
           absl::StrCat(work.field, ".layer: ", work.layer, " appears twice"));
@@ -658,7 +692,7 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   job.layers[0].field = "layer";
   RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
                                request.layer(), request.use_cached_weights(), *shm_, job.segments,
-                               *metrics_, job.layers[0]));
+                               *device_, *metrics_, job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
   std::vector<v1::LayerDecision*> outputs = {response};
   RETURN_IF_ERROR(Run(model, job, cancelled, outputs));

@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "entrokv/v1/cache_manager.pb.h"
+#include "service/device_reader.h"
 #include "service/device_scorers.h"
 #include "service/metrics.h"
 #include "service/model_registry.h"
@@ -31,8 +32,9 @@ struct CallTiming {
 // serves every worker thread. Blocking (it scores): call it on the worker pool only.
 class Decider {
  public:
-  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm)
-      : defaults_(defaults), metrics_(metrics), shm_(shm) {}
+  Decider(const wire::Defaults& defaults, ServiceMetrics* metrics, ShmReader* shm,
+          DeviceReader* device)
+      : defaults_(defaults), metrics_(metrics), shm_(shm), device_(device) {}
 
   // --scorer: the CUDA scorers that decide the layers of pools they score
   // (DeviceScorers::ScoresPool); null or never set: every layer on the CPU. Set before serving;
@@ -91,6 +93,7 @@ class Decider {
   const wire::Defaults defaults_;
   ServiceMetrics* const metrics_;
   ShmReader* const shm_;
+  DeviceReader* const device_;  // device_buffer statistics; their mappings outlive a decision
   DeviceScorers* device_scorers_ = nullptr;
   mutable absl::Mutex hook_mu_;
   BeforeApplyHook before_apply_hook_ ABSL_GUARDED_BY(hook_mu_);

@@ -150,10 +150,11 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
                             .Name("entrokv_decision_duration_seconds")
                             .Help("Time per layer decision by phase")
                             .Register(*registry_);
-  stats_bytes_ = &prometheus::BuildCounter()
-                      .Name("entrokv_stats_bytes_total")
-                      .Help("Statistic bytes received, by source (bytes or shared_memory)")
-                      .Register(*registry_);
+  stats_bytes_ =
+      &prometheus::BuildCounter()
+           .Name("entrokv_stats_bytes_total")
+           .Help("Statistic bytes received, by source (bytes, shared_memory or device_buffer)")
+           .Register(*registry_);
   rpc_requests_ = &prometheus::BuildCounter()
                        .Name("entrokv_rpc_requests_total")
                        .Help("Finished RPCs by method and status code")
@@ -220,6 +221,7 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
   }
   stats_bytes_by_source_[0] = &stats_bytes_->Add({{"source", "bytes"}});
   stats_bytes_by_source_[1] = &stats_bytes_->Add({{"source", "shared_memory"}});
+  stats_bytes_by_source_[2] = &stats_bytes_->Add({{"source", "device_buffer"}});
 }
 
 PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups,

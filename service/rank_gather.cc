@@ -23,7 +23,8 @@ using Clock = std::chrono::steady_clock;
 // rows of `tokens` values. Empty when the layer carries no statistic (policies needing none).
 absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index, int ranks,
                                      int rank, int query_heads, int64_t sequence_tokens,
-                                     const ShmReader& shm) {
+                                     const ShmReader& shm, DeviceReader& device,
+                                     absl::string_view model_id, absl::string_view sequence_id) {
   if (!layer.has_statistic() || layer.statistic().source_case() == v1::Statistic::SOURCE_NOT_SET) {
     return std::string();
   }
@@ -51,6 +52,14 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
           absl::StrCat(field, ".data: ", stat.data().size(), " bytes, expected ", expected));
     }
     return stat.data();
+  }
+  if (stat.source_case() == v1::Statistic::kDeviceBuffer) {
+    ASSIGN_OR_RETURN(const DeviceStatistic statistic,
+                     device.Acquire(absl::StrCat(field, ".device_buffer"), stat.device_buffer(),
+                                    expected, DTypeBytes(dtype), model_id, sequence_id));
+    std::string rows(expected, '\0');
+    RETURN_IF_ERROR(statistic.CopyToHost(rows.data()));
+    return rows;
   }
   const v1::SharedMemoryRegion& region = stat.shared_memory();
   const std::string shm_field = absl::StrCat(field, ".shared_memory");
@@ -101,10 +110,13 @@ std::string KeyOf(const Model& model, const v1::DecideRequest& request) {
 }  // namespace
 
 RankGather::RankGather(std::chrono::milliseconds wait, int max_sets, int64_t max_bytes,
-                       const ShmReader* shm)
-    : wait_(wait), max_sets_(max_sets), max_bytes_(max_bytes), shm_(shm), timer_([this] {
-        ExpireLoop();
-      }) {}
+                       const ShmReader* shm, DeviceReader* device)
+    : wait_(wait),
+      max_sets_(max_sets),
+      max_bytes_(max_bytes),
+      shm_(shm),
+      device_(device),
+      timer_([this] { ExpireLoop(); }) {}
 
 RankGather::~RankGather() {
   std::vector<Set> left;
@@ -152,8 +164,9 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
                    model.state().SequenceLength(request.sequence_id()));
   std::vector<std::string> rows;
   for (int i = 0; i < request.layers_size(); ++i) {
-    ASSIGN_OR_RETURN(std::string layer_rows, RankRows(request.layers(i), i, ranks, rank,
-                                                      query_heads, sequence_tokens, *shm_));
+    ASSIGN_OR_RETURN(std::string layer_rows,
+                     RankRows(request.layers(i), i, ranks, rank, query_heads, sequence_tokens,
+                              *shm_, *device_, model.id(), request.sequence_id()));
     rows.push_back(std::move(layer_rows));
   }
   v1::DecideRequest shape = ShapeOf(request);

@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "entrokv/v1/cache_manager.pb.h"
+#include "service/device_reader.h"
 #include "service/model_registry.h"
 #include "service/shm_reader.h"
 
@@ -41,8 +42,10 @@ class RankGather {
 
   // `wait`: how long a set waits for its last rank after its first; `max_sets`: sets waiting
   // at once, and `max_bytes`: statistic bytes the waiting ranks hold together, more get
-  // RESOURCE_EXHAUSTED; `shm` reads statistics in shared memory and must outlive this.
-  RankGather(std::chrono::milliseconds wait, int max_sets, int64_t max_bytes, const ShmReader* shm);
+  // RESOURCE_EXHAUSTED; `shm` and `device` read statistics in shared memory and in device
+  // buffers (a rank's is copied to the host when it comes) and must outlive this.
+  RankGather(std::chrono::milliseconds wait, int max_sets, int64_t max_bytes, const ShmReader* shm,
+             DeviceReader* device);
   // Every set still waiting gets UNAVAILABLE.
   ~RankGather();
   RankGather(const RankGather&) = delete;
@@ -89,6 +92,7 @@ class RankGather {
   const int max_sets_;
   const int64_t max_bytes_;
   const ShmReader* const shm_;
+  DeviceReader* const device_;
   mutable absl::Mutex mu_;
   absl::flat_hash_map<std::string, Set> sets_ ABSL_GUARDED_BY(mu_);
   int64_t held_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // every set's bytes

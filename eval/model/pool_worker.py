@@ -120,6 +120,22 @@ class HostArena:
         """Index of a group's slice inside a frame."""
         return group if self.groups_per_frame > 1 else 0
 
+    # -- the KV storage interface PoolKV uses (CudaArena in pool_worker_cuda.py has the same) --
+    def store(self, frames: np.ndarray, slot: int, slots: np.ndarray, k, v) -> None:
+        """K and V rows [n, head_dim] into slots `slots` of frames `frames` (both [n])."""
+        self.frames[frames, slot, 0, slots] = k
+        self.frames[frames, slot, 1, slots] = v
+
+    def load(self, frames: np.ndarray, slot: int, keep: Optional[np.ndarray]):
+        """K and V of every slot of `frames`, [len(frames) * page_size, head_dim] float32 each,
+        the rows where `keep` (None: all) is true."""
+        block = self.frames[frames, slot]  # [pages, 2, B, D], a copy
+        d = block.shape[-1]
+        k, v = block[:, 0].reshape(-1, d), block[:, 1].reshape(-1, d)
+        if keep is not None:
+            k, v = k[keep], v[keep]
+        return k.astype(np.float32, copy=False), v.astype(np.float32, copy=False)
+
     def close(self) -> None:
         self.frames = None
         self._map.close()
@@ -193,30 +209,24 @@ class PoolKV:
             if np.any(frames < 0):
                 raise RuntimeError(f"sequence {self.sequence_id}: layer {layer} group {group} "
                                    "writes a page that has no frame (evicted)")
-            s = arena.slot(group)
-            arena.frames[frames, s, 0, slots] = k[group]
-            arena.frames[frames, s, 1, slots] = v[group]
+            arena.store(frames, arena.slot(group), slots, k[group], v[group])
         self.valid[layer, :, positions] = True
 
     def read(self, layer: int):
         arena, b = self.worker.arena, self.worker.page_size
-        d = self.worker.model.config.head_dim
         pages_total = -(-self.length // b)
         keys, values, cached = [], [], []
         for group in range(self.tables.shape[1]):
             table = self.tables[layer, group, :pages_total]
             pages = np.flatnonzero(table >= 0)
-            block = arena.frames[table[pages], arena.slot(group)]  # [pages, 2, B, D], a copy
             positions = (pages[:, None] * b + np.arange(b)[None, :]).reshape(-1)
             readable = positions < self.length
             readable[readable] = self.valid[layer, group, positions[readable]]
-            k = block[:, 0].reshape(-1, d)
-            v = block[:, 1].reshape(-1, d)
-            if not readable.all():
-                k, v, positions = k[readable], v[readable], positions[readable]
-            keys.append(k.astype(np.float32, copy=False))
-            values.append(v.astype(np.float32, copy=False))
-            cached.append(positions)
+            keep = None if readable.all() else readable
+            k, v = arena.load(table[pages], arena.slot(group), keep)
+            keys.append(k)
+            values.append(v)
+            cached.append(positions if keep is None else positions[keep])
         return keys, values, cached
 
 
@@ -242,7 +252,13 @@ class RunResult:
 # ---- the worker -------------------------------------------------------------------------------
 class PoolWorker:
     """The model served through entrokvd. Thread-safe: sequences may run on several threads
-    (each sequence on one thread at a time)."""
+    (each sequence on one thread at a time).
+
+    The pool's backend and where K/V and statistics live are the few methods a subclass
+    changes (pool_worker_cuda.CudaPoolWorker: the daemon's CUDA arena, statistics sent as
+    device buffers): BACKEND, _open_arena, _statistic_rows, _outgoing and _kept."""
+
+    BACKEND = "host"
 
     def __init__(self, client: entrokv.Client, model: numpy_model.Model,
                  registry: policy_registry.Registry, *, model_id: Optional[str] = None,
@@ -267,7 +283,8 @@ class PoolWorker:
         try:
             pool = client.register_model(self.model_id,
                                          capacity_bytes=capacity_frames * frame_bytes,
-                                         frame_layout=frame_layout, backend="host", **geometry)
+                                         frame_layout=frame_layout, backend=self.BACKEND,
+                                         **geometry)
         except entrokv.AlreadyExistsError:  # an earlier run's pool: usable if it is the same shape
             pool = client.get_model(self.model_id)
             if (dataclasses.asdict(pool.geometry) != geometry or
@@ -275,10 +292,27 @@ class PoolWorker:
                 raise ValueError(f"model {self.model_id} is registered with another geometry "
                                  f"or layout: {pool}") from None
         self.pool = pool
-        self.arena = HostArena(pool, element)
+        self.arena = self._open_arena(pool, element)
         self._ids = itertools.count()
         self._prefix = f"p{os.getpid()}-{time.monotonic_ns() % 10**9}"
         self._lock = threading.Lock()
+
+    # -- what a backend changes --
+    def _open_arena(self, pool: entrokv.PoolInfo, element: str):
+        """The pool's arena with HostArena's store/load/slot/close."""
+        return HostArena(pool, element)
+
+    def _statistic_rows(self, groups: list):
+        """One layer's per-group statistics [r, n] as [query_heads, n] (groups in order)."""
+        return np.concatenate(groups, axis=0)
+
+    def _outgoing(self, kv: "PoolKV", layer: int, statistic):
+        """What DecideStream carries for a layer's statistic: here the array itself."""
+        return statistic
+
+    def _kept(self, statistic) -> np.ndarray:
+        """A statistic kept on the sequence for later decisions, as a host array."""
+        return statistic
 
     def close(self, unregister: bool = False) -> None:
         self.arena.close()
@@ -339,13 +373,13 @@ class PoolWorker:
             windows = sorted({rows[k] for k in kinds})
             layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
 
-            def statistic(stat: Dict[int, List[np.ndarray]], kind: str) -> np.ndarray:
-                s = np.concatenate(stat[rows[kind]], axis=0)  # [query_heads, n]: groups in order
-                return s * np.float32(n) if kind == "accumulated" else s  # column sums
+            def statistic(stat: Dict[int, list], kind: str):
+                s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
+                return s * float(n) if kind == "accumulated" else s  # column sums
 
             if not deciding:
                 def keep(layer, stat):
-                    layer_stats[layer] = {k: statistic(stat, k) for k in kinds}
+                    layer_stats[layer] = {k: self._kept(statistic(stat, k)) for k in kinds}
                 kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep)
                 kv.stats = {k: np.stack([layer_stats[l][k] for l in sorted(layer_stats)])
                             for k in kinds}
@@ -368,7 +402,8 @@ class PoolWorker:
             try:
                 kv.prefill_logits = self.model.step(
                     prompt, np.arange(n), kv, windows,
-                    lambda layer, stat: outbox.put((layer, statistic(stat, self.kind(policy)))))
+                    lambda layer, stat: outbox.put(
+                        (layer, self._outgoing(kv, layer, statistic(stat, self.kind(policy))))))
             finally:
                 outbox.put(None)
                 receiver.join()

@@ -2,6 +2,7 @@
 
 from entrokv.client import NO_DECISION_CODES, Client, retry_service_config, statistic_message
 from entrokv.daemon import DaemonAddresses, parse_listening_line
+from entrokv.device import DeviceBuffer, device_statistic, map_arena
 from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
                             DeadlineExceededError, EntrokvError, FailedPreconditionError,
                             InternalError, InvalidArgumentError, NotFoundError, OutOfRangeError,
@@ -15,7 +16,7 @@ Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
     "Client", "NO_DECISION_CODES", "retry_service_config", "statistic_message",
-    "DaemonAddresses", "parse_listening_line",
+    "DaemonAddresses", "parse_listening_line", "DeviceBuffer", "device_statistic", "map_arena",
     "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",
     "DataLossError", "DeadlineExceededError", "FailedPreconditionError", "InternalError",
     "InvalidArgumentError", "NotFoundError", "OutOfRangeError", "PermissionDeniedError",

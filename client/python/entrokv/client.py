@@ -139,6 +139,12 @@ def _layer_statistic(item: Any, dtype: Optional[str], kind: Optional[str] = None
     if accumulate and kind != "accumulated":
         raise ValueError("accumulate: a chunk is added to a running sum of column sums; pass "
                          "kind='accumulated'")
+    if isinstance(array, types.Statistic):  # built already: a device buffer (entrokv.device)
+        statistic = types.Statistic()
+        statistic.CopyFrom(array)
+        if kind is not None:
+            statistic.kind = _choice("kind", kind, STATISTIC_KINDS)
+        return pb.LayerStatistic(layer=int(layer), statistic=statistic, accumulate=accumulate)
     return pb.LayerStatistic(layer=int(layer), statistic=statistic_message(array, dtype, kind),
                              accumulate=accumulate)
 
@@ -449,12 +455,19 @@ class Client:
                         auto_floor: Optional[float] = None, params: Optional[dict] = None,
                         rank: int = 0, **more_params) -> "pb.DecideRequest":
         params = dict(params or {}, **more_params)
-        stats = np.asarray(stats)
-        if stats.ndim == 2:
-            stats = stats[np.newaxis]
-        indices = list(layers) if layers is not None else list(range(stats.shape[0]))
-        if len(indices) != stats.shape[0]:
-            raise ValueError(f"layers: {len(indices)} indices for {stats.shape[0]} statistics")
+        if isinstance(stats, types.Statistic):
+            stats = [stats]
+        if (isinstance(stats, (list, tuple)) and stats
+                and any(isinstance(item, types.Statistic) for item in stats)):
+            # Statistic messages (entrokv.device.device_statistic), or arrays among them.
+            stats = list(stats)
+        else:
+            stats = np.asarray(stats)
+            if stats.ndim == 2:
+                stats = stats[np.newaxis]
+        indices = list(layers) if layers is not None else list(range(len(stats)))
+        if len(indices) != len(stats):
+            raise ValueError(f"layers: {len(indices)} indices for {len(stats)} statistics")
         return pb.DecideRequest(
             model_id=model_id, sequence_id=sequence_id,
             layers=[_layer_statistic((index, stats[i]), dtype, kind, accumulate)
