@@ -1,6 +1,7 @@
 #include "core/scoring/layer_scope.h"
 
 #include <algorithm>
+#include <bit>
 
 #include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
@@ -95,11 +96,46 @@ void CombineGroupScores(std::span<const std::span<const float>> group_scores, La
   }
 }
 
+namespace {
+
+// Sets `set`'s pages (ascending) in `bits`, a word at a time: consecutive pages share a word, so
+// it is built in a register rather than read and written back per page.
+void AddToBitmap(const std::vector<int32_t>& set, std::vector<uint64_t>& bits) {
+  size_t at = 0;
+  uint64_t word = 0;
+  for (const int32_t page : set) {
+    const size_t index = static_cast<uint32_t>(page) >> 6;
+    if (index != at) {
+      bits[at] |= word;
+      at = index;
+      word = 0;
+    }
+    word |= uint64_t{1} << (static_cast<uint32_t>(page) & 63);
+  }
+  if (!bits.empty()) bits[at] |= word;
+}
+
+// The pages of `sets` (ascending, distinct) as a bitmap: linear in the pages kept.
+std::vector<uint64_t> PageBitmap(std::span<const std::vector<int32_t>> sets) {
+  int32_t last = -1;
+  for (const auto& set : sets) {
+    if (!set.empty()) last = std::max(last, set.back());
+  }
+  std::vector<uint64_t> bits(static_cast<size_t>(last + 64) / 64, 0);
+  for (const auto& set : sets) AddToBitmap(set, bits);
+  return bits;
+}
+
+}  // namespace
+
 std::vector<int32_t> UnionOfPages(std::span<const std::vector<int32_t>> sets) {
   std::vector<int32_t> all;
-  for (const auto& set : sets) all.insert(all.end(), set.begin(), set.end());
-  std::sort(all.begin(), all.end());
-  all.erase(std::unique(all.begin(), all.end()), all.end());
+  const std::vector<uint64_t> bits = PageBitmap(sets);
+  for (size_t word = 0; word < bits.size(); ++word) {
+    for (uint64_t w = bits[word]; w != 0; w &= w - 1) {
+      all.push_back(static_cast<int32_t>(word * 64 + static_cast<size_t>(std::countr_zero(w))));
+    }
+  }
   return all;
 }
 
@@ -116,7 +152,13 @@ std::vector<std::vector<int32_t>> KeptPerGroup(const LayerDecision& decision) {
 
 void FinishGroupScope(LayerDecision* decision) {
   decision->scope = SelectionScope::kGroup;
-  decision->union_pages = static_cast<int64_t>(UnionOfPages(KeptPerGroup(*decision)).size());
+  // Counted on a bitmap of the layer's pages: linear in the pages kept (a sort of every group's
+  // pages was the largest cost of a whole-model decision on a GPU).
+  std::vector<uint64_t> bits(static_cast<size_t>(decision->page_count + 63) / 64, 0);
+  for (const GroupDecision& group : decision->groups) AddToBitmap(group.kept_pages, bits);
+  int64_t count = 0;
+  for (const uint64_t word : bits) count += std::popcount(word);
+  decision->union_pages = count;
   decision->group_scope_union_pages = decision->union_pages;
 }
 
