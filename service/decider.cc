@@ -59,8 +59,8 @@ struct LayerWork {
   const ShmSegment* segment = nullptr;
   std::string shm_field;
   // A device-buffer statistic: mapped and range-checked in step 1, copied to the host like a
-  // shared-memory one just before its layer is scored. A device scorer would read
-  // device->device_data() in place instead.
+  // shared-memory one just before its layer is scored, unless the CUDA scorer scores the pool on
+  // the statistic's device: it then reads device->device_data() in place.
   std::optional<DeviceStatistic> device;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
@@ -352,7 +352,16 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     const auto start = Clock::now();
     // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
     // running sum, so the next decision of the layer scores every chunk.
-    if ((work.shm != nullptr || work.device.has_value()) && (!degrading || work.accumulate)) {
+    // A device_buffer statistic on the device that scores the pool is read there in place.
+    const bool in_place = on_device && work.device.has_value() && !work.accumulate &&
+                          work.device->device() == scoring_device;
+    if (in_place && !degrading) {
+      ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.device->device_data(), work.dtype,
+                                                        work.query_heads, job.tokens));
+      metrics_->AddStatsBytes(StatSource::kDeviceBuffer,
+                              static_cast<int64_t>(work.device->length()));
+    } else if ((work.shm != nullptr || work.device.has_value()) &&
+               (!degrading || work.accumulate)) {
       RETURN_IF_ERROR(HostStatistic(*shm_, work, copied));
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(copied.data(), work.dtype, work.query_heads,
                                                         job.tokens));
@@ -392,9 +401,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       request.live_pages = work.live_pages;
       const auto score_start = Clock::now();
       absl::StatusOr<LayerDecision> decision =
-          on_device ? device_scorers_->DecideLayer(scoring_device, *job.policy.policy,
-                                                   job.policy.options, request)
-                    : scorer.DecideLayer(*job.policy.policy, request);
+          in_place    ? device_scorers_->DecideLayerInPlace(scoring_device, *job.policy.policy,
+                                                            job.policy.options, request)
+          : on_device ? device_scorers_->DecideLayer(scoring_device, *job.policy.policy,
+                                                     job.policy.options, request)
+                      : scorer.DecideLayer(*job.policy.policy, request);
       metrics_->ObservePhase(Phase::kScore, SecondsSince(score_start));
       if (absl::IsCancelled(decision.status())) {
         if (cancelled()) {

@@ -84,19 +84,39 @@ bool DeviceScorers::ScoresPool(Backend backend) const {
   return setting_ == ScorerSetting::kCuda || backend == Backend::kCuda;
 }
 
-absl::StatusOr<LayerDecision> DeviceScorers::DecideLayer(int device, const Policy& policy,
-                                                         const PolicyOptions& options,
-                                                         const LayerRequest& request) {
+#if defined(ENTROKV_HAVE_CUDA)
+namespace {
+
+// One layer with a lent scorer, whose statistic is in host memory or (in_place) the device's.
+absl::StatusOr<LayerDecision> DecideLent(cuda::Scorer& scorer, bool in_place, const Policy& policy,
+                                         const PolicyOptions& options,
+                                         const LayerRequest& request) {
+  const std::span<const LayerRequest> one(&request, 1);
+  absl::StatusOr<std::vector<LayerDecision>> decisions =
+      in_place ? scorer.DecideModelOnDevice(policy, options, one)
+               : scorer.DecideModel(policy, options, one);
+  if (!decisions.ok()) return decisions.status();
+  return std::move(decisions->front());
+}
+
+}  // namespace
+#endif
+
+absl::StatusOr<LayerDecision> DeviceScorers::Decide(int device, bool in_place, const Policy& policy,
+                                                    const PolicyOptions& options,
+                                                    const LayerRequest& request) {
 #if defined(ENTROKV_HAVE_CUDA)
   if (lender_ != nullptr) {
     ASSIGN_OR_RETURN(std::unique_ptr<cuda::Scorer> scorer, lender_->Take(device));
-    absl::StatusOr<std::vector<LayerDecision>> decisions =
-        scorer->DecideModel(policy, options, std::span<const LayerRequest>(&request, 1));
+    absl::StatusOr<LayerDecision> decision =
+        DecideLent(*scorer, in_place, policy, options, request);
     lender_->Give(std::move(scorer));
-    if (!decisions.ok()) return decisions.status();
-    return std::move(decisions->front());
+    return decision;
   }
 #endif
+  if (in_place) {
+    return absl::InternalError("scoring: a statistic in device memory with no device scorer");
+  }
   FusedScorer scorer(options);
   return scorer.DecideLayer(policy, request);
 }

@@ -35,9 +35,24 @@ class DeviceScorers {
   // same result as FusedScorer::DecideLayer.
   [[nodiscard]] absl::StatusOr<LayerDecision> DecideLayer(int device, const Policy& policy,
                                                           const PolicyOptions& options,
-                                                          const LayerRequest& request);
+                                                          const LayerRequest& request) {
+    return Decide(device, /*in_place=*/false, policy, options, request);
+  }
+  // The same with the request's statistic in `device`'s memory (a worker's device_buffer read in
+  // place): scored there when the CUDA scorer takes the request (cuda::ScoresOnDevice), else
+  // copied to the host once and scored on the CPU. REQUIRES: ScoresPool was true (INTERNAL
+  // otherwise: a host scorer cannot read device memory).
+  [[nodiscard]] absl::StatusOr<LayerDecision> DecideLayerInPlace(int device, const Policy& policy,
+                                                                 const PolicyOptions& options,
+                                                                 const LayerRequest& request) {
+    return Decide(device, /*in_place=*/true, policy, options, request);
+  }
 
  private:
+  [[nodiscard]] absl::StatusOr<LayerDecision> Decide(int device, bool in_place,
+                                                     const Policy& policy,
+                                                     const PolicyOptions& options,
+                                                     const LayerRequest& request);
   struct Lender;
   DeviceScorers(ScorerSetting setting, std::unique_ptr<Lender> lender, std::string description);
 

@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <optional>
 #include <utility>
@@ -106,6 +107,15 @@ class PinnedBuffer {
   size_t capacity_ = 0;
 };
 
+// A host copy of a statistic in device memory, in *bytes.
+absl::StatusOr<StatisticView> HostCopy(const StatisticView& view, std::vector<char>* bytes) {
+  bytes->resize(static_cast<size_t>(view.query_heads()) * static_cast<size_t>(view.tokens()) *
+                static_cast<size_t>(DTypeBytes(view.dtype())));
+  RETURN_IF_ERROR(CudaCall(
+      cudaMemcpy(bytes->data(), view.data(), bytes->size(), cudaMemcpyDeviceToHost), "cudaMemcpy"));
+  return StatisticView::Create(bytes->data(), view.dtype(), view.query_heads(), view.tokens());
+}
+
 // Restores the calling thread's device when it goes.
 class DeviceScope {
  public:
@@ -180,6 +190,8 @@ struct Scorer::State {
   DeviceBuffer<uint32_t> keys;
   DeviceBuffer<int32_t> kept;
   PinnedBuffer<int32_t> host_kept;
+  DeviceBuffer<uint32_t> union_bits;  // per layer, the pages any group keeps
+  PinnedBuffer<uint32_t> host_union_bits;
   std::vector<double> host_sums, host_weights, host_page_sums;
   std::vector<float> host_page_max, host_head_max;
   std::vector<int> host_bad;
@@ -429,12 +441,23 @@ absl::Status Scorer::State::SelectOnDevice(
     RETURN_IF_ERROR(live.Reserve(live_flat.size()));
     RETURN_IF_ERROR(to_device(live.data(), live_flat.data(), live_flat.size()));
   }
-  RETURN_IF_ERROR(CudaCall(
-      static_cast<cudaError_t>(kernels::LaunchSelect(
-          static_cast<int>(group_count), page_max.data(), pages, any_live ? live.data() : nullptr,
-          select_plan.data() + 2 * group_count, protected_pages.data(), select_plan.data(),
-          select_plan.data() + group_count, keys.data(), kept.data(), stream)),
-      "select kernel"));
+  const size_t union_words = count * static_cast<size_t>((pages + 31) / 32);
+  RETURN_IF_ERROR(union_bits.Reserve(union_words));
+  RETURN_IF_ERROR(host_union_bits.Reserve(union_words));
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemsetAsync(union_bits.data(), 0, union_words * sizeof(uint32_t), stream),
+               "cudaMemsetAsync"));
+  RETURN_IF_ERROR(
+      CudaCall(static_cast<cudaError_t>(kernels::LaunchSelect(
+                   static_cast<int>(group_count), page_max.data(), pages,
+                   any_live ? live.data() : nullptr, select_plan.data() + 2 * group_count,
+                   protected_pages.data(), select_plan.data(), select_plan.data() + group_count,
+                   keys.data(), kept.data(), groups, union_bits.data(), stream)),
+               "select kernel"));
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemcpyAsync(host_union_bits.data(), union_bits.data(),
+                               union_words * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
+               "cudaMemcpyAsync"));
   host_bad.resize(count);
   RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_kept.data(), kept.data(),
                                            static_cast<size_t>(total_kept) * sizeof(int32_t),
@@ -470,7 +493,14 @@ absl::Status Scorer::State::SelectOnDevice(
       const int32_t* begin = host_kept.data() + out_offsets[lg];
       group.kept_pages.assign(begin, begin + quotas[lg]);
     }
-    GroupFinisher::FinishLayer(options, request, {}, {}, &decision);
+    // FinishGroupScope's union, from the layer's bitmap the device set.
+    const size_t words = static_cast<size_t>((pages + 31) / 32);
+    int64_t union_pages = 0;
+    for (size_t w = 0; w < words; ++w)
+      union_pages += std::popcount(host_union_bits.data()[i * words + w]);
+    decision.scope = SelectionScope::kGroup;
+    decision.union_pages = union_pages;
+    decision.group_scope_union_pages = union_pages;
     results[l] = std::move(decision);
   }
   return absl::OkStatus();
@@ -490,8 +520,16 @@ absl::StatusOr<std::vector<LayerDecision>> Scorer::State::Decide(
     } else if (absl::Status cancelled = CheckCancelled(request, 0); !cancelled.ok()) {
       results[l] = cancelled;
     } else if (!ScoresOnDevice(policy, options, request)) {
+      // Decided on the CPU: from the host view, or from a host copy of a device statistic.
       if (!cpu.has_value()) cpu.emplace(options);
-      results[l] = cpu->DecideLayer(policy, host != nullptr ? host[l] : request);
+      if (host != nullptr || !request.statistic.has_value()) {
+        results[l] = cpu->DecideLayer(policy, host != nullptr ? host[l] : request);
+      } else {
+        std::vector<char> bytes;
+        LayerRequest copy = request;
+        ASSIGN_OR_RETURN(copy.statistic, HostCopy(*request.statistic, &bytes));
+        results[l] = cpu->DecideLayer(policy, copy);
+      }
     } else {
       on_device.push_back(l);
     }

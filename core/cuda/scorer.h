@@ -45,7 +45,8 @@ class Scorer {
       const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests);
 
   // The same with every request's statistic view pointing at memory on this scorer's device
-  // (a worker's buffer, or one the caller copied there). REQUIRES: ScoresOnDevice for each.
+  // (a worker's buffer, or one the caller copied there); a request ScoresOnDevice refuses is
+  // copied to the host and decided by the fused CPU path.
   [[nodiscard]] absl::StatusOr<std::vector<LayerDecision>> DecideModelOnDevice(
       const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests);
 

@@ -199,7 +199,8 @@ __device__ __forceinline__ int BlockRank(bool flag, int* warp_counts, int* total
 __global__ void __launch_bounds__(kSelectThreads)
     SelectKernel(const float* page_max, int64_t pages, const uint8_t* live,
                  const int64_t* protected_offsets, const int32_t* protected_pages,
-                 const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out) {
+                 const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out,
+                 int groups, uint32_t* layer_bits) {
   const int lg = blockIdx.x;
   const int64_t quota = quotas[lg];
   if (quota <= 0) return;
@@ -265,6 +266,12 @@ __global__ void __launch_bounds__(kSelectThreads)
     int kept_here = 0;
     const int position = BlockRank(keep, warp_counts, &kept_here);
     if (keep) kept[kept_before + position] = static_cast<int32_t>(p);
+    // The layer's union: a warp's 32 pages are one word of its bitmap.
+    const unsigned word = __ballot_sync(0xffffffffu, keep);
+    if ((threadIdx.x & 31) == 0 && word != 0) {
+      const int64_t words = (pages + 31) / 32;
+      atomicOr(layer_bits + static_cast<int64_t>(lg / groups) * words + (p >> 5), word);
+    }
     equals_before += equals_here;
     kept_before += kept_here;
   }
@@ -329,10 +336,11 @@ int LaunchPoolElement(const Batch& batch, int pool, const double* weights, doubl
 int LaunchSelect(int group_count, const float* page_max, int64_t pages, const uint8_t* live,
                  const int64_t* protected_offsets, const int32_t* protected_pages,
                  const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out,
-                 void* stream) {
+                 int groups, uint32_t* layer_bits, void* stream) {
   SelectKernel<<<static_cast<unsigned>(group_count), kSelectThreads, 0,
-                 static_cast<cudaStream_t>(stream)>>>(
-      page_max, pages, live, protected_offsets, protected_pages, quotas, out_offsets, keys, out);
+                 static_cast<cudaStream_t>(stream)>>>(page_max, pages, live, protected_offsets,
+                                                      protected_pages, quotas, out_offsets, keys,
+                                                      out, groups, layer_bits);
   return static_cast<int>(cudaGetLastError());
 }
 

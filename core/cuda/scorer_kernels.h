@@ -45,11 +45,13 @@ int LaunchPool(const Batch& batch, int pool, const double* weights, double scale
 // live page and 0 for an evicted one where live[lg * pages + b] is given (live null: every page
 // live), bit 31 for the protected pages protected_pages[protected_offsets[lg] ..
 // protected_offsets[lg + 1]); the quotas[lg] largest keys are kept, ties to the lower page, and
-// written ascending to out[out_offsets[lg] ...]. keys holds groups * pages scratch keys.
+// written ascending to out[out_offsets[lg] ...]. keys holds groups * pages scratch keys. Each
+// kept page's bit is set in its layer's bitmap, layer_bits[l * ceil(pages / 32) ...] (zeroed by
+// the caller; l = lg / groups): the union of the layer's groups.
 int LaunchSelect(int group_count, const float* page_max, int64_t pages, const uint8_t* live,
                  const int64_t* protected_offsets, const int32_t* protected_pages,
                  const int64_t* quotas, const int64_t* out_offsets, uint32_t* keys, int32_t* out,
-                 void* stream);
+                 int groups, uint32_t* layer_bits, void* stream);
 
 }  // namespace entrokv::cuda::kernels
 

@@ -142,6 +142,36 @@ TEST(CudaScorerTest, LongRowsAndEveryPolicyAtModelShapes) {
   }
 }
 
+// Pages longer than a pooling tile (2048 tokens) and up to the device's 4096-token limit.
+TEST(CudaScorerTest, PagesLongerThanATile) {
+  if (!HaveGpu()) GTEST_SKIP() << "no GPU here";
+  std::mt19937_64 rng(TestSeed());
+  for (const int page_size : {2049, 3000, 4096}) {
+    PolicyOptions options;
+    options.page_size = page_size;
+    options.protections.tail_page = true;
+    const int64_t tokens = 3 * page_size + 17;
+    const Statistic statistic(DType::kBFloat16, 4, tokens,
+                              testing::RandomValues(rng, 4, tokens, 4));
+    for (const absl::string_view name : FusedPolicyNames()) {
+      for (const bool measure : {false, true}) {
+        SCOPED_TRACE(::testing::Message() << name << " B " << page_size << " measure " << measure);
+        LayerRequest request = LayerRequestFor(statistic.View(), 4, 2, tokens, 2);
+        request.measure = measure;
+        const Policy& policy = **FindPolicy(name);
+        ENTROKV_ASSERT_OK_AND_ASSIGN(
+            const std::vector<LayerDecision> expected,
+            DecideModel(policy, options, std::span<const LayerRequest>(&request, 1), 1));
+        ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0));
+        ENTROKV_ASSERT_OK_AND_ASSIGN(
+            const std::vector<LayerDecision> actual,
+            scorer->DecideModel(policy, options, std::span<const LayerRequest>(&request, 1)));
+        ExpectSameDecision(expected[0], actual[0]);
+      }
+    }
+  }
+}
+
 TEST(CudaScorerTest, BadValuesGetTheCpuPathsErrorInLayerOrder) {
   if (!HaveGpu()) GTEST_SKIP() << "no GPU here";
   const PolicyOptions options;
