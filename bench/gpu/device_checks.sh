@@ -4,9 +4,10 @@
 # PyTorch, and the CUDA worker's checks. Every step has its own time limit and the script goes on
 # after a failure, so one run reports everything; it exits non-zero if any step failed.
 #
-# Needs, from the project root: .devrun/ (../shared/tools/device-bundle.sh build entrokvd entrokv
-# cuda_device_test cuda_scorer_test pool_cuda_test service_gpu_test, and the worker checks'
-# binaries), build/client/python (the generated Python client), python3 with torch.
+# Needs, from the project root: .devrun/ (the binaries below with their libraries: entrokvd entrokv
+# cuda_device_test cuda_scorer_test pool_cuda_test service_gpu_test device_buffer_gpu_test
+# device_buffer_exporter), build/client/python (the generated Python client), python3 with
+# torch and cupy.
 # Usage: bash bench/gpu/device_checks.sh OUT_DIR
 set -uo pipefail
 out=${1:?usage: device_checks.sh OUT_DIR}
@@ -28,20 +29,26 @@ step() {  # step NAME SECONDS COMMAND...
 
 { nvidia-smi -L; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv; } >>"$log" 2>&1
 for test in cuda_device_test pool_cuda_test cuda_scorer_test service_gpu_test; do
-  step "$test" 120 "$bin/$test" --gtest_brief=1
+  step "$test" 60 "$bin/$test" --gtest_brief=1
+  if ((${#failed[@]})) && [ "${failed[-1]}" = "$test" ] && command -v cuda-gdb >/dev/null; then
+    # A crash's host and device stack, for the log.
+    timeout -k 5 120 cuda-gdb -batch -ex run -ex bt -ex "info cuda kernels" \
+      --args "$bin/$test" >>"$log" 2>&1
+  fi
 done
-# The sanitizers over the kernels, on fewer random trials (odd shapes, both selection paths, every
-# policy and dtype) and the bad values.
-sanitize_filter='CudaScorerTest.Matches*:CudaScorerTest.BadValues*'
-step memcheck 150 env ENTROKV_GPU_TRIALS=60 compute-sanitizer --tool memcheck --error-exitcode 1 \
-  "$bin/cuda_scorer_test" --gtest_filter="$sanitize_filter" --gtest_brief=1
-step racecheck 120 env ENTROKV_GPU_TRIALS=12 compute-sanitizer --tool racecheck --error-exitcode 1 \
-  "$bin/cuda_scorer_test" --gtest_filter="$sanitize_filter" --gtest_brief=1
-step scoring-bench 240 python3 bench/gpu/peer_torch_gpu.py \
+step scoring-bench 170 python3 bench/gpu/peer_torch_gpu.py \
   --runner "$bin/entrokv bench" --out "$out/gpu_peer_torch.json"
 if [ -f bench/gpu/worker_checks.sh ]; then
-  step worker-checks 200 bash bench/gpu/worker_checks.sh "$out"
+  step worker-checks 160 bash bench/gpu/worker_checks.sh "$out"
 fi
+# The sanitizers over the kernels: memcheck over every scorer test (fewer random trials), racecheck
+# over the random trials (odd shapes, both selection paths, every policy and dtype), the bad
+# values and the pages longer than a tile; last, as the slowest.
+step memcheck 90 env ENTROKV_GPU_TRIALS=60 compute-sanitizer --tool memcheck --error-exitcode 1 \
+  "$bin/cuda_scorer_test" --gtest_brief=1
+step racecheck 60 env ENTROKV_GPU_TRIALS=8 compute-sanitizer --tool racecheck --error-exitcode 1 \
+  "$bin/cuda_scorer_test" --gtest_brief=1 \
+  --gtest_filter='CudaScorerTest.Matches*:CudaScorerTest.BadValues*:CudaScorerTest.PagesLonger*'
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" | tee -a "$log"
   exit 1

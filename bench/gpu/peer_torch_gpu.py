@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""GPU peer comparison (issue #38): the entrokv CUDA scorer against the same decision written in
+"""GPU peer comparison: the entrokv CUDA scorer against the same decision written in
 PyTorch on the GPU (eager and torch.compile) and a device-to-device copy of the statistic (the
 bandwidth floor), at Qwen2.5-1.5B, Llama-3.1-8B and Llama-3-70B shapes.
 
@@ -634,6 +634,8 @@ def main(argv=None):
     start = time.perf_counter()
     deadline = start + args.time_budget_s
     device = torch.device(args.device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)  # set_device wants an index
     if device.type == "cuda" and not torch.cuda.is_available():
         log("error: no CUDA device visible to torch (use --device cpu for a smoke run)")
         return 2

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device_buffer statistic source and the CUDA pool worker on a GPU machine (issue #42), in one
+# The device_buffer statistic source and the CUDA pool worker on a GPU machine, in one
 # bounded run (under 150 s; every step has a timeout; the daemon is killed on exit).
 #
 # Needs, from the repository root:

@@ -40,21 +40,6 @@ def _is_cupy(value: Any) -> bool:
     return type(value).__module__.startswith("cupy") and hasattr(value, "data")
 
 
-def _plain_handle(handle: bytes) -> bytes:
-    """A cudaIpcMemHandle_t from what torch's _share_cuda_ gives: the 64 bytes, or (newer torch)
-    a type byte, b'c' for a cudaMalloc segment, then the 64 bytes."""
-    handle = bytes(handle)
-    if len(handle) == IPC_HANDLE_BYTES:
-        return handle
-    if len(handle) == IPC_HANDLE_BYTES + 1 and handle[:1] == b"c":
-        return handle[1:]
-    if handle[:1] == b"e":
-        raise ValueError("device_buffer: the tensor is in an expandable segment, which has no "
-                         "cudaIpcMemHandle; set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False")
-    raise ValueError(f"device_buffer: torch gave a {len(handle)}-byte IPC handle; expected "
-                     f"{IPC_HANDLE_BYTES} (cudaIpcMemHandle_t)")
-
-
 def _libcuda():
     try:
         return ctypes.CDLL("libcuda.so.1")
@@ -71,6 +56,19 @@ def _allocation_base(pointer: int) -> int:
     if result != 0:
         raise RuntimeError(f"device_buffer: cuMemGetAddressRange failed (CUresult {result})")
     return base.value
+
+
+def _ipc_handle(base: int) -> bytes:
+    """The cudaIpcMemHandle_t of the allocation at `base` (cuIpcGetMemHandle), taken in the
+    current context. Torch's own export (_share_cuda_) is not used: its handle's layout changes
+    between releases (65 and 66 bytes have been seen) and it leaves a reference-count file."""
+    handle = (ctypes.c_char * IPC_HANDLE_BYTES)()
+    result = _libcuda().cuIpcGetMemHandle(ctypes.byref(handle), ctypes.c_uint64(base))
+    if result != 0:
+        raise RuntimeError(f"device_buffer: cuIpcGetMemHandle failed (CUresult {result}): memory "
+                           "from cudaMallocAsync or PyTorch's expandable segments has no IPC "
+                           "handle (set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:False)")
+    return bytes(handle)
 
 
 class DeviceBuffer:
@@ -92,13 +90,13 @@ class DeviceBuffer:
             if not source.is_cuda:
                 raise ValueError("device_buffer: the tensor is on the CPU; send it as an array "
                                  "(data or shared_memory), or move it to a CUDA device")
+            import torch  # present: source is a torch tensor
             storage = (source.untyped_storage() if hasattr(source, "untyped_storage")
                        else source.storage())  # torch < 2.0
-            shared = storage._share_cuda_()
-            self.device = int(shared[0])
-            self.handle = _plain_handle(shared[1])
-            # The allocation's base in this process: the storage's start less its offset in it.
-            self._base = storage.data_ptr() - int(shared[3])
+            self.device = int(source.device.index)
+            with torch.cuda.device(source.device):
+                self._base = _allocation_base(int(source.data_ptr()))
+                self.handle = _ipc_handle(self._base)
             self._end = storage.data_ptr() + (storage.nbytes() if hasattr(storage, "nbytes")
                                               else storage.size() * storage.element_size())
         elif _is_cupy(source):
