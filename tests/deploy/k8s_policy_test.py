@@ -39,7 +39,9 @@ import entrokv  # the Python client (PYTHONPATH=build/client/python): the start-
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
-WORKLOADS = ["overlays/sidecar", "overlays/daemonset", "overlays/cpu-only"]
+WORKLOADS = ["overlays/sidecar", "overlays/daemonset", "overlays/cpu-only", "overlays/node-gpus"]
+# Overlays whose one GPU claim must take every GPU of the node (one daemon for all of them).
+ALL_GPUS = ["overlays/node-gpus"]
 KUSTOMIZATIONS = ["base"] + WORKLOADS + [
     "monitoring/rules", "monitoring/podmonitor", "monitoring/servicemonitor"]
 # After drain_timeout_ms the daemon lingers <= 250 ms, stops the server and exits; 5 s covers
@@ -338,6 +340,14 @@ class Checker:
                            "groups differ from deploy/prometheus/entrokv.rules.yml "
                            "(run deploy/generate.py)")
 
+    def all_gpus(self, name, objects):
+        templates = [o for o in objects if o["kind"] == "ResourceClaimTemplate"]
+        self.check(len(templates) == 1, name, "not exactly one ResourceClaimTemplate")
+        for template in templates:
+            requests = template["spec"]["spec"]["devices"]["requests"]
+            self.check([r.get("allocationMode") for r in requests] == ["All"], name,
+                       "the GPU claim does not take every GPU of the node (allocationMode All)")
+
     def run(self, renders):
         self.errors, self.configs = [], []
         all_pods = [t for w in WORKLOADS for _, t in pod_templates(renders[w])]
@@ -345,6 +355,8 @@ class Checker:
             for workload, template in pod_templates(objects):
                 self.pod(name, objects, workload, template)
             self.network(name, objects, all_pods)
+            if name in ALL_GPUS:
+                self.all_gpus(name, objects)
         return self.errors
 
 
@@ -418,6 +430,10 @@ def mutations():
         policy = [o for o in r["overlays/daemonset"] if o["kind"] == "NetworkPolicy"][0]
         policy["spec"]["ingress"][0]["ports"][0]["port"] = "gprc"
 
+    def one_gpu(r):
+        claim = [o for o in r["overlays/node-gpus"] if o["kind"] == "ResourceClaimTemplate"][0]
+        del claim["spec"]["spec"]["devices"]["requests"][0]["allocationMode"]
+
     def rule_drift(r):
         rule = [o for o in r["monitoring/rules"] if o["kind"] == "PrometheusRule"][0]
         rule["spec"]["groups"][0]["rules"][0]["for"] = "1m"
@@ -428,7 +444,8 @@ def mutations():
             ("a GPU in requests", gpu_request), ("/dev/shm smaller than the pool", small_shm),
             ("a memory limit without room for bookkeeping", no_room_for_bookkeeping),
             ("a NetworkPolicy port name typo", bad_port), ("a PrometheusRule drift", rule_drift),
-            ("state_dir on the read-only root", no_state_volume)]
+            ("state_dir on the read-only root", no_state_volume),
+            ("a node's daemon claiming one GPU", one_gpu)]
 
 
 def main():
