@@ -90,6 +90,28 @@ def question_window(prompt: np.ndarray) -> int:
     return int(len(prompt) - marks[-1]) if len(marks) else 1
 
 
+def statistic_kind(registry: policy_registry.Registry, policy: Policy) -> str:
+    """The statistic `policy` is given (PoolWorker.kind says which)."""
+    if policy.statistic is not None:
+        return policy.statistic
+    wanted = "none" if policy.name == "none" else registry.statistic(policy.name)
+    return "last_row" if wanted == "none" else wanted
+
+
+def block_tables(client: entrokv.Client, model_id: str, sequence_id: str, layers: int,
+                 groups: int) -> np.ndarray:
+    """A sequence's block tables as the pool holds them now: [layers, groups, pages] frame ids,
+    -1 where a page has none (evicted)."""
+    for info in client.list_sequences(model_id, block_tables=True):
+        if info.sequence_id == sequence_id:
+            pages = max((len(t.frames) for t in info.block_tables), default=0)
+            tables = np.full((layers, groups, pages), -1, np.int32)
+            for t in info.block_tables:
+                tables[t.layer, t.group, :len(t.frames)] = t.frames
+            return tables
+    raise entrokv.NotFoundError(f"sequence {sequence_id} is not open")
+
+
 # ---- the arena --------------------------------------------------------------------------------
 class HostArena:
     """A pool's host arena mapped into this process by its shared-memory name.
@@ -98,7 +120,9 @@ class HostArena:
     writes land in the daemon's memory, reads see what any worker wrote there.
     """
 
-    def __init__(self, pool: entrokv.PoolInfo, element: str):
+    def __init__(self, pool: entrokv.PoolInfo, element: str, rank: Optional[int] = None):
+        """rank: of a tensor-parallel pool, the arena of that rank (its slice of every frame:
+        KV groups [rank G/t, (rank+1) G/t)); None: the pool's one arena."""
         if pool.backend != "host":
             raise ValueError(f"backend: this worker maps host arenas, got {pool.backend}")
         g = pool.geometry
@@ -106,12 +130,21 @@ class HostArena:
         if dtype.itemsize != g.element_bytes:
             raise ValueError(f"element {element}: the pool stores {g.element_bytes}-byte elements")
         self.groups_per_frame = g.kv_groups if pool.frame_layout == "layer" else 1
+        arena_name, frame_bytes, size = pool.arena_name, pool.frame_bytes, pool.capacity_bytes
+        if rank is not None:
+            if not 0 <= rank < len(pool.ranks):
+                raise ValueError(f"rank {rank}: the pool has {len(pool.ranks)} rank arenas")
+            if pool.frame_layout != "layer":
+                raise ValueError("rank: tensor-parallel arenas are of the layer layout")
+            self.groups_per_frame = g.kv_groups // len(pool.ranks)
+            arena_name, frame_bytes = pool.ranks[rank].arena_name, pool.ranks[rank].frame_bytes
+            size = pool.capacity_frames * frame_bytes
         shape = (pool.capacity_frames, self.groups_per_frame, 2, g.page_size, g.head_dim)
-        if int(np.prod(shape[1:])) * dtype.itemsize != pool.frame_bytes:
-            raise ValueError(f"frame_bytes {pool.frame_bytes} does not match {shape[1:]} {dtype}")
-        fd = os.open(os.path.join(_SHM_DIR, pool.arena_name.lstrip("/")), os.O_RDWR)
+        if int(np.prod(shape[1:])) * dtype.itemsize != frame_bytes:
+            raise ValueError(f"frame_bytes {frame_bytes} does not match {shape[1:]} {dtype}")
+        fd = os.open(os.path.join(_SHM_DIR, arena_name.lstrip("/")), os.O_RDWR)
         try:
-            self._map = mmap.mmap(fd, pool.capacity_bytes)
+            self._map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.frames = np.ndarray(shape, dtype, buffer=self._map)
@@ -328,23 +361,13 @@ class PoolWorker:
         registry names for it (h2o ACCUMULATED column sums, snapkv the WINDOW_MEAN over the
         question's query rows, the others LAST_ROW). A policy that scores none (streaming), and
         "none", which decides nothing, get LAST_ROW: the stream carries a statistic anyway."""
-        if policy.statistic is not None:
-            return policy.statistic
-        wanted = "none" if policy.name == "none" else self.registry.statistic(policy.name)
-        return "last_row" if wanted == "none" else wanted
+        return statistic_kind(self.registry, policy)
 
     def _fetch_tables(self, kv: PoolKV) -> None:
         """The sequence's block tables as the pool holds them now."""
         c = self.model.config
-        for info in self.client.list_sequences(self.model_id, block_tables=True):
-            if info.sequence_id == kv.sequence_id:
-                pages = max((len(t.frames) for t in info.block_tables), default=0)
-                tables = np.full((c.layers, c.kv_heads, pages), -1, np.int32)
-                for t in info.block_tables:
-                    tables[t.layer, t.group, :len(t.frames)] = t.frames
-                kv.set_tables(tables)
-                return
-        raise entrokv.NotFoundError(f"sequence {kv.sequence_id} is not open")
+        kv.set_tables(block_tables(self.client, self.model_id, kv.sequence_id, c.layers,
+                                   c.kv_heads))
 
     # -- the steps --
     def prefill(self, prompt: np.ndarray, *, kinds: Sequence[str] = KINDS,
