@@ -452,9 +452,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         one = single.run_prompt(example, policy)
                         tp = driver.run_prompt(example, policy)
                         same += one.answer == tp.answer
+                        rows = min(len(one.logits), len(tp.logits))
+                        drift = float(np.abs(one.logits[:rows] - tp.logits[:rows]).max())
                         print(f"{example.task:<14} {policy.label():<20} TP=1 {one.answer} "
                               f"TP={t} {tp.answer} kept frames {one.kept_frames}/"
-                              f"{tp.kept_frames} {'same' if one.answer == tp.answer else 'DIFF'}")
+                              f"{tp.kept_frames}, max |logit difference| {drift:.1e} "
+                              f"{'same' if one.answer == tp.answer else 'DIFF'}")
             finally:
                 single.close(unregister=True)
             stats = client.pool_stats(driver.model_id)
