@@ -604,10 +604,16 @@ void CacheManagerService::DecideRanks(Model& model, const v1::DecideRequest& req
     return;
   }
   if (!added->has_value()) return;  // answered when the last rank comes, or at rank_wait_ms
-  RankGather::Complete& complete = **added;
+  DecideForRanks(
+      model, **added, [context] { return context->IsCancelled(); }, timing);
+}
+
+void CacheManagerService::DecideForRanks(Model& model, RankGather::Complete& complete,
+                                         const std::function<bool()>& cancelled,
+                                         const CallTiming& timing) {
   v1::DecideResponse decision;
-  const absl::Status status = decider_.Decide(
-      model, complete.request, [context] { return context->IsCancelled(); }, &decision, timing);
+  const absl::Status status =
+      decider_.Decide(model, complete.request, cancelled, &decision, timing);
   for (RankGather::Reply& each : complete.replies) each(status, status.ok() ? &decision : nullptr);
 }
 
@@ -659,8 +665,13 @@ class CacheManagerService::StreamReactor
       return;
     }
     timing_ = TimingOf(*context_);  // answer_within_ms counts from this message
-    const bool accepted =
-        service_->workers_->TrySubmit([this, model = *std::move(model)] { Process(*model); });
+    const bool accepted = service_->workers_->TrySubmit([this, model = *std::move(model)] {
+      if (request_.has_rank()) {
+        ProcessRank(*model);
+      } else {
+        Process(*model);
+      }
+    });
     if (!accepted) FinishWith(service_->Overloaded());
   }
 
@@ -688,6 +699,46 @@ class CacheManagerService::StreamReactor
       FinishWith(PastDeadline(*context_, status));
       return;
     }
+    Write();
+  }
+
+  // One rank's layer of a tensor-parallel model: the layer as a one-layer Decide of that rank,
+  // gathered with the other ranks' streams in the service's RankGather (no thread waits: the
+  // stream reads its next message only after the reply, which the rank completing the set
+  // sends, or the wait's deadline, or a bad rank).
+  void ProcessRank(Model& model) {
+    v1::DecideRequest request;
+    request.set_model_id(request_.model_id());
+    request.set_sequence_id(request_.sequence_id());
+    *request.add_layers() = request_.layer();
+    *request.mutable_budget() = request_.budget();
+    *request.mutable_policy() = request_.policy();
+    request.set_use_cached_weights(request_.use_cached_weights());
+    request.set_degrade_on_deadline(request_.degrade_on_deadline());
+    request.set_answer_within_ms(request_.answer_within_ms());
+    request.set_rank(request_.rank());
+    RankGather::Reply reply = [this](const absl::Status& status,
+                                     const v1::DecideResponse* decision) {
+      if (!status.ok()) {
+        FinishWith(PastDeadline(*context_, status));
+        return;
+      }
+      response_ = decision->layers(0);
+      Write();
+    };
+    absl::StatusOr<std::optional<RankGather::Complete>> added =
+        service_->ranks_.Add(model, request, std::move(reply));
+    if (!added.ok()) {
+      FinishWith(added.status());
+      return;
+    }
+    if (!added->has_value()) return;
+    service_->DecideForRanks(
+        model, **added, [this] { return context_->IsCancelled(); }, timing_);
+  }
+
+  // Sends response_ and reads the next message when it is written.
+  void Write() {
     bool own_buffer = false;
     response_bytes_.Clear();
     if (const grpc::Status serialized = grpc::SerializationTraits<v1::LayerDecision>::Serialize(

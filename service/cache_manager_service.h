@@ -165,6 +165,9 @@ class CacheManagerService final : public internal::CallbackServiceWithRawStream 
   void DecideRanks(Model& model, const v1::DecideRequest& request,
                    const std::shared_ptr<UnaryCall>& call, grpc::CallbackServerContext* context,
                    v1::DecideResponse* response, const CallTiming& timing);
+  // A complete set of ranks (Decide or DecideStream): decided once, every rank answered.
+  void DecideForRanks(Model& model, RankGather::Complete& complete,
+                      const std::function<bool()>& cancelled, const CallTiming& timing);
 
   const ServerOptions options_;
   const std::string bearer_token_;  // "Bearer <token>", or empty

@@ -21,9 +21,10 @@ Eviction: during prefill each rank measures its own heads' statistic ([layers, H
 and, once the prompt has run, sends it with Decide and rank=r. The daemon gathers the ranks,
 decides once over all H_Q rows and answers every rank the same decision; the driver rereads the
 tables from the daemon and hands them out again, so every rank attends over the same kept pages.
-(The one-rank worker streams its layers on DecideStream while prefill runs; DecideStream takes
-the whole model's rows, so the ranks decide after the prompt, all layers in one Decide: layer
-l's eviction does not change what any layer computes during prefill, so the pages are the same.)
+(The one-rank worker streams its layers on DecideStream while prefill runs; the ranks here
+decide after the prompt, all layers in one Decide: layer l's eviction does not change what any
+layer computes during prefill, so the pages are the same. DecideStream with `rank` set would
+gather the ranks per layer too.)
 
 Decoding is greedy, as in pool_worker: the driver appends each token (AppendTokens, once for
 the model) and gives each rank its groups' new frames.

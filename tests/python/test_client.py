@@ -112,6 +112,29 @@ class ClientTest(unittest.TestCase):
         with self.assertRaises(entrokv.InvalidArgumentError) as raised:
             self.client.decide("tp2", "s", stats, pages=6, rank=2)
         self.assertIn("rank", str(raised.exception))
+        # Each rank's own DecideStream, layer by layer: the same decision, layer by layer.
+        for model in ("tp1", "tp2"):
+            self.client.close_sequence(model, "s")
+            self.client.open_sequence(model, "s", initial_tokens=300)
+        alone = list(self.client.decide_stream("tp1", "s", list(enumerate(stats)), pages=6,
+                                               scope="group"))
+
+        def stream(rank):
+            mine = [(layer, stats[layer, rank * half:(rank + 1) * half])
+                    for layer in range(len(stats))]
+            return list(self.client.decide_stream("tp2", "s", mine, pages=6, scope="group",
+                                                  rank=rank))
+
+        with concurrent.futures.ThreadPoolExecutor(2) as pool_threads:
+            streamed = [call.result(timeout=30)
+                        for call in [pool_threads.submit(stream, rank) for rank in (0, 1)]]
+        for decisions in streamed:
+            self.assertEqual(len(decisions), len(alone))
+            for mine, reference in zip(decisions, alone):
+                for group, expected in zip(mine.groups, reference.groups):
+                    np.testing.assert_array_equal(group.kept_pages, expected.kept_pages)
+        with self.assertRaisesRegex(ValueError, "rank"):
+            list(self.client.decide_stream("tp2", "s", list(enumerate(stats)), pages=6, rank=-1))
 
     def test_whole_lifecycle_with_decide(self):
         pool = self.register("lifecycle")

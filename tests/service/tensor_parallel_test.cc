@@ -96,6 +96,40 @@ class TensorParallelTest : public ServiceTest {
     return replies;
   }
 
+  // Each rank's own DecideStream, one thread per rank: every layer of its request written as one
+  // message with `rank` set, each decision read before the next layer is written. The decisions
+  // (or the stream's status) in rank order.
+  std::vector<std::pair<grpc::Status, std::vector<v1::LayerDecision>>> StreamRanks(
+      const std::vector<v1::DecideRequest>& requests) {
+    std::vector<std::future<std::pair<grpc::Status, std::vector<v1::LayerDecision>>>> calls;
+    for (const v1::DecideRequest& request : requests) {
+      calls.push_back(std::async(std::launch::async, [this, request] {
+        grpc::ClientContext context;
+        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+        auto stream = stub_->DecideStream(&context);
+        std::vector<v1::LayerDecision> decisions;
+        for (const v1::LayerStatistic& layer : request.layers()) {
+          v1::DecideLayerRequest message;
+          message.set_model_id(request.model_id());
+          message.set_sequence_id(request.sequence_id());
+          *message.mutable_layer() = layer;
+          *message.mutable_budget() = request.budget();
+          *message.mutable_policy() = request.policy();
+          message.set_rank(request.rank());
+          v1::LayerDecision decision;
+          if (!stream->Write(message) || !stream->Read(&decision)) break;
+          decisions.push_back(decision);
+        }
+        stream->WritesDone();
+        const grpc::Status status = stream->Finish();
+        return std::make_pair(status, decisions);
+      }));
+    }
+    std::vector<std::pair<grpc::Status, std::vector<v1::LayerDecision>>> replies;
+    for (auto& call : calls) replies.push_back(call.get());
+    return replies;
+  }
+
   // Every rank's arena of `pool`, mapped as that rank's worker maps it.
   static std::vector<std::unique_ptr<HostArenaMapping>> MapRanks(const v1::PoolInfo& pool) {
     std::vector<std::unique_ptr<HostArenaMapping>> arenas;
@@ -507,6 +541,77 @@ TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing)
     EXPECT_TRUE(status.ok()) << status.error_message();
   }
   EXPECT_GT(Stats("m").pages_evicted_total(), 0);
+  ExpectInvariants("m");
+}
+
+// Each rank streams its own layers (DecideStream with `rank`): a layer is decided when every
+// rank's message for it has come, each stream gets the one-pool decision of that layer, and the
+// pool ends as a one-pool model's would.
+TEST_F(TensorParallelTest, RanksStreamingTheirLayersGetTheOnePoolDecision) {
+  int case_index = 0;
+  for (const int ranks : {2, 4}) {
+    for (const v1::SelectionScope scope : {v1::SELECTION_SCOPE_LAYER, v1::SELECTION_SCOPE_GROUP}) {
+      SCOPED_TRACE(absl::StrCat("t=", ranks, " scope=", scope));
+      const std::string single = absl::StrCat("single", case_index);
+      const std::string sharded = absl::StrCat("tp", case_index);
+      ++case_index;
+      ASSERT_TRUE(RegisterStatus(TpRequest(single, 1)).ok());
+      ASSERT_TRUE(RegisterStatus(TpRequest(sharded, ranks)).ok());
+      Open(single, "s", kTokens);
+      Open(sharded, "s", kTokens);
+      v1::Budget budget;
+      budget.set_pages_per_group(4);
+      const std::vector<std::vector<float>> values = Statistics(300 + case_index);
+      const auto alone = DecideRanks({RankRequest(single, values, 1, -1, budget, scope)});
+      ASSERT_TRUE(alone[0].first.ok()) << alone[0].first.error_message();
+      std::vector<v1::DecideRequest> each;
+      for (int rank = 0; rank < ranks; ++rank) {
+        each.push_back(RankRequest(sharded, values, ranks, rank, budget, scope));
+      }
+      const auto streamed = StreamRanks(each);
+      for (int rank = 0; rank < ranks; ++rank) {
+        const auto& [status, decisions] = streamed[static_cast<size_t>(rank)];
+        ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.error_message();
+        ASSERT_EQ(static_cast<int>(decisions.size()), kTpLayers) << "rank " << rank;
+        for (int layer = 0; layer < kTpLayers; ++layer) {
+          const v1::LayerDecision& reference = alone[0].second.layers(layer);
+          ASSERT_EQ(decisions[static_cast<size_t>(layer)].groups_size(), kTpGroups);
+          for (int g = 0; g < kTpGroups; ++g) {
+            EXPECT_THAT(decisions[static_cast<size_t>(layer)].groups(g).kept_pages(),
+                        ::testing::ElementsAreArray(reference.groups(g).kept_pages()))
+                << "rank " << rank << " layer " << layer << " group " << g;
+          }
+        }
+      }
+      EXPECT_EQ(Stats(sharded).used_frames(), Stats(single).used_frames());
+      const v1::SequenceInfo a = Sequence(single, "s");
+      const v1::SequenceInfo b = Sequence(sharded, "s");
+      ASSERT_EQ(a.block_tables_size(), b.block_tables_size());
+      for (int i = 0; i < a.block_tables_size(); ++i) {
+        EXPECT_THAT(b.block_tables(i).frames(),
+                    ::testing::ElementsAreArray(a.block_tables(i).frames()));
+      }
+      ExpectInvariants(sharded);
+    }
+  }
+}
+
+// A rank whose stream never sends the layer: the other ranks' streams end with
+// DEADLINE_EXCEEDED naming it after --rank_wait_ms, and nothing is applied.
+TEST_F(TensorParallelTest, AStreamMissingARankFailsAtTheWaitAndAppliesNothing) {
+  ASSERT_TRUE(RegisterStatus(TpRequest("m", 2)).ok());
+  Open("m", "s", kTokens);
+  v1::Budget budget;
+  budget.set_pages_per_group(3);
+  const std::vector<std::vector<float>> values = Statistics(17);
+  const auto replies =
+      StreamRanks({RankRequest("m", values, 2, 0, budget, v1::SELECTION_SCOPE_LAYER)});
+  const auto& [status, decisions] = replies[0];
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << status.error_message();
+  EXPECT_THAT(status.error_message(), HasSubstr("rank_wait_ms: rank 1 of 2"));
+  EXPECT_TRUE(decisions.empty());
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+  EXPECT_EQ(server_->service().ranks().waiting(), 0);
   ExpectInvariants("m");
 }
 

@@ -485,12 +485,18 @@ class Client:
                       kind: Optional[str] = None, stream_timeout_s: float = 300.0,
                       accumulate: bool = False, use_cached_weights: bool = False,
                       degrade_on_deadline: bool = False, answer_within_ms: int = 0,
-                      auto_floor: Optional[float] = None, **params) -> Iterator[LayerDecision]:
+                      auto_floor: Optional[float] = None, rank: Optional[int] = None,
+                      **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
         each layer's decision in order. Not retried. `kind`: the statistics' StatisticKind, as
         in statistic_message; `accumulate`, `use_cached_weights`, `degrade_on_deadline`,
         `auto_floor` and `answer_within_ms` as in decide (answer_within_ms counts from the
         daemon reading each layer).
+
+        Tensor parallelism: with `rank` set, each rank streams its own query heads' rows
+        ([query_heads / t, tokens] per layer) on a stream of its own; a layer's decision comes
+        when every rank's message for it has (docs/service.md, "Several GPUs and tensor
+        parallelism"). Unset: every layer carries the whole model's rows.
 
         Arguments are checked before the stream opens: the budget and policy always, and every
         layer when `layer_stats` is a list or tuple (a bad one raises ValueError and nothing is
@@ -501,7 +507,7 @@ class Client:
         requests, failure = self._stream_requests(
             model_id, sequence_id, layer_stats, pages, fraction, token_slots, policy, dtype,
             scope, kind, accumulate, use_cached_weights, degrade_on_deadline, answer_within_ms,
-            auto_floor, params)
+            auto_floor, params, rank=rank)
         try:
             for decision in self._stub.DecideStream(requests, timeout=stream_timeout_s,
                                                     metadata=self._metadata):
@@ -578,19 +584,24 @@ class Client:
                          kind: Optional[str] = None, accumulate: bool = False,
                          use_cached_weights: bool = False, degrade_on_deadline: bool = False,
                          answer_within_ms: int = 0, auto_floor: Optional[float] = None,
-                         params: Optional[dict] = None,
+                         params: Optional[dict] = None, rank: Optional[int] = None,
                          **more_params) -> Tuple[Iterable, List[BaseException]]:
         """The stream's requests (encoded at once for a list or tuple, lazily for a generator)
         and the list that receives what a lazy generator raised."""
         budget = _budget(pages, fraction, token_slots, auto_floor)
         policy_params = _policy(policy, dict(params or {}, **more_params), scope)
+        if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
+            raise ValueError(f"rank: must be an int >= 0, got {rank!r}")
 
         def request(layer: "pb.LayerStatistic") -> "pb.DecideLayerRequest":
-            return pb.DecideLayerRequest(model_id=model_id, sequence_id=sequence_id, layer=layer,
-                                         budget=budget, policy=policy_params,
-                                         use_cached_weights=use_cached_weights,
-                                         degrade_on_deadline=degrade_on_deadline,
-                                         answer_within_ms=answer_within_ms)
+            message = pb.DecideLayerRequest(model_id=model_id, sequence_id=sequence_id,
+                                            layer=layer, budget=budget, policy=policy_params,
+                                            use_cached_weights=use_cached_weights,
+                                            degrade_on_deadline=degrade_on_deadline,
+                                            answer_within_ms=answer_within_ms)
+            if rank is not None:
+                message.rank = rank
+            return message
 
         failure: List[BaseException] = []
         if isinstance(layer_stats, (list, tuple)):
