@@ -28,22 +28,24 @@ absl::Status CudaCall(cudaError_t error, absl::string_view call) {
   return absl::InternalError(message);
 }
 
-// Device memory that grows to the largest size asked and is then reused.
-template <typename T>
-class DeviceBuffer {
+// Memory that grows to the largest size asked and is then reused: device memory (cudaMalloc),
+// or pinned host memory (cudaMallocHost), which the device copies into and out of at full speed.
+enum class Memory { kDevice, kPinnedHost };
+template <typename T, Memory kMemory>
+class GrowingBuffer {
  public:
-  DeviceBuffer() = default;
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  ~DeviceBuffer() { cudaFree(data_); }
+  GrowingBuffer() = default;
+  GrowingBuffer(const GrowingBuffer&) = delete;
+  GrowingBuffer& operator=(const GrowingBuffer&) = delete;
+  ~GrowingBuffer() { Free(); }
   absl::Status Reserve(size_t count) {
     if (count <= capacity_) return absl::OkStatus();
-    cudaFree(data_);
-    data_ = nullptr;
-    capacity_ = 0;
+    Free();
     void* data = nullptr;
-    RETURN_IF_ERROR(
-        CudaCall(cudaMalloc(&data, std::max<size_t>(count, 1) * sizeof(T)), "cudaMalloc"));
+    const size_t bytes = std::max<size_t>(count, 1) * sizeof(T);
+    RETURN_IF_ERROR(kMemory == Memory::kDevice
+                        ? CudaCall(cudaMalloc(&data, bytes), "cudaMalloc")
+                        : CudaCall(cudaMallocHost(&data, bytes), "cudaMallocHost"));
     data_ = static_cast<T*>(data);
     capacity_ = count;
     return absl::OkStatus();
@@ -51,9 +53,22 @@ class DeviceBuffer {
   T* data() const { return data_; }
 
  private:
+  void Free() {
+    if (kMemory == Memory::kDevice) {
+      cudaFree(data_);
+    } else {
+      cudaFreeHost(data_);
+    }
+    data_ = nullptr;
+    capacity_ = 0;
+  }
   T* data_ = nullptr;
   size_t capacity_ = 0;
 };
+template <typename T>
+using DeviceBuffer = GrowingBuffer<T, Memory::kDevice>;
+template <typename T>
+using PinnedBuffer = GrowingBuffer<T, Memory::kPinnedHost>;
 
 int ElementOf(DType dtype) {
   switch (dtype) {
@@ -79,33 +94,6 @@ bool SameBatch(const LayerRequest& a, const LayerRequest& b) {
          a.statistic->dtype() == b.statistic->dtype() && a.measure == b.measure &&
          a.scope == b.scope && a.page_scores == b.page_scores;
 }
-
-// Host memory the device copies into and out of at full speed (cudaMallocHost), grown on need.
-template <typename T>
-class PinnedBuffer {
- public:
-  PinnedBuffer() = default;
-  PinnedBuffer(const PinnedBuffer&) = delete;
-  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
-  ~PinnedBuffer() { cudaFreeHost(data_); }
-  absl::Status Reserve(size_t count) {
-    if (count <= capacity_) return absl::OkStatus();
-    cudaFreeHost(data_);
-    data_ = nullptr;
-    capacity_ = 0;
-    void* data = nullptr;
-    RETURN_IF_ERROR(
-        CudaCall(cudaMallocHost(&data, std::max<size_t>(count, 1) * sizeof(T)), "cudaMallocHost"));
-    data_ = static_cast<T*>(data);
-    capacity_ = count;
-    return absl::OkStatus();
-  }
-  T* data() const { return data_; }
-
- private:
-  T* data_ = nullptr;
-  size_t capacity_ = 0;
-};
 
 // A host copy of a statistic in device memory, in *bytes.
 absl::StatusOr<StatisticView> HostCopy(const StatisticView& view, std::vector<char>* bytes) {
@@ -165,6 +153,11 @@ struct Scorer::State {
                               std::span<const size_t> layers, int64_t pages,
                               const std::vector<std::vector<double>>& entropies,
                               std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
+  // Layer i of a batch's decision before its pages: the shape, and each group's head weights
+  // (host_weights, none for max pooling) and entropies (when computed).
+  LayerDecision StartDecision(const Pooling& pooling, const LayerRequest& request, size_t i,
+                              int64_t pages, int heads, int groups,
+                              const std::vector<double>& layer_entropies) const;
   // A layer whose values the device found bad: the CPU path's error, from a host view.
   absl::Status ValueError(const LayerRequest& request, const LayerRequest* host, size_t l);
   absl::StatusOr<std::vector<LayerDecision>> Decide(const Policy& policy,
@@ -320,10 +313,7 @@ absl::Status Scorer::State::RunBatch(
       results[l] = ValueError(request, host, l);
       continue;
     }
-    LayerDecision decision;
-    decision.page_count = pages;
-    decision.quota_pages = request.quota_pages;
-    decision.groups.resize(static_cast<size_t>(groups));
+    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, entropies[i]);
     const size_t layer_group_pages = static_cast<size_t>(groups) * n;
     const std::span<const float> layer_scores(host_page_max.data() + i * layer_group_pages,
                                               layer_group_pages);
@@ -335,13 +325,6 @@ absl::Status Scorer::State::RunBatch(
     for (int g = 0; g < groups; ++g) {
       GroupDecision& group = decision.groups[static_cast<size_t>(g)];
       const size_t first_head = i * static_cast<size_t>(heads) + static_cast<size_t>(g * r);
-      if (pooling.kind != PoolingKind::kMax) {
-        group.weights.assign(host_weights.begin() + static_cast<ptrdiff_t>(first_head),
-                             host_weights.begin() + static_cast<ptrdiff_t>(first_head) + r);
-      }
-      if (!entropies[i].empty()) {
-        group.entropies.assign(entropies[i].begin() + g * r, entropies[i].begin() + (g + 1) * r);
-      }
       GroupScores scores;
       scores.page_max = layer_scores.subspan(static_cast<size_t>(g) * n, n);
       if (measure) {
@@ -355,6 +338,30 @@ absl::Status Scorer::State::RunBatch(
     results[l] = std::move(decision);
   }
   return absl::OkStatus();
+}
+
+LayerDecision Scorer::State::StartDecision(const Pooling& pooling, const LayerRequest& request,
+                                           size_t i, int64_t pages, int heads, int groups,
+                                           const std::vector<double>& layer_entropies) const {
+  const int r = heads / groups;
+  LayerDecision decision;
+  decision.page_count = pages;
+  decision.quota_pages = request.quota_pages;
+  decision.groups.resize(static_cast<size_t>(groups));
+  for (int g = 0; g < groups; ++g) {
+    GroupDecision& group = decision.groups[static_cast<size_t>(g)];
+    const auto first_head =
+        static_cast<ptrdiff_t>(i * static_cast<size_t>(heads) + static_cast<size_t>(g * r));
+    if (pooling.kind != PoolingKind::kMax) {
+      group.weights.assign(host_weights.begin() + first_head,
+                           host_weights.begin() + first_head + r);
+    }
+    if (!layer_entropies.empty()) {
+      group.entropies.assign(layer_entropies.begin() + g * r,
+                             layer_entropies.begin() + (g + 1) * r);
+    }
+  }
+  return decision;
 }
 
 absl::Status Scorer::State::ValueError(const LayerRequest& request, const LayerRequest* host,
@@ -388,7 +395,6 @@ absl::Status Scorer::State::SelectOnDevice(
   const LayerRequest& first = requests[layers.front()];
   const int groups = first.kv_groups;
   const int heads = first.query_heads;
-  const int r = heads / groups;
   const size_t count = layers.size();
   const size_t group_count = count * static_cast<size_t>(groups);
   const auto n = static_cast<size_t>(pages);
@@ -475,21 +481,10 @@ absl::Status Scorer::State::SelectOnDevice(
       results[l] = ValueError(request, host, l);
       continue;
     }
-    LayerDecision decision;
-    decision.page_count = pages;
-    decision.quota_pages = request.quota_pages;
-    decision.groups.resize(static_cast<size_t>(groups));
+    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, entropies[i]);
     for (int g = 0; g < groups; ++g) {
       GroupDecision& group = decision.groups[static_cast<size_t>(g)];
       const size_t lg = i * static_cast<size_t>(groups) + static_cast<size_t>(g);
-      const size_t first_head = i * static_cast<size_t>(heads) + static_cast<size_t>(g * r);
-      if (pooling.kind != PoolingKind::kMax) {
-        group.weights.assign(host_weights.begin() + static_cast<ptrdiff_t>(first_head),
-                             host_weights.begin() + static_cast<ptrdiff_t>(first_head) + r);
-      }
-      if (!entropies[i].empty()) {
-        group.entropies.assign(entropies[i].begin() + g * r, entropies[i].begin() + (g + 1) * r);
-      }
       const int32_t* begin = host_kept.data() + out_offsets[lg];
       group.kept_pages.assign(begin, begin + quotas[lg]);
     }
@@ -548,13 +543,7 @@ absl::StatusOr<std::vector<LayerDecision>> Scorer::State::Decide(
                              results));
     begin = end;
   }
-  std::vector<LayerDecision> decisions;
-  decisions.reserve(requests.size());
-  for (auto& result : results) {
-    if (!result->ok()) return result->status();
-    decisions.push_back(*std::move(*result));
-  }
-  return decisions;
+  return InLayerOrder(results);
 }
 
 Scorer::Scorer(std::unique_ptr<State> state) : state_(std::move(state)) {}

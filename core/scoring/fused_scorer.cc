@@ -240,8 +240,13 @@ absl::StatusOr<std::vector<LayerDecision>> DecideModel(const Policy& policy,
     for (int i = 0; i < workers; ++i) pool.emplace_back(work);
     for (std::thread& thread : pool) thread.join();
   }
+  return InLayerOrder(results);
+}
+
+absl::StatusOr<std::vector<LayerDecision>> InLayerOrder(
+    std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results) {
   std::vector<LayerDecision> decisions;
-  decisions.reserve(requests.size());
+  decisions.reserve(results.size());
   for (auto& result : results) {
     if (!result->ok()) return result->status();
     decisions.push_back(*std::move(*result));

@@ -6,6 +6,7 @@
 #define ENTROKV_CORE_SCORING_FUSED_SCORER_H_
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -68,6 +69,11 @@ class FusedScorer {
 [[nodiscard]] absl::StatusOr<std::vector<LayerDecision>> DecideModel(
     const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
     int threads);
+
+// Every layer's decision of `results` (each one set), moved out in layer order; the first error
+// in layer order instead when a layer has one. DecideModel's answer, and the CUDA scorer's.
+[[nodiscard]] absl::StatusOr<std::vector<LayerDecision>> InLayerOrder(
+    std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
 
 }  // namespace entrokv
 
