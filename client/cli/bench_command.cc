@@ -145,6 +145,23 @@ absl::Status WriteKept(const std::string& path, const std::vector<LayerDecision>
              : absl::DataLossError(absl::StrCat("--kept-out: write failed for ", path));
 }
 
+// What a run measured, the same for both scorers: the shape, the budget, the policy and the
+// number of runs.
+Json SetupJson(const ArgParser& parser, const BenchSetup& setup, const Policy& policy, int64_t runs,
+               int64_t page_size, double budget) {
+  return Json{{"bytes", setup.bytes.size()},
+              {"runs", runs},
+              {"layers", setup.layers},
+              {"query_heads", setup.query_heads},
+              {"kv_heads", setup.kv_groups},
+              {"tokens", setup.tokens},
+              {"page_size", page_size},
+              {"budget", budget},
+              {"dtype", std::string(DTypeName(setup.dtype))},
+              {"policy", std::string(policy.name())},
+              {"measure", parser.GetFlag("measure")}};
+}
+
 // --scorer cuda: the statistic uploaded once, the whole model decided from device memory to the
 // kept pages on the host (wall clock: what a caller waits for), one layer the same way, and a
 // device-to-device copy of the statistic's bytes (CUDA events) as the bandwidth floor.
@@ -191,26 +208,15 @@ absl::Status RunCuda(const ArgParser& parser, const BenchSetup& setup, const Pol
   RETURN_IF_ERROR(status);
   ASSIGN_OR_RETURN(const std::vector<double> copy_ms, copy->TimeCopiesMs(static_cast<int>(runs)));
   if (parser.Given("kept-out")) RETURN_IF_ERROR(WriteKept(parser.Get("kept-out"), decisions));
-  Json json = {
-      {"scorer", "cuda"},
-      {"gpu", gpu},
-      {"median_ms", RoundTo(Median(model_ms), 4)},
-      {"min_ms", RoundTo(*std::min_element(model_ms.begin(), model_ms.end()), 4)},
-      {"layer_median_us", RoundTo(Median(layer_ms) * 1000.0, 2)},
-      {"read_once_ms", RoundTo(Median(copy_ms), 4)},
-      {"read_once_min_ms", RoundTo(*std::min_element(copy_ms.begin(), copy_ms.end()), 4)},
-      {"read_once_is", "device-to-device copy of the statistic (reads and writes its bytes once)"},
-      {"bytes", setup.bytes.size()},
-      {"runs", runs},
-      {"layers", setup.layers},
-      {"query_heads", setup.query_heads},
-      {"kv_heads", setup.kv_groups},
-      {"tokens", setup.tokens},
-      {"page_size", page_size},
-      {"budget", budget},
-      {"dtype", std::string(DTypeName(setup.dtype))},
-      {"policy", std::string(policy.name())},
-      {"measure", parser.GetFlag("measure")}};
+  Json json = SetupJson(parser, setup, policy, runs, page_size, budget);
+  json["scorer"] = "cuda";
+  json["gpu"] = gpu;
+  json["median_ms"] = RoundTo(Median(model_ms), 4);
+  json["min_ms"] = RoundTo(*std::min_element(model_ms.begin(), model_ms.end()), 4);
+  json["layer_median_us"] = RoundTo(Median(layer_ms) * 1000.0, 2);
+  json["read_once_ms"] = RoundTo(Median(copy_ms), 4);
+  json["read_once_min_ms"] = RoundTo(*std::min_element(copy_ms.begin(), copy_ms.end()), 4);
+  json["read_once_is"] = "device-to-device copy of the statistic (reads and writes its bytes once)";
   std::printf("%s\n", DumpJson(json).c_str());
   return absl::OkStatus();
 #else
@@ -318,24 +324,13 @@ absl::Status Run(const ArgParser& parser) {
   const double read_once_ms = Median(read_ms);
   if (parser.GetFlag("json")) {
     // Times to 0.1 us: more digits would be noise.
-    Json json = {
-        {"median_ms", RoundTo(median_ms, 4)},
-        {"min_ms", RoundTo(*std::min_element(fused_ms.begin(), fused_ms.end()), 4)},
-        {"read_once_ms", RoundTo(read_once_ms, 4)},
-        {"read_once_min_ms", RoundTo(*std::min_element(read_ms.begin(), read_ms.end()), 4)},
-        {"ratio_median", RoundTo(Median(ratios), 5)},
-        {"bytes", setup.bytes.size()},
-        {"runs", runs},
-        {"threads", threads},
-        {"layers", setup.layers},
-        {"query_heads", setup.query_heads},
-        {"kv_heads", setup.kv_groups},
-        {"tokens", setup.tokens},
-        {"page_size", page_size},
-        {"budget", budget},
-        {"dtype", std::string(DTypeName(setup.dtype))},
-        {"policy", std::string(policy->name())},
-        {"measure", parser.GetFlag("measure")}};
+    Json json = SetupJson(parser, setup, *policy, runs, page_size, budget);
+    json["median_ms"] = RoundTo(median_ms, 4);
+    json["min_ms"] = RoundTo(*std::min_element(fused_ms.begin(), fused_ms.end()), 4);
+    json["read_once_ms"] = RoundTo(read_once_ms, 4);
+    json["read_once_min_ms"] = RoundTo(*std::min_element(read_ms.begin(), read_ms.end()), 4);
+    json["ratio_median"] = RoundTo(Median(ratios), 5);
+    json["threads"] = threads;
     if (!reference_ms.empty()) json["reference_ms"] = RoundTo(Median(reference_ms), 4);
     std::printf("%s\n", DumpJson(json).c_str());
   } else {
