@@ -143,6 +143,16 @@ class TensorParallelTest : public ServiceTest {
   }
 };
 
+// The sequence holds the same frames in every block table.
+void ExpectSameFrames(const v1::SequenceInfo& expected, const v1::SequenceInfo& actual) {
+  ASSERT_EQ(actual.block_tables_size(), expected.block_tables_size());
+  for (int i = 0; i < expected.block_tables_size(); ++i) {
+    EXPECT_THAT(actual.block_tables(i).frames(),
+                ::testing::ElementsAreArray(expected.block_tables(i).frames()))
+        << "block table " << i;
+  }
+}
+
 std::vector<std::vector<float>> Statistics(uint32_t seed) {
   std::vector<std::vector<float>> values;
   for (int layer = 0; layer < kTpLayers; ++layer) {
@@ -207,13 +217,7 @@ TEST_F(TensorParallelTest, RanksDecideTogetherAsOnePoolWould) {
         // The same frames are live: the budget is exact over the whole model.
         EXPECT_EQ(Stats(sharded).used_frames(), Stats(single).used_frames());
         EXPECT_EQ(Stats(sharded).pages_evicted_total(), Stats(single).pages_evicted_total());
-        const v1::SequenceInfo a = Sequence(single, "s");
-        const v1::SequenceInfo b = Sequence(sharded, "s");
-        ASSERT_EQ(a.block_tables_size(), b.block_tables_size());
-        for (int i = 0; i < a.block_tables_size(); ++i) {
-          EXPECT_THAT(b.block_tables(i).frames(),
-                      ::testing::ElementsAreArray(a.block_tables(i).frames()));
-        }
+        ExpectSameFrames(Sequence(single, "s"), Sequence(sharded, "s"));
         ExpectInvariants(sharded);
       }
     }
@@ -526,12 +530,7 @@ TEST_F(TensorParallelTest, AMissingRankFailsTheOthersAtTheWaitAndAppliesNothing)
   }
   EXPECT_GE(waited, std::chrono::milliseconds(300));
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
-  const v1::SequenceInfo after = Sequence("m", "s");
-  ASSERT_EQ(after.block_tables_size(), before.block_tables_size());
-  for (int i = 0; i < after.block_tables_size(); ++i) {
-    EXPECT_THAT(after.block_tables(i).frames(),
-                ::testing::ElementsAreArray(before.block_tables(i).frames()));
-  }
+  ExpectSameFrames(before, Sequence("m", "s"));
   EXPECT_EQ(server_->service().ranks().waiting(), 0);
   std::vector<v1::DecideRequest> four;
   for (int rank = 0; rank < 4; ++rank) {
@@ -584,13 +583,7 @@ TEST_F(TensorParallelTest, RanksStreamingTheirLayersGetTheOnePoolDecision) {
         }
       }
       EXPECT_EQ(Stats(sharded).used_frames(), Stats(single).used_frames());
-      const v1::SequenceInfo a = Sequence(single, "s");
-      const v1::SequenceInfo b = Sequence(sharded, "s");
-      ASSERT_EQ(a.block_tables_size(), b.block_tables_size());
-      for (int i = 0; i < a.block_tables_size(); ++i) {
-        EXPECT_THAT(b.block_tables(i).frames(),
-                    ::testing::ElementsAreArray(a.block_tables(i).frames()));
-      }
+      ExpectSameFrames(Sequence(single, "s"), Sequence(sharded, "s"));
       ExpectInvariants(sharded);
     }
   }
