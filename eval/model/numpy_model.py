@@ -205,12 +205,20 @@ class Model:
         """Greedy decoding: prefill `prompt`, then one token at a time until EOS or max_new."""
         kv = kv if kv is not None else DenseKV(self.config)
         logits = self.step(np.asarray(prompt), np.arange(len(prompt)), kv, stat_rows, on_layer)
-        out: List[int] = []
-        position = len(prompt)
+        return greedy_continue(logits, len(prompt), max_new, eos,
+                               lambda tokens, positions: self.step(tokens, positions, kv))
+
+
+def greedy_continue(logits: np.ndarray, position: int, max_new: int, eos: int,
+                    step) -> List[int]:
+    """The greedy tokens after a prefill whose logits are `logits` and whose next position is
+    `position`: step(tokens, positions) -> logits runs one new token; stops at EOS or max_new.
+    Model.generate's loop, and torch_model's."""
+    out: List[int] = []
+    token = int(np.argmax(logits[-1]))
+    while token != eos and len(out) < max_new:
+        out.append(token)
+        logits = step(np.array([token]), np.array([position]))
+        position += 1
         token = int(np.argmax(logits[-1]))
-        while token != eos and len(out) < max_new:
-            out.append(token)
-            logits = self.step(np.array([token]), np.array([position]), kv)
-            position += 1
-            token = int(np.argmax(logits[-1]))
-        return out
+    return out

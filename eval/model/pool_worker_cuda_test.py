@@ -12,9 +12,8 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import policies  # noqa: E402
 import tasks  # noqa: E402
-from model_test import random_model  # noqa: E402
+from pool_worker_test import DaemonFixture  # noqa: E402
 
 try:
     import torch  # noqa: E402
@@ -50,19 +49,7 @@ if torch is not None:
 @unittest.skipIf(torch is None or "ENTROKVD" not in os.environ or
                  "ENTROKV_CLI" not in os.environ,
                  "needs PyTorch, ENTROKVD, ENTROKV_CLI and the client on PYTHONPATH (ctest)")
-class CudaWorkerOnCpuTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.registry = policies.load(os.environ["ENTROKV_CLI"])
-        cls.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
-        cls.client = entrokv.Client(cls.daemon.address, timeout_s=60)
-        cls.model = random_model()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.client.close()
-        cls.daemon.stop()
-
+class CudaWorkerOnCpuTest(DaemonFixture, unittest.TestCase):
     def test_same_answers_and_kept_pages_as_the_host_worker_with_free_frames_poisoned(self):
         example = tasks.make_example("multi_key", 300, 2)
         for layout in ("group", "layer"):

@@ -45,11 +45,11 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
-@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ or
-                 "ENTROKV_CLI" not in os.environ,
-                 "needs ENTROKVD, ENTROKV_CLI and the client package on PYTHONPATH (run through "
-                 "ctest)")
-class PoolWorkerTest(unittest.TestCase):
+class DaemonFixture:
+    """A test class's daemon (ENTROKVD) on loopback, its client, the policy registry (ENTROKV_CLI)
+    and a random model of the real shapes; the daemon must exit 0 on SIGTERM. The pool worker
+    tests of both backends share it (mixed in before unittest.TestCase)."""
+
     @classmethod
     def setUpClass(cls):
         cls.registry = policies.load(os.environ["ENTROKV_CLI"])
@@ -64,6 +64,12 @@ class PoolWorkerTest(unittest.TestCase):
         if code != 0:
             raise AssertionError(f"entrokvd exited with {code} after SIGTERM")
 
+
+@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ or
+                 "ENTROKV_CLI" not in os.environ,
+                 "needs ENTROKVD, ENTROKV_CLI and the client package on PYTHONPATH (run through "
+                 "ctest)")
+class PoolWorkerTest(DaemonFixture, unittest.TestCase):
     def worker(self, name, registry=None, **kwargs):
         worker = pool_worker.PoolWorker(self.client, self.model, registry or self.registry,
                                         model_id=name, **kwargs)

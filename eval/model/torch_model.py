@@ -134,12 +134,6 @@ class TorchModel:
         """Greedy decoding with a dense cache, as Model.generate."""
         kv = TorchDenseKV(self.config, self.device)
         logits = self.step(np.asarray(prompt), np.arange(len(prompt)), kv)
-        out: List[int] = []
-        position = len(prompt)
-        token = int(np.argmax(logits[-1]))
-        while token != eos and len(out) < max_new:
-            out.append(token)
-            logits = self.step(np.array([token]), np.array([position]), kv)
-            position += 1
-            token = int(np.argmax(logits[-1]))
-        return out
+        return numpy_model.greedy_continue(
+            logits, len(prompt), max_new, eos,
+            lambda tokens, positions: self.step(tokens, positions, kv))
