@@ -92,7 +92,8 @@ int PoolOf(PoolingKind kind) {
 bool SameBatch(const LayerRequest& a, const LayerRequest& b) {
   return a.query_heads == b.query_heads && a.kv_groups == b.kv_groups && a.tokens == b.tokens &&
          a.statistic->dtype() == b.statistic->dtype() && a.measure == b.measure &&
-         a.scope == b.scope && a.page_scores == b.page_scores;
+         a.scope == b.scope && a.page_scores == b.page_scores &&
+         a.cached_weights.empty() == b.cached_weights.empty();
 }
 
 // A host copy of a statistic in device memory, in *bytes.
@@ -147,17 +148,15 @@ struct Scorer::State {
                         std::span<const size_t> layers,
                         std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
   // RunBatch's end for the device selection: the kept pages from the device, the weights and
-  // entropies from RunBatch (`entropies`, host_weights).
+  // entropies from RunBatch (host_weights, and host_entropies when `derived`).
   absl::Status SelectOnDevice(const Policy& policy, const PolicyOptions& options,
                               std::span<const LayerRequest> requests, const LayerRequest* host,
-                              std::span<const size_t> layers, int64_t pages,
-                              const std::vector<std::vector<double>>& entropies,
+                              std::span<const size_t> layers, int64_t pages, bool derived,
                               std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results);
   // Layer i of a batch's decision before its pages: the shape, and each group's head weights
-  // (host_weights, none for max pooling) and entropies (when computed).
+  // (host_weights, none for max pooling) and entropies (host_entropies, when `derived`).
   LayerDecision StartDecision(const Pooling& pooling, const LayerRequest& request, size_t i,
-                              int64_t pages, int heads, int groups,
-                              const std::vector<double>& layer_entropies) const;
+                              int64_t pages, int heads, int groups, bool derived) const;
   // A layer whose values the device found bad: the CPU path's error, from a host view.
   absl::Status ValueError(const LayerRequest& request, const LayerRequest* host, size_t l);
   absl::StatusOr<std::vector<LayerDecision>> Decide(const Policy& policy,
@@ -166,18 +165,26 @@ struct Scorer::State {
                                                     const LayerRequest* host);
 
   int device;
+  int64_t chunk_bytes = 1;  // Create's
   cudaStream_t stream = nullptr;
   GroupFinisher finisher;
   DeviceBuffer<const void*> layer_pointers;
+  PinnedBuffer<const void*> host_layer_pointers;
   DeviceBuffer<char> staging;
   DeviceBuffer<double> sums;
+  DeviceBuffer<int> group_counters;  // the entropy kernel's count of each group's finished rows
+  DeviceBuffer<double> entropies;
+  PinnedBuffer<double> host_entropies;
   DeviceBuffer<double> weights;
+  PinnedBuffer<double> host_weights;
   DeviceBuffer<float> page_max;
   DeviceBuffer<float> head_max;
   DeviceBuffer<double> page_sums;
   DeviceBuffer<int> bad;
   // The device selection (group scope, nothing measured, no page scores asked).
   DeviceBuffer<int64_t> select_plan;  // quotas, output offsets, protected offsets
+  PinnedBuffer<int64_t> host_select_plan;
+  PinnedBuffer<int32_t> host_protected_pages;
   DeviceBuffer<int32_t> protected_pages;
   DeviceBuffer<uint8_t> live;
   DeviceBuffer<uint32_t> keys;
@@ -185,9 +192,9 @@ struct Scorer::State {
   PinnedBuffer<int32_t> host_kept;
   DeviceBuffer<uint32_t> union_bits;  // per layer, the pages any group keeps
   PinnedBuffer<uint32_t> host_union_bits;
-  std::vector<double> host_sums, host_weights, host_page_sums;
+  std::vector<double> host_page_sums;
   std::vector<float> host_page_max, host_head_max;
-  std::vector<int> host_bad;
+  PinnedBuffer<int> host_bad;
 };
 
 absl::Status Scorer::State::RunBatch(
@@ -207,71 +214,26 @@ absl::Status Scorer::State::RunBatch(
   const auto head_pages = rows * static_cast<size_t>(pages);
   const Pooling pooling = policy.pooling();
 
-  std::vector<const void*> pointers(count);
-  for (size_t i = 0; i < count; ++i) pointers[i] = requests[layers[i]].statistic->data();
   RETURN_IF_ERROR(layer_pointers.Reserve(count));
-  RETURN_IF_ERROR(
-      CudaCall(cudaMemcpyAsync(layer_pointers.data(), pointers.data(), count * sizeof(const void*),
-                               cudaMemcpyHostToDevice, stream),
-               "cudaMemcpyAsync"));
-  kernels::Batch batch{.layers = layer_pointers.data(),
-                       .layer_count = static_cast<int>(count),
-                       .heads = heads,
-                       .groups = groups,
-                       .tokens = tokens,
-                       .element = ElementOf(first.statistic->dtype())};
-
-  // Head weights: from the device's entropy sums through the host's functions, cached, or the
-  // mean's scale; the decisions carry them as the CPU path's do.
-  std::vector<std::vector<double>> entropies(count);
-  host_weights.assign(rows, 0.0);
-  if (pooling.kind == PoolingKind::kEntropyWeighted) {
-    const int64_t sinks =
-        std::min<int64_t>(pooling.isolate_sinks ? options.sink_tokens : 0, tokens);
-    const bool any_uncached = std::any_of(
-        layers.begin(), layers.end(), [&](size_t l) { return requests[l].cached_weights.empty(); });
-    if (any_uncached) {
-      RETURN_IF_ERROR(sums.Reserve(2 * rows));
-      RETURN_IF_ERROR(CudaCall(static_cast<cudaError_t>(kernels::LaunchEntropySums(
-                                   batch, sinks, options.alpha == 2.0, sums.data(), stream)),
-                               "entropy kernel"));
-      host_sums.resize(2 * rows);
-      RETURN_IF_ERROR(
-          CudaCall(cudaMemcpyAsync(host_sums.data(), sums.data(), 2 * rows * sizeof(double),
-                                   cudaMemcpyDeviceToHost, stream),
-                   "cudaMemcpyAsync"));
-      RETURN_IF_ERROR(CudaCall(cudaStreamSynchronize(stream), "cudaStreamSynchronize"));
-    }
-    for (size_t i = 0; i < count; ++i) {
-      const LayerRequest& request = requests[layers[i]];
-      double* w = host_weights.data() + i * static_cast<size_t>(heads);
-      if (!request.cached_weights.empty()) {
-        std::copy(request.cached_weights.begin(), request.cached_weights.end(), w);
-        continue;
-      }
-      entropies[i].resize(static_cast<size_t>(heads));
-      for (int h = 0; h < heads; ++h) {
-        const size_t row = i * static_cast<size_t>(heads) + static_cast<size_t>(h);
-        entropies[i][static_cast<size_t>(h)] = EntropyFromSums(
-            EntropySums{.total = host_sums[2 * row], .power = host_sums[2 * row + 1]},
-            options.alpha, tokens - sinks);
-      }
-      for (int g = 0; g < groups; ++g) {
-        const std::vector<double> group_weights =
-            EntropyWeights(std::span<const double>(entropies[i])
-                               .subspan(static_cast<size_t>(g * r), static_cast<size_t>(r)),
-                           options.tau);
-        std::copy(group_weights.begin(), group_weights.end(), w + g * r);
-      }
-    }
-  } else if (pooling.kind == PoolingKind::kMean) {
-    std::fill(host_weights.begin(), host_weights.end(), MeanScale(static_cast<size_t>(r)));
+  RETURN_IF_ERROR(host_layer_pointers.Reserve(count));
+  bool aligned = true;  // every layer's rows may be read 16 bytes at a time
+  for (size_t i = 0; i < count; ++i) {
+    const void* data = requests[layers[i]].statistic->data();
+    host_layer_pointers.data()[i] = data;
+    aligned = aligned && reinterpret_cast<uintptr_t>(data) % 16 == 0;
   }
+  RETURN_IF_ERROR(
+      CudaCall(cudaMemcpyAsync(layer_pointers.data(), host_layer_pointers.data(),
+                               count * sizeof(const void*), cudaMemcpyHostToDevice, stream),
+               "cudaMemcpyAsync"));
+  const kernels::Batch batch{.layers = layer_pointers.data(),
+                             .layer_count = static_cast<int>(count),
+                             .heads = heads,
+                             .groups = groups,
+                             .tokens = tokens,
+                             .element = ElementOf(first.statistic->dtype())};
   RETURN_IF_ERROR(weights.Reserve(rows));
-  RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(weights.data(), host_weights.data(),
-                                           rows * sizeof(double), cudaMemcpyHostToDevice, stream),
-                           "cudaMemcpyAsync"));
-
+  RETURN_IF_ERROR(host_weights.Reserve(rows));
   RETURN_IF_ERROR(page_max.Reserve(group_pages));
   RETURN_IF_ERROR(bad.Reserve(count));
   if (measure) {
@@ -280,17 +242,88 @@ absl::Status Scorer::State::RunBatch(
   }
   RETURN_IF_ERROR(
       CudaCall(cudaMemsetAsync(bad.data(), 0, count * sizeof(int), stream), "cudaMemsetAsync"));
-  RETURN_IF_ERROR(
-      CudaCall(static_cast<cudaError_t>(kernels::LaunchPool(
-                   batch, PoolOf(pooling.kind), weights.data(), MeanScale(static_cast<size_t>(r)),
-                   options.page_size, pages, measure, page_max.data(), head_max.data(),
-                   page_sums.data(), bad.data(), stream)),
-               "pool kernel"));
+  // Pools the layers [begin, begin + n) of the batch with their weights on the device.
+  auto pool = [&](size_t begin, size_t n) {
+    kernels::Batch part = batch;
+    part.layers += begin;
+    part.layer_count = static_cast<int>(n);
+    const size_t g = static_cast<size_t>(groups) * static_cast<size_t>(pages);
+    const size_t h = static_cast<size_t>(heads) * static_cast<size_t>(pages);
+    return CudaCall(
+        static_cast<cudaError_t>(kernels::LaunchPool(
+            part, PoolOf(pooling.kind), weights.data() + begin * heads,
+            MeanScale(static_cast<size_t>(r)), options.page_size, pages, measure, aligned,
+            page_max.data() + begin * g, measure ? head_max.data() + begin * h : nullptr,
+            measure ? page_sums.data() + begin * g : nullptr, bad.data() + begin, stream)),
+        "pool kernel");
+  };
+
+  // Head weights. Entropy-weighted without cached weights: the device derives them from its
+  // entropy sums (portable_math.h, the CPU's bits), and the decisions get them from the device
+  // with the entropies. The layers go a few at a time, each chunk's entropy sums and then its
+  // pooling, so that the pooling finds the chunk's statistic still in L2. Otherwise the host's:
+  // the cached weights, or the mean's scale (the kernel takes the scale itself).
+  const bool derived =
+      pooling.kind == PoolingKind::kEntropyWeighted && first.cached_weights.empty();
+  if (derived) {
+    const int64_t sinks =
+        std::min<int64_t>(pooling.isolate_sinks ? options.sink_tokens : 0, tokens);
+    RETURN_IF_ERROR(sums.Reserve(2 * rows));
+    RETURN_IF_ERROR(group_counters.Reserve(count * static_cast<size_t>(groups)));
+    RETURN_IF_ERROR(entropies.Reserve(rows));
+    RETURN_IF_ERROR(host_entropies.Reserve(rows));
+    RETURN_IF_ERROR(
+        CudaCall(cudaMemsetAsync(group_counters.data(), 0,
+                                 count * static_cast<size_t>(groups) * sizeof(int), stream),
+                 "cudaMemsetAsync"));
+    const int64_t layer_bytes = static_cast<int64_t>(heads) * tokens *
+                                static_cast<int64_t>(DTypeBytes(first.statistic->dtype()));
+    const auto chunk = static_cast<size_t>(std::max<int64_t>(1, chunk_bytes / layer_bytes));
+    for (size_t begin = 0; begin < count; begin += chunk) {
+      const size_t n = std::min(chunk, count - begin);
+      kernels::Batch part = batch;
+      part.layers += begin;
+      part.layer_count = static_cast<int>(n);
+      const kernels::DerivedWeights out{
+          .alpha = options.alpha,
+          .tau = options.tau,
+          .counters = group_counters.data() + begin * static_cast<size_t>(groups),
+          .entropies = entropies.data() + begin * static_cast<size_t>(heads),
+          .weights = weights.data() + begin * static_cast<size_t>(heads)};
+      RETURN_IF_ERROR(
+          CudaCall(static_cast<cudaError_t>(kernels::LaunchEntropySums(
+                       part, sinks, options.alpha == 2.0,
+                       sums.data() + 2 * begin * static_cast<size_t>(heads), &out, stream)),
+                   "entropy kernel"));
+      RETURN_IF_ERROR(pool(begin, n));
+    }
+    auto to_host = [&](double* dst, const double* src) {
+      return CudaCall(
+          cudaMemcpyAsync(dst, src, rows * sizeof(double), cudaMemcpyDeviceToHost, stream),
+          "cudaMemcpyAsync");
+    };
+    RETURN_IF_ERROR(to_host(host_weights.data(), weights.data()));
+    RETURN_IF_ERROR(to_host(host_entropies.data(), entropies.data()));
+  } else {
+    double* w = host_weights.data();
+    std::fill(w, w + rows,
+              pooling.kind == PoolingKind::kMean ? MeanScale(static_cast<size_t>(r)) : 0.0);
+    if (pooling.kind == PoolingKind::kEntropyWeighted) {
+      for (size_t i = 0; i < count; ++i) {
+        const std::span<const double> cached = requests[layers[i]].cached_weights;
+        std::copy(cached.begin(), cached.end(), w + i * static_cast<size_t>(heads));
+      }
+    }
+    RETURN_IF_ERROR(CudaCall(
+        cudaMemcpyAsync(weights.data(), w, rows * sizeof(double), cudaMemcpyHostToDevice, stream),
+        "cudaMemcpyAsync"));
+    RETURN_IF_ERROR(pool(0, count));
+  }
   if (!measure && first.scope == SelectionScope::kGroup && !first.page_scores) {
-    return SelectOnDevice(policy, options, requests, host, layers, pages, entropies, results);
+    return SelectOnDevice(policy, options, requests, host, layers, pages, derived, results);
   }
   host_page_max.resize(group_pages);
-  host_bad.resize(count);
+  RETURN_IF_ERROR(host_bad.Reserve(count));
   auto to_host = [&](void* dst, const void* src, size_t bytes) {
     return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream),
                     "cudaMemcpyAsync");
@@ -309,11 +342,11 @@ absl::Status Scorer::State::RunBatch(
   for (size_t i = 0; i < count; ++i) {
     const size_t l = layers[i];
     const LayerRequest& request = requests[l];
-    if (host_bad[i] != 0) {
+    if (host_bad.data()[i] != 0) {
       results[l] = ValueError(request, host, l);
       continue;
     }
-    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, entropies[i]);
+    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, derived);
     const size_t layer_group_pages = static_cast<size_t>(groups) * n;
     const std::span<const float> layer_scores(host_page_max.data() + i * layer_group_pages,
                                               layer_group_pages);
@@ -342,7 +375,7 @@ absl::Status Scorer::State::RunBatch(
 
 LayerDecision Scorer::State::StartDecision(const Pooling& pooling, const LayerRequest& request,
                                            size_t i, int64_t pages, int heads, int groups,
-                                           const std::vector<double>& layer_entropies) const {
+                                           bool derived) const {
   const int r = heads / groups;
   LayerDecision decision;
   decision.page_count = pages;
@@ -350,15 +383,14 @@ LayerDecision Scorer::State::StartDecision(const Pooling& pooling, const LayerRe
   decision.groups.resize(static_cast<size_t>(groups));
   for (int g = 0; g < groups; ++g) {
     GroupDecision& group = decision.groups[static_cast<size_t>(g)];
-    const auto first_head =
-        static_cast<ptrdiff_t>(i * static_cast<size_t>(heads) + static_cast<size_t>(g * r));
+    const size_t first_head = i * static_cast<size_t>(heads) + static_cast<size_t>(g * r);
     if (pooling.kind != PoolingKind::kMax) {
-      group.weights.assign(host_weights.begin() + first_head,
-                           host_weights.begin() + first_head + r);
+      const double* w = host_weights.data() + first_head;
+      group.weights.assign(w, w + r);
     }
-    if (!layer_entropies.empty()) {
-      group.entropies.assign(layer_entropies.begin() + g * r,
-                             layer_entropies.begin() + (g + 1) * r);
+    if (derived) {
+      const double* e = host_entropies.data() + first_head;
+      group.entropies.assign(e, e + r);
     }
   }
   return decision;
@@ -389,8 +421,7 @@ absl::Status Scorer::State::ValueError(const LayerRequest& request, const LayerR
 
 absl::Status Scorer::State::SelectOnDevice(
     const Policy& policy, const PolicyOptions& options, std::span<const LayerRequest> requests,
-    const LayerRequest* host, std::span<const size_t> layers, int64_t pages,
-    const std::vector<std::vector<double>>& entropies,
+    const LayerRequest* host, std::span<const size_t> layers, int64_t pages, bool derived,
     std::vector<std::optional<absl::StatusOr<LayerDecision>>>& results) {
   const LayerRequest& first = requests[layers.front()];
   const int groups = first.kv_groups;
@@ -440,8 +471,14 @@ absl::Status Scorer::State::SelectOnDevice(
     return CudaCall(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream),
                     "cudaMemcpyAsync");
   };
-  RETURN_IF_ERROR(to_device(select_plan.data(), plan.data(), plan.size() * sizeof(int64_t)));
-  RETURN_IF_ERROR(to_device(protected_pages.data(), protected_list.data(),
+  // Through pinned memory, so the copies neither stage nor wait.
+  RETURN_IF_ERROR(host_select_plan.Reserve(plan.size()));
+  RETURN_IF_ERROR(host_protected_pages.Reserve(protected_list.size()));
+  std::copy(plan.begin(), plan.end(), host_select_plan.data());
+  std::copy(protected_list.begin(), protected_list.end(), host_protected_pages.data());
+  RETURN_IF_ERROR(
+      to_device(select_plan.data(), host_select_plan.data(), plan.size() * sizeof(int64_t)));
+  RETURN_IF_ERROR(to_device(protected_pages.data(), host_protected_pages.data(),
                             protected_list.size() * sizeof(int32_t)));
   if (any_live) {
     RETURN_IF_ERROR(live.Reserve(live_flat.size()));
@@ -464,7 +501,7 @@ absl::Status Scorer::State::SelectOnDevice(
       CudaCall(cudaMemcpyAsync(host_union_bits.data(), union_bits.data(),
                                union_words * sizeof(uint32_t), cudaMemcpyDeviceToHost, stream),
                "cudaMemcpyAsync"));
-  host_bad.resize(count);
+  RETURN_IF_ERROR(host_bad.Reserve(count));
   RETURN_IF_ERROR(CudaCall(cudaMemcpyAsync(host_kept.data(), kept.data(),
                                            static_cast<size_t>(total_kept) * sizeof(int32_t),
                                            cudaMemcpyDeviceToHost, stream),
@@ -477,11 +514,11 @@ absl::Status Scorer::State::SelectOnDevice(
   for (size_t i = 0; i < count; ++i) {
     const size_t l = layers[i];
     const LayerRequest& request = requests[l];
-    if (host_bad[i] != 0) {
+    if (host_bad.data()[i] != 0) {
       results[l] = ValueError(request, host, l);
       continue;
     }
-    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, entropies[i]);
+    LayerDecision decision = StartDecision(pooling, request, i, pages, heads, groups, derived);
     for (int g = 0; g < groups; ++g) {
       GroupDecision& group = decision.groups[static_cast<size_t>(g)];
       const size_t lg = i * static_cast<size_t>(groups) + static_cast<size_t>(g);
@@ -551,7 +588,7 @@ Scorer::~Scorer() = default;
 
 int Scorer::device() const { return state_->device; }
 
-absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device) {
+absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device, int64_t chunk_bytes) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess || count == 0) {
     return absl::UnavailableError(
@@ -565,6 +602,10 @@ absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device) {
   }
   auto state = std::make_unique<State>(device);
   const DeviceScope scope(device);
+  int l2_bytes = 0;
+  RETURN_IF_ERROR(CudaCall(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
+                           "cudaDeviceGetAttribute"));
+  state->chunk_bytes = chunk_bytes > 0 ? chunk_bytes : l2_bytes / 2;
   RETURN_IF_ERROR(CudaCall(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking),
                            "cudaStreamCreate"));
   return std::unique_ptr<Scorer>(new Scorer(std::move(state)));

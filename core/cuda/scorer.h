@@ -1,13 +1,15 @@
 // The CUDA scorer (docs/performance.md, "The GPU path"): the fused policies' passes over the
-// statistic run on a GPU (striped entropy sums, the pooled page maxima with the values'
-// validation and, to measure, each head's page maxima and the head-mean row's page sums); the
-// head weights come from the sums through the same host functions, and the page-level half
-// (selection, protections, measurements, layer scope) is GroupFinisher's. So its decisions are
-// the CPU path's bit for bit (tests/gpu/ checks that on a GPU). Plain C++: includable without
-// nvcc or the CUDA headers.
+// statistic run on a GPU (striped entropy sums, the head weights from them through the CPU's own
+// arithmetic in portable_math.h, the pooled page maxima with the values' validation and, to
+// measure, each head's page maxima and the head-mean row's page sums), and so does the selection
+// of group scope; the rest of the page-level half (protections' measurements, layer scope, page
+// scores) is GroupFinisher's on the host. So its decisions are the CPU path's bit for bit
+// (cuda_scorer_test checks that on a GPU). Plain C++: includable without nvcc or the CUDA
+// headers.
 #ifndef ENTROKV_CORE_CUDA_SCORER_H_
 #define ENTROKV_CORE_CUDA_SCORER_H_
 
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -30,8 +32,11 @@ namespace entrokv::cuda {
 class Scorer {
  public:
   // UNAVAILABLE with no driver or device; INVALID_ARGUMENT naming `device` when it does not
-  // exist.
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scorer>> Create(int device);
+  // exist. The entropy-weighted layers go chunk_bytes of statistic at a time (at least one
+  // layer), each chunk's entropy sums and then its pooling, so the pooling reads the chunk from
+  // L2; 0 takes half the device's L2. (Tests pass 1: a layer a chunk.)
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scorer>> Create(int device,
+                                                                      int64_t chunk_bytes = 0);
   ~Scorer();
   Scorer(const Scorer&) = delete;
   Scorer& operator=(const Scorer&) = delete;

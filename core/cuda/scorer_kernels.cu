@@ -2,8 +2,11 @@
 //  - Entropy sums: thread k of a row's block is lane k of entropy.h's striped order, adding its
 //    values in order from +0, and the block folds the lanes in the same pairwise order. Every
 //    operation is an explicit round-to-nearest intrinsic, so nvcc contracts nothing into an FMA.
-//  - Pooling: one thread per token adds w_h * x_h (or x_h) head by head from +0 in double and
-//    rounds once to float, as PoolRows and MeanRows do; the max starts at +0 and takes
+//  - Entropies and head weights: portable_math.h's functions, the CPU's own, through those
+//    intrinsics.
+//  - Pooling: one thread per token (or per 16 bytes of tokens, each added on its own) adds
+//    w_h * x_h (or x_h) head by head from +0 in double and rounds once to float, as PoolRows and
+//    MeanRows do; the max starts at +0 and takes
 //    x > acc ? x : acc, as the CPU's maxps does.
 //  - Page maxima: no NaN and no -0 in the pooled row, so the max is the same in any order; a
 //    head's page maximum may differ in the sign of a zero, which its selection key ignores.
@@ -18,13 +21,35 @@
 #include <cuda_runtime.h>
 
 #include <cmath>
+#include <cub/block/block_scan.cuh>
+#include <type_traits>
+
+#include "core/scoring/portable_math.h"
 
 namespace entrokv::cuda::kernels {
 namespace {
 
 constexpr int kPoolThreads = 256;
 constexpr int kTileTokens = 2048;  // tokens of pooled row one block holds (whole pages)
-constexpr int kLoadBatch = 8;      // loads a pooling thread has in flight
+constexpr int kLoadBatch = 8;      // loads (heads) a pooling thread has in flight
+constexpr int kVectorBatch = 4;    // 16-byte loads (heads) an aligned pooling thread has in flight
+constexpr int kPoolBlocksPerSm = 3;
+constexpr int kEntropyDepth = 16;  // loads an entropy lane has in flight
+
+// portable_math.h's arithmetic on the device: round-to-nearest intrinsics, never an FMA.
+struct DeviceArithmetic {
+  __device__ static double Add(double a, double b) { return __dadd_rn(a, b); }
+  __device__ static double Sub(double a, double b) { return __dsub_rn(a, b); }
+  __device__ static double Mul(double a, double b) { return __dmul_rn(a, b); }
+  __device__ static double Div(double a, double b) { return __ddiv_rn(a, b); }
+  __device__ static double Frexp(double x, int* exponent) { return frexp(x, exponent); }
+  __device__ static double Ldexp(double x, int exponent) { return ldexp(x, exponent); }
+  __device__ static double Rint(double x) { return rint(x); }
+};
+
+// Elements of 16 bytes.
+template <int kElement>
+inline constexpr int kVector = kElement == kF32 ? 4 : 8;
 
 template <int kElement>
 __device__ __forceinline__ float Load(const void* base, int64_t index) {
@@ -37,10 +62,74 @@ __device__ __forceinline__ float Load(const void* base, int64_t index) {
   }
 }
 
+// The 16 bytes at element `index` (a multiple of kVector, the address 16-byte aligned) as floats.
+template <int kElement>
+__device__ __forceinline__ void LoadVector(const void* base, int64_t index,
+                                           float (&out)[kVector<kElement>]) {
+  if constexpr (kElement == kF32) {
+    const float4 v = *reinterpret_cast<const float4*>(static_cast<const float*>(base) + index);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  } else {
+    using Pair = std::conditional_t<kElement == kF16, __half2, __nv_bfloat162>;
+    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const Pair*>(base) + index / 2);
+    const Pair* pairs = reinterpret_cast<const Pair*>(&raw);
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      float2 f;
+      if constexpr (kElement == kF16) {
+        f = __half22float2(pairs[q]);
+      } else {
+        f = __bfloat1622float2(pairs[q]);
+      }
+      out[2 * q] = f.x;
+      out[2 * q + 1] = f.y;
+    }
+  }
+}
+
+template <bool kSquares>
+__device__ __forceinline__ void AddToLane(float value, double& total, double& power) {
+  const double x = static_cast<double>(value);
+  total = __dadd_rn(total, x);
+  if constexpr (kSquares) {
+    power = __dadd_rn(power, __dmul_rn(x, x));
+  } else {
+    power = power < x ? x : power;  // std::max(power, x)
+  }
+}
+
+// The group's entropies and weights, by the last of its row blocks to finish (DerivedWeights).
+__device__ void DeriveWeights(const double2* sums, int lg, int r, int64_t support,
+                              const DerivedWeights& derived) {
+  __shared__ bool last;
+  __syncthreads();  // sums[row] is written (thread 0)
+  if (threadIdx.x == 0) {
+    __threadfence();  // the row's sums before the count that publishes them
+    last = atomicAdd(derived.counters + lg, 1) == r - 1;
+  }
+  __syncthreads();
+  if (!last) return;
+  __threadfence();  // the other rows' sums after their counts
+  const int64_t first_row = static_cast<int64_t>(lg) * r;
+  for (int i = threadIdx.x; i < r; i += blockDim.x) {
+    const double2 row = __ldcg(sums + first_row + i);
+    derived.entropies[first_row + i] =
+        portable::EntropyOfSums<DeviceArithmetic>(row.x, row.y, derived.alpha, support);
+  }
+  __syncthreads();  // the entropies are visible to thread 0
+  if (threadIdx.x == 0) {
+    portable::SoftminWeights<DeviceArithmetic>(derived.entropies + first_row, r, derived.tau,
+                                               derived.weights + first_row);
+  }
+}
+
 template <int kElement, bool kSquares>
 __global__ void __launch_bounds__(kLanes)
-    EntropySumsKernel(const void* const* layers, int heads, int64_t tokens, int64_t sinks,
-                      double2* sums) {
+    EntropySumsKernel(const void* const* layers, int heads, int groups, int64_t tokens,
+                      int64_t sinks, double2* sums, DerivedWeights derived) {
   const int row = blockIdx.x;
   const int layer = row / heads;
   const int head = row % heads;
@@ -49,16 +138,17 @@ __global__ void __launch_bounds__(kLanes)
   const int64_t count = tokens - sinks;
   double total = 0.0;
   double power = 0.0;
-#pragma unroll 8
-  for (int64_t j = threadIdx.x; j < count; j += kLanes) {
-    const double x = static_cast<double>(Load<kElement>(data, first + j));
-    total = __dadd_rn(total, x);
-    if constexpr (kSquares) {
-      power = __dadd_rn(power, __dmul_rn(x, x));
-    } else {
-      power = power < x ? x : power;  // std::max(power, x)
-    }
+  // kEntropyDepth of the lane's values are loaded before any is added (they overlap in memory);
+  // the lane adds them in order.
+  int64_t j = threadIdx.x;
+  for (; j + (kEntropyDepth - 1) * kLanes < count; j += kEntropyDepth * kLanes) {
+    float xs[kEntropyDepth];
+#pragma unroll
+    for (int i = 0; i < kEntropyDepth; ++i) xs[i] = Load<kElement>(data, first + j + i * kLanes);
+#pragma unroll
+    for (int i = 0; i < kEntropyDepth; ++i) AddToLane<kSquares>(xs[i], total, power);
   }
+  for (; j < count; j += kLanes) AddToLane<kSquares>(Load<kElement>(data, first + j), total, power);
   __shared__ double lane_total[kLanes];
   __shared__ double lane_power[kLanes];
   const int k = threadIdx.x;
@@ -79,13 +169,38 @@ __global__ void __launch_bounds__(kLanes)
     __syncthreads();
   }
   if (k == 0) sums[row] = make_double2(lane_total[0], lane_power[0]);
+  if (derived.counters != nullptr) {
+    const int r = heads / groups;
+    DeriveWeights(sums, layer * groups + head / r, r, count, derived);
+  }
 }
 
 __device__ __forceinline__ bool ValueOk(float x) { return x >= 0.0f && x < INFINITY; }
 
-// Block (x, y): pages [x * tile_pages, ...) of group y = l * groups + g.
-template <int kElement, int kPool, bool kMeasure>
-__global__ void __launch_bounds__(kPoolThreads)
+// One token's pooling, a head at a time in head order (PoolRows, MeanRows, the max).
+template <int kPool, bool kMeasure>
+struct TokenPool {
+  double acc = 0.0;
+  double sum = 0.0;
+  float max_acc = 0.0f;
+  __device__ __forceinline__ void Add(float x, double w, bool& ok) {
+    ok = ok && ValueOk(x);
+    if constexpr (kPool == kMax) max_acc = x > max_acc ? x : max_acc;
+    if constexpr (kPool == kWeighted) acc = __dadd_rn(acc, __dmul_rn(w, static_cast<double>(x)));
+    if constexpr (kPool == kMean || kMeasure) sum = __dadd_rn(sum, static_cast<double>(x));
+  }
+  // The pooled value, and the head-mean row's (measure).
+  __device__ __forceinline__ void Store(double scale, float* pooled, float* second) const {
+    const float mean = __double2float_rn(__dmul_rn(sum, scale));
+    *pooled = kPool == kMax ? max_acc : kPool == kWeighted ? __double2float_rn(acc) : mean;
+    if constexpr (kMeasure) *second = mean;
+  }
+};
+
+// Block (x, y): pages [x * tile_pages, ...) of group y = l * groups + g. kAligned: the rows and
+// the tile start at 16-byte boundaries, so whole 16 bytes of a row are loaded at once.
+template <int kElement, int kPool, bool kMeasure, bool kAligned>
+__global__ void __launch_bounds__(kPoolThreads, kPoolBlocksPerSm)
     PoolKernel(const void* const* layers, int heads, int groups, int64_t tokens,
                const double* weights, double scale, int page_size, int tile_pages, int64_t pages,
                float* page_max, float* head_max, double* page_sums, int* bad) {
@@ -107,12 +222,34 @@ __global__ void __launch_bounds__(kPoolThreads)
   const int64_t row0 = static_cast<int64_t>(group) * r * tokens + first_token;
   const double* w = weights + static_cast<int64_t>(layer) * heads + group * r;
   bool ok = true;
-  for (int k = threadIdx.x; k < tile_tokens; k += kPoolThreads) {
-    double acc = 0.0;
-    double sum = 0.0;
-    float max_acc = 0.0f;
-    // The heads' loads go out kLoadBatch at a time (independent, so they overlap in memory),
-    // then the arithmetic takes them in head order.
+  // The heads' loads go out kLoadBatch at a time (independent, so they overlap in memory), then
+  // the arithmetic takes them in head order. Aligned: kV tokens a thread, 16 bytes a load,
+  // kVectorBatch heads at a time.
+  constexpr int kV = kVector<kElement>;
+  const int vector_tokens = kAligned ? tile_tokens / kV * kV : 0;
+  for (int k = threadIdx.x * kV; k < vector_tokens; k += kPoolThreads * kV) {
+    TokenPool<kPool, kMeasure> token[kV];
+    for (int i0 = 0; i0 < r; i0 += kVectorBatch) {
+      float xs[kVectorBatch][kV];
+#pragma unroll
+      for (int j = 0; j < kVectorBatch; ++j) {
+        if (i0 + j < r) {
+          LoadVector<kElement>(data, row0 + static_cast<int64_t>(i0 + j) * tokens + k, xs[j]);
+        }
+      }
+#pragma unroll
+      for (int j = 0; j < kVectorBatch; ++j) {
+        if (i0 + j >= r) break;
+        const double wj = kPool == kWeighted ? w[i0 + j] : 0.0;
+#pragma unroll
+        for (int v = 0; v < kV; ++v) token[v].Add(xs[j][v], wj, ok);
+      }
+    }
+#pragma unroll
+    for (int v = 0; v < kV; ++v) token[v].Store(scale, pooled + k + v, second + k + v);
+  }
+  for (int k = vector_tokens + threadIdx.x; k < tile_tokens; k += kPoolThreads) {
+    TokenPool<kPool, kMeasure> token;
     for (int i0 = 0; i0 < r; i0 += kLoadBatch) {
       float xs[kLoadBatch];
 #pragma unroll
@@ -123,18 +260,10 @@ __global__ void __launch_bounds__(kPoolThreads)
 #pragma unroll
       for (int j = 0; j < kLoadBatch; ++j) {
         if (i0 + j >= r) break;
-        const float x = xs[j];
-        ok = ok && ValueOk(x);
-        if constexpr (kPool == kMax) max_acc = x > max_acc ? x : max_acc;
-        if constexpr (kPool == kWeighted) {
-          acc = __dadd_rn(acc, __dmul_rn(w[i0 + j], static_cast<double>(x)));
-        }
-        if constexpr (kPool == kMean || kMeasure) sum = __dadd_rn(sum, static_cast<double>(x));
+        token.Add(xs[j], kPool == kWeighted ? w[i0 + j] : 0.0, ok);
       }
     }
-    const float mean = __double2float_rn(__dmul_rn(sum, scale));
-    pooled[k] = kPool == kMax ? max_acc : kPool == kWeighted ? __double2float_rn(acc) : mean;
-    if constexpr (kMeasure) second[k] = mean;
+    token.Store(scale, pooled + k, second + k);
   }
   if (!__syncthreads_and(ok) && threadIdx.x == 0) atomicExch(bad + layer, 1);
   const int64_t out = static_cast<int64_t>(lg) * pages + first_page;
@@ -220,6 +349,8 @@ __global__ void __launch_bounds__(kSelectThreads)
   __syncthreads();
   // The quota-th largest key, a byte at a time from the top; `remaining` ends as how many keys
   // equal to it are kept.
+  using Scan = cub::BlockScan<long long, kSelectThreads>;
+  __shared__ typename Scan::TempStorage scan_storage;
   __shared__ unsigned int histogram[256];
   __shared__ uint32_t shared_prefix;
   __shared__ long long shared_remaining;
@@ -234,16 +365,16 @@ __global__ void __launch_bounds__(kSelectThreads)
       if ((k & mask) == prefix) atomicAdd(&histogram[(k >> shift) & 255u], 1u);
     }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      long long above = 0;
-      for (int b = 255; b >= 0; --b) {
-        if (above + histogram[b] >= remaining || b == 0) {
-          shared_prefix = prefix | (static_cast<uint32_t>(b) << shift);
-          shared_remaining = remaining - above;
-          break;
-        }
-        above += histogram[b];
-      }
+    // The byte: the highest bin b whose keys and those above reach `remaining` (bin 0 if none);
+    // thread i holds bin 255 - i, so a prefix sum over threads counts each bin and those above.
+    const int b = 255 - static_cast<int>(threadIdx.x);
+    const long long here = b >= 0 ? histogram[b] : 0;
+    long long through = 0;  // keys in bins >= b
+    Scan(scan_storage).InclusiveSum(here, through);
+    const long long above = through - here;
+    if (b >= 0 && above < remaining && (through >= remaining || b == 0)) {
+      shared_prefix = prefix | (static_cast<uint32_t>(b) << shift);
+      shared_remaining = remaining - above;
     }
     __syncthreads();
     prefix = shared_prefix;
@@ -279,55 +410,72 @@ __global__ void __launch_bounds__(kSelectThreads)
 
 template <int kElement>
 int LaunchEntropyFor(const Batch& batch, int64_t sinks, bool squares, double* sums,
-                     cudaStream_t stream) {
+                     const DerivedWeights* derived, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(batch.layer_count * batch.heads));
   auto* out = reinterpret_cast<double2*>(sums);
+  const DerivedWeights weights = derived != nullptr ? *derived : DerivedWeights{};
   if (squares) {
-    EntropySumsKernel<kElement, true>
-        <<<grid, kLanes, 0, stream>>>(batch.layers, batch.heads, batch.tokens, sinks, out);
+    EntropySumsKernel<kElement, true><<<grid, kLanes, 0, stream>>>(
+        batch.layers, batch.heads, batch.groups, batch.tokens, sinks, out, weights);
   } else {
-    EntropySumsKernel<kElement, false>
-        <<<grid, kLanes, 0, stream>>>(batch.layers, batch.heads, batch.tokens, sinks, out);
+    EntropySumsKernel<kElement, false><<<grid, kLanes, 0, stream>>>(
+        batch.layers, batch.heads, batch.groups, batch.tokens, sinks, out, weights);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+// The arguments of a pool launch, past the kernel's template choices.
+struct PoolLaunch {
+  const Batch& batch;
+  const double* weights;
+  double scale;
+  int page_size;
+  int64_t pages;
+  float* page_max;
+  float* head_max;
+  double* page_sums;
+  int* bad;
+  cudaStream_t stream;
+};
+
+template <int kElement, int kPool, bool kMeasure, bool kAligned>
+int LaunchPoolFor(const PoolLaunch& a) {
+  const int tile_pages = a.page_size >= kTileTokens ? 1 : kTileTokens / a.page_size;
+  const int64_t tiles = (a.pages + tile_pages - 1) / tile_pages;
+  const dim3 grid(static_cast<unsigned>(tiles),
+                  static_cast<unsigned>(a.batch.layer_count * a.batch.groups));
+  const size_t shared =
+      static_cast<size_t>(tile_pages) * a.page_size * sizeof(float) * (kMeasure ? 2 : 1);
+  PoolKernel<kElement, kPool, kMeasure, kAligned><<<grid, kPoolThreads, shared, a.stream>>>(
+      a.batch.layers, a.batch.heads, a.batch.groups, a.batch.tokens, a.weights, a.scale,
+      a.page_size, tile_pages, a.pages, a.page_max, a.head_max, a.page_sums, a.bad);
   return static_cast<int>(cudaGetLastError());
 }
 
 template <int kElement, int kPool>
-int LaunchPoolFor(const Batch& batch, const double* weights, double scale, int page_size,
-                  int64_t pages, bool measure, float* page_max, float* head_max, double* page_sums,
-                  int* bad, cudaStream_t stream) {
-  const int tile_pages = page_size >= kTileTokens ? 1 : kTileTokens / page_size;
-  const int64_t tiles = (pages + tile_pages - 1) / tile_pages;
-  const dim3 grid(static_cast<unsigned>(tiles),
-                  static_cast<unsigned>(batch.layer_count * batch.groups));
-  const size_t shared =
-      static_cast<size_t>(tile_pages) * page_size * sizeof(float) * (measure ? 2 : 1);
+int LaunchPoolKind(const PoolLaunch& a, bool measure, bool aligned) {
   if (measure) {
-    PoolKernel<kElement, kPool, true><<<grid, kPoolThreads, shared, stream>>>(
-        batch.layers, batch.heads, batch.groups, batch.tokens, weights, scale, page_size,
-        tile_pages, pages, page_max, head_max, page_sums, bad);
-  } else {
-    PoolKernel<kElement, kPool, false><<<grid, kPoolThreads, shared, stream>>>(
-        batch.layers, batch.heads, batch.groups, batch.tokens, weights, scale, page_size,
-        tile_pages, pages, page_max, head_max, page_sums, bad);
+    return aligned ? LaunchPoolFor<kElement, kPool, true, true>(a)
+                   : LaunchPoolFor<kElement, kPool, true, false>(a);
   }
-  return static_cast<int>(cudaGetLastError());
+  return aligned ? LaunchPoolFor<kElement, kPool, false, true>(a)
+                 : LaunchPoolFor<kElement, kPool, false, false>(a);
 }
 
 template <int kElement>
-int LaunchPoolElement(const Batch& batch, int pool, const double* weights, double scale,
-                      int page_size, int64_t pages, bool measure, float* page_max, float* head_max,
-                      double* page_sums, int* bad, cudaStream_t stream) {
+int LaunchPoolElement(const PoolLaunch& a, int pool, bool measure, bool aligned) {
+  // 16-byte loads need every row and every tile to start on a 16-byte boundary.
+  const int tile_tokens =
+      a.page_size >= kTileTokens ? a.page_size : kTileTokens / a.page_size * a.page_size;
+  aligned =
+      aligned && a.batch.tokens % kVector<kElement> == 0 && tile_tokens % kVector<kElement> == 0;
   switch (pool) {
     case kWeighted:
-      return LaunchPoolFor<kElement, kWeighted>(batch, weights, scale, page_size, pages, measure,
-                                                page_max, head_max, page_sums, bad, stream);
+      return LaunchPoolKind<kElement, kWeighted>(a, measure, aligned);
     case kMean:
-      return LaunchPoolFor<kElement, kMean>(batch, weights, scale, page_size, pages, measure,
-                                            page_max, head_max, page_sums, bad, stream);
+      return LaunchPoolKind<kElement, kMean>(a, measure, aligned);
     default:
-      return LaunchPoolFor<kElement, kMax>(batch, weights, scale, page_size, pages, measure,
-                                           page_max, head_max, page_sums, bad, stream);
+      return LaunchPoolKind<kElement, kMax>(a, measure, aligned);
   }
 }
 
@@ -344,32 +492,31 @@ int LaunchSelect(int group_count, const float* page_max, int64_t pages, const ui
   return static_cast<int>(cudaGetLastError());
 }
 
-int LaunchEntropySums(const Batch& batch, int64_t sinks, bool squares, double* sums, void* stream) {
+int LaunchEntropySums(const Batch& batch, int64_t sinks, bool squares, double* sums,
+                      const DerivedWeights* derived, void* stream) {
   auto* s = static_cast<cudaStream_t>(stream);
   switch (batch.element) {
     case kF32:
-      return LaunchEntropyFor<kF32>(batch, sinks, squares, sums, s);
+      return LaunchEntropyFor<kF32>(batch, sinks, squares, sums, derived, s);
     case kF16:
-      return LaunchEntropyFor<kF16>(batch, sinks, squares, sums, s);
+      return LaunchEntropyFor<kF16>(batch, sinks, squares, sums, derived, s);
     default:
-      return LaunchEntropyFor<kBF16>(batch, sinks, squares, sums, s);
+      return LaunchEntropyFor<kBF16>(batch, sinks, squares, sums, derived, s);
   }
 }
 
 int LaunchPool(const Batch& batch, int pool, const double* weights, double scale, int page_size,
-               int64_t pages, bool measure, float* page_max, float* head_max, double* page_sums,
-               int* bad, void* stream) {
-  auto* s = static_cast<cudaStream_t>(stream);
+               int64_t pages, bool measure, bool aligned, float* page_max, float* head_max,
+               double* page_sums, int* bad, void* stream) {
+  const PoolLaunch a{batch,    weights,  scale,     page_size, pages,
+                     page_max, head_max, page_sums, bad,       static_cast<cudaStream_t>(stream)};
   switch (batch.element) {
     case kF32:
-      return LaunchPoolElement<kF32>(batch, pool, weights, scale, page_size, pages, measure,
-                                     page_max, head_max, page_sums, bad, s);
+      return LaunchPoolElement<kF32>(a, pool, measure, aligned);
     case kF16:
-      return LaunchPoolElement<kF16>(batch, pool, weights, scale, page_size, pages, measure,
-                                     page_max, head_max, page_sums, bad, s);
+      return LaunchPoolElement<kF16>(a, pool, measure, aligned);
     default:
-      return LaunchPoolElement<kBF16>(batch, pool, weights, scale, page_size, pages, measure,
-                                      page_max, head_max, page_sums, bad, s);
+      return LaunchPoolElement<kBF16>(a, pool, measure, aligned);
   }
 }
 

@@ -26,19 +26,35 @@ struct Batch {
   int element = kF32;
 };
 
+// Where the entropy kernel puts each group's head weights when it derives them: the last of a
+// group's r row blocks to finish (counted in counters[l * groups + g], zeroed by the caller)
+// computes the group's entropies and softmin weights from its rows' sums with portable_math.h's
+// functions (the CPU's bits) into entropies[row] and weights[row].
+struct DerivedWeights {
+  double alpha = 2.0;  // 2 or inf, as `squares`
+  double tau = 1.0;
+  int* counters = nullptr;
+  double* entropies = nullptr;
+  double* weights = nullptr;
+};
+
 // sums[row] = {total, power} of row = l * heads + h over tokens [sinks, tokens), in entropy.h's
-// striped order; power sums squares when `squares`, else takes the max (alpha inf).
-int LaunchEntropySums(const Batch& batch, int64_t sinks, bool squares, double* sums, void* stream);
+// striped order; power sums squares when `squares`, else takes the max (alpha inf). With
+// `derived` (may be null), the head weights too.
+int LaunchEntropySums(const Batch& batch, int64_t sinks, bool squares, double* sums,
+                      const DerivedWeights* derived, void* stream);
 
 // One pass over every group's rows: the pooled row (`pool` with weights[l * heads + h]; scale =
 // 1 / r for the mean) and its page maxima into page_max[(l * groups + g) * pages + b]; with
 // `measure`, each head's page maxima into head_max[(l * heads + h) * pages + b] and the page sums
 // of the head-mean row into page_sums[(l * groups + g) * pages + b]. bad[l] becomes 1 when a
-// value of layer l is negative (not -0) or not finite. REQUIRES: page_size <= kMaxPageSize.
+// value of layer l is negative (not -0) or not finite. `aligned`: every layer's data is 16-byte
+// aligned, so rows whose length is a multiple of 16 bytes are read 16 bytes a load. REQUIRES:
+// page_size <= kMaxPageSize.
 inline constexpr int kMaxPageSize = 4096;
 int LaunchPool(const Batch& batch, int pool, const double* weights, double scale, int page_size,
-               int64_t pages, bool measure, float* page_max, float* head_max, double* page_sums,
-               int* bad, void* stream);
+               int64_t pages, bool measure, bool aligned, float* page_max, float* head_max,
+               double* page_sums, int* bad, void* stream);
 
 // The selection of group scope, every group of the batch in one launch (block lg = l * groups +
 // g), with radix_select.h's keys and rule: key = the score's bits (+0 for -0), plus one for a

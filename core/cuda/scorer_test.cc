@@ -39,17 +39,19 @@ std::vector<absl::string_view> FusedPolicyNames() {
   return names;
 }
 
-// Device copies of a case's statistics, freed with it.
+// Device copies of a case's statistics, freed with it; `shift` bytes past an allocation's start
+// (a multiple of the element size: 0 is 16-byte aligned, the others are not).
 class DeviceCopies {
  public:
-  explicit DeviceCopies(const RandomCase& c) {
+  explicit DeviceCopies(const RandomCase& c, size_t shift = 0) {
     for (size_t l = 0; l < c.requests.size(); ++l) {
       const Statistic& statistic = *c.statistics[l];
-      void* data = nullptr;
-      EXPECT_EQ(cudaMalloc(&data, std::max<size_t>(statistic.bytes(), 1)), cudaSuccess);
+      void* allocation = nullptr;
+      EXPECT_EQ(cudaMalloc(&allocation, statistic.bytes() + shift + 1), cudaSuccess);
+      char* data = static_cast<char*>(allocation) + shift;
       EXPECT_EQ(cudaMemcpy(data, statistic.data(), statistic.bytes(), cudaMemcpyHostToDevice),
                 cudaSuccess);
-      buffers_.push_back(data);
+      buffers_.push_back(allocation);
       LayerRequest request = c.requests[l];
       request.statistic =
           *StatisticView::Create(data, statistic.dtype, statistic.heads, statistic.tokens);
@@ -85,11 +87,15 @@ TEST(CudaScorerTest, MatchesTheFusedCpuPathOnRandomAndAdversarialInputs) {
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << c->Describe());
     ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> expected,
                                  DecideModel(*c->policy, c->options, c->requests, 1));
-    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0));
+    // Odd trials: a layer a chunk (entropy sums and pooling interleaved) and device statistics
+    // that are not 16-byte aligned (the pooling's element loads).
+    const bool odd = trial % 2 == 1;
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0, odd ? 1 : 0));
     for (const bool device_memory : {false, true}) {
       SCOPED_TRACE(device_memory ? "statistic in device memory" : "statistic in host memory");
       absl::StatusOr<std::vector<LayerDecision>> actual;
-      const DeviceCopies copies(*c);
+      const DeviceCopies copies(*c,
+                                odd ? static_cast<size_t>(DTypeBytes(c->statistics[0]->dtype)) : 0);
       if (device_memory) {
         if (!ScoresOnDevice(*c->policy, c->options, c->requests[0])) continue;
         actual = scorer->DecideModelOnDevice(*c->policy, c->options, copies.requests());
@@ -119,7 +125,8 @@ TEST(CudaScorerTest, LongRowsAndEveryPolicyAtModelShapes) {
       options.protections.tail_page = true;
       const int heads = 16;
       const int groups = 2;
-      const int64_t tokens = 70001;
+      // Rows of whole 16 bytes (read 16 bytes a load) and not.
+      const int64_t tokens = dtype == DType::kBFloat16 ? 65536 : 70001;
       std::vector<std::unique_ptr<Statistic>> statistics;
       std::vector<LayerRequest> requests;
       for (int l = 0; l < 4; ++l) {
@@ -134,10 +141,13 @@ TEST(CudaScorerTest, LongRowsAndEveryPolicyAtModelShapes) {
       const Policy& policy = **FindPolicy(name);
       ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> expected,
                                    DecideModel(policy, options, requests, 1));
-      ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0));
-      ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> actual,
-                                   scorer->DecideModel(policy, options, requests));
-      for (size_t l = 0; l < expected.size(); ++l) ExpectSameDecision(expected[l], actual[l]);
+      for (const int64_t chunk_bytes : {0, 1}) {
+        ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer,
+                                     Scorer::Create(0, chunk_bytes));
+        ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> actual,
+                                     scorer->DecideModel(policy, options, requests));
+        for (size_t l = 0; l < expected.size(); ++l) ExpectSameDecision(expected[l], actual[l]);
+      }
     }
   }
 }

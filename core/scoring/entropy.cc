@@ -7,7 +7,8 @@ namespace entrokv {
 namespace {
 
 double DegenerateEntropy(int64_t support) {
-  return std::log(static_cast<double>(std::max<int64_t>(support, 1)));
+  return portable::Log<portable::HostArithmetic>(
+      static_cast<double>(std::max<int64_t>(support, 1)));
 }
 
 }  // namespace
@@ -100,16 +101,8 @@ EntropySums EntropySumsOf(std::span<const float> values, double alpha) {
 }
 
 double EntropyFromSums(const EntropySums& sums, double alpha, int64_t support) {
-  if (!(sums.total > 0.0)) return DegenerateEntropy(support);
-  if (alpha == 2.0) {
-    // sum p^2 = power / total^2, in (0, 1].
-    return -std::log(sums.power / (sums.total * sums.total) + kEntropyLogGuard);
-  }
-  if (alpha == 1.0) {
-    // With p = x / total: -sum p ln p = ln(total) - sum(x ln x) / total.
-    return std::log(sums.total) - sums.power / sums.total;
-  }
-  return -std::log(sums.power / sums.total + kEntropyLogGuard);  // alpha = inf
+  // The CUDA scorer computes the same function on the device (portable_math.h).
+  return portable::EntropyOfSums<portable::HostArithmetic>(sums.total, sums.power, alpha, support);
 }
 
 double SinkIsolatedEntropy(std::span<const float> row, int sink_tokens, double alpha) {

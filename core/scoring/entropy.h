@@ -7,11 +7,13 @@
 #include <limits>
 #include <span>
 
+#include "core/scoring/portable_math.h"
+
 namespace entrokv {
 
 // Added inside the logarithm only, never inside the power: (p + eps)^2 would break the
 // normalisation of p.
-inline constexpr double kEntropyLogGuard = 1e-12;
+using portable::kEntropyLogGuard;
 inline constexpr double kAlphaInfinity = std::numeric_limits<double>::infinity();
 
 // The first min(sink_tokens, T) positions are left out and the rest renormalised. A row whose

@@ -3,17 +3,15 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/scoring/portable_math.h"
+
 namespace entrokv {
 
 std::vector<double> EntropyWeights(std::span<const double> entropies, double tau) {
-  const double minimum = *std::min_element(entropies.begin(), entropies.end());
+  // The CUDA scorer computes the same function on the device (portable_math.h).
   std::vector<double> weights(entropies.size());
-  double sum = 0.0;
-  for (size_t h = 0; h < entropies.size(); ++h) {
-    weights[h] = std::exp(-(entropies[h] - minimum) / tau);  // the minimum gets exp(0) = 1
-    sum += weights[h];
-  }
-  for (double& weight : weights) weight /= sum;
+  portable::SoftminWeights<portable::HostArithmetic>(
+      entropies.data(), static_cast<int>(entropies.size()), tau, weights.data());
   return weights;
 }
 
