@@ -49,6 +49,15 @@ step memcheck 90 env ENTROKV_GPU_TRIALS=60 compute-sanitizer --tool memcheck --e
 step racecheck 60 env ENTROKV_GPU_TRIALS=8 compute-sanitizer --tool racecheck --error-exitcode 1 \
   "$bin/cuda_scorer_test" --gtest_brief=1 \
   --gtest_filter='CudaScorerTest.Matches*:CudaScorerTest.BadValues*:CudaScorerTest.PagesLonger*'
+# Each kernel's time at the Llama-3-70B shape (T = 128K, bf16), the whole model and one layer,
+# without flushing the caches between kernels (the pooling is meant to find its chunk in L2).
+if command -v ncu >/dev/null; then
+  step kernel-times 150 ncu --clock-control none --cache-control none --print-summary per-kernel \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,lts__t_sector_hit_rate.pct \
+    "$bin/entrokv" bench core --scorer cuda --layers 80 --query-heads 64 --kv-heads 8 \
+    --tokens 131072 --dtype bf16 --runs 1 --json
+  sed -n '/==== kernel-times (limit/,$p' "$log" >"$out/gpu_ncu_llama70b.txt"
+fi
 if ((${#failed[@]})); then
   echo "FAILED: ${failed[*]}" | tee -a "$log"
   exit 1

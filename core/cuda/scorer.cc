@@ -165,7 +165,6 @@ struct Scorer::State {
                                                     const LayerRequest* host);
 
   int device;
-  int64_t chunk_bytes = 1;  // Create's
   cudaStream_t stream = nullptr;
   GroupFinisher finisher;
   DeviceBuffer<const void*> layer_pointers;
@@ -242,27 +241,20 @@ absl::Status Scorer::State::RunBatch(
   }
   RETURN_IF_ERROR(
       CudaCall(cudaMemsetAsync(bad.data(), 0, count * sizeof(int), stream), "cudaMemsetAsync"));
-  // Pools the layers [begin, begin + n) of the batch with their weights on the device.
-  auto pool = [&](size_t begin, size_t n) {
-    kernels::Batch part = batch;
-    part.layers += begin;
-    part.layer_count = static_cast<int>(n);
-    const size_t g = static_cast<size_t>(groups) * static_cast<size_t>(pages);
-    const size_t h = static_cast<size_t>(heads) * static_cast<size_t>(pages);
+  // Pools the batch with the weights on the device.
+  auto pool = [&] {
     return CudaCall(
         static_cast<cudaError_t>(kernels::LaunchPool(
-            part, PoolOf(pooling.kind), weights.data() + begin * heads,
-            MeanScale(static_cast<size_t>(r)), options.page_size, pages, measure, aligned,
-            page_max.data() + begin * g, measure ? head_max.data() + begin * h : nullptr,
-            measure ? page_sums.data() + begin * g : nullptr, bad.data() + begin, stream)),
+            batch, PoolOf(pooling.kind), weights.data(), MeanScale(static_cast<size_t>(r)),
+            options.page_size, pages, measure, aligned, page_max.data(), head_max.data(),
+            page_sums.data(), bad.data(), stream)),
         "pool kernel");
   };
 
   // Head weights. Entropy-weighted without cached weights: the device derives them from its
-  // entropy sums (portable_math.h, the CPU's bits), and the decisions get them from the device
-  // with the entropies. The layers go a few at a time, each chunk's entropy sums and then its
-  // pooling, so that the pooling finds the chunk's statistic still in L2. Otherwise the host's:
-  // the cached weights, or the mean's scale (the kernel takes the scale itself).
+  // entropy sums (portable_math.h, the CPU's bits) before the pooling, with no wait for the host,
+  // and the decisions get them from the device with the entropies. Otherwise the host's: the
+  // cached weights, or the mean's scale (the kernel takes the scale itself).
   const bool derived =
       pooling.kind == PoolingKind::kEntropyWeighted && first.cached_weights.empty();
   if (derived) {
@@ -276,27 +268,15 @@ absl::Status Scorer::State::RunBatch(
         CudaCall(cudaMemsetAsync(group_counters.data(), 0,
                                  count * static_cast<size_t>(groups) * sizeof(int), stream),
                  "cudaMemsetAsync"));
-    const int64_t layer_bytes = static_cast<int64_t>(heads) * tokens *
-                                static_cast<int64_t>(DTypeBytes(first.statistic->dtype()));
-    const auto chunk = static_cast<size_t>(std::max<int64_t>(1, chunk_bytes / layer_bytes));
-    for (size_t begin = 0; begin < count; begin += chunk) {
-      const size_t n = std::min(chunk, count - begin);
-      kernels::Batch part = batch;
-      part.layers += begin;
-      part.layer_count = static_cast<int>(n);
-      const kernels::DerivedWeights out{
-          .alpha = options.alpha,
-          .tau = options.tau,
-          .counters = group_counters.data() + begin * static_cast<size_t>(groups),
-          .entropies = entropies.data() + begin * static_cast<size_t>(heads),
-          .weights = weights.data() + begin * static_cast<size_t>(heads)};
-      RETURN_IF_ERROR(
-          CudaCall(static_cast<cudaError_t>(kernels::LaunchEntropySums(
-                       part, sinks, options.alpha == 2.0,
-                       sums.data() + 2 * begin * static_cast<size_t>(heads), &out, stream)),
-                   "entropy kernel"));
-      RETURN_IF_ERROR(pool(begin, n));
-    }
+    const kernels::DerivedWeights out{.alpha = options.alpha,
+                                      .tau = options.tau,
+                                      .counters = group_counters.data(),
+                                      .entropies = entropies.data(),
+                                      .weights = weights.data()};
+    RETURN_IF_ERROR(CudaCall(static_cast<cudaError_t>(kernels::LaunchEntropySums(
+                                 batch, sinks, options.alpha == 2.0, sums.data(), &out, stream)),
+                             "entropy kernel"));
+    RETURN_IF_ERROR(pool());
     auto to_host = [&](double* dst, const double* src) {
       return CudaCall(
           cudaMemcpyAsync(dst, src, rows * sizeof(double), cudaMemcpyDeviceToHost, stream),
@@ -317,7 +297,7 @@ absl::Status Scorer::State::RunBatch(
     RETURN_IF_ERROR(CudaCall(
         cudaMemcpyAsync(weights.data(), w, rows * sizeof(double), cudaMemcpyHostToDevice, stream),
         "cudaMemcpyAsync"));
-    RETURN_IF_ERROR(pool(0, count));
+    RETURN_IF_ERROR(pool());
   }
   if (!measure && first.scope == SelectionScope::kGroup && !first.page_scores) {
     return SelectOnDevice(policy, options, requests, host, layers, pages, derived, results);
@@ -588,7 +568,7 @@ Scorer::~Scorer() = default;
 
 int Scorer::device() const { return state_->device; }
 
-absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device, int64_t chunk_bytes) {
+absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device) {
   int count = 0;
   if (const cudaError_t error = cudaGetDeviceCount(&count); error != cudaSuccess || count == 0) {
     return absl::UnavailableError(
@@ -602,10 +582,6 @@ absl::StatusOr<std::unique_ptr<Scorer>> Scorer::Create(int device, int64_t chunk
   }
   auto state = std::make_unique<State>(device);
   const DeviceScope scope(device);
-  int l2_bytes = 0;
-  RETURN_IF_ERROR(CudaCall(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, device),
-                           "cudaDeviceGetAttribute"));
-  state->chunk_bytes = chunk_bytes > 0 ? chunk_bytes : l2_bytes / 2;
   RETURN_IF_ERROR(CudaCall(cudaStreamCreateWithFlags(&state->stream, cudaStreamNonBlocking),
                            "cudaStreamCreate"));
   return std::unique_ptr<Scorer>(new Scorer(std::move(state)));

@@ -9,7 +9,6 @@
 #ifndef ENTROKV_CORE_CUDA_SCORER_H_
 #define ENTROKV_CORE_CUDA_SCORER_H_
 
-#include <cstdint>
 #include <memory>
 #include <span>
 #include <vector>
@@ -22,8 +21,9 @@ namespace entrokv::cuda {
 
 // Whether the device computes this request's scores: a fused policy (IsFusedPolicy), a
 // statistic, alpha 2 or +inf when the policy weighs heads by entropy without cached weights
-// (alpha 1 needs the host's log, which the device's is not, bit for bit) and a page size of at
-// most 4096 tokens. Other requests are decided on the CPU by the same scorer's callers' rules.
+// (alpha 1 takes the library's log of every value, which differs between glibc and CUDA) and a page
+// size of at most 4096 tokens. Other requests are decided on the CPU by the same scorer's callers'
+// rules.
 [[nodiscard]] bool ScoresOnDevice(const Policy& policy, const PolicyOptions& options,
                                   const LayerRequest& request);
 
@@ -32,11 +32,8 @@ namespace entrokv::cuda {
 class Scorer {
  public:
   // UNAVAILABLE with no driver or device; INVALID_ARGUMENT naming `device` when it does not
-  // exist. The entropy-weighted layers go chunk_bytes of statistic at a time (at least one
-  // layer), each chunk's entropy sums and then its pooling, so the pooling reads the chunk from
-  // L2; 0 takes half the device's L2. (Tests pass 1: a layer a chunk.)
-  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scorer>> Create(int device,
-                                                                      int64_t chunk_bytes = 0);
+  // exist.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<Scorer>> Create(int device);
   ~Scorer();
   Scorer(const Scorer&) = delete;
   Scorer& operator=(const Scorer&) = delete;

@@ -87,10 +87,9 @@ TEST(CudaScorerTest, MatchesTheFusedCpuPathOnRandomAndAdversarialInputs) {
     SCOPED_TRACE(::testing::Message() << "trial " << trial << " " << c->Describe());
     ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> expected,
                                  DecideModel(*c->policy, c->options, c->requests, 1));
-    // Odd trials: a layer a chunk (entropy sums and pooling interleaved) and device statistics
-    // that are not 16-byte aligned (the pooling's element loads).
+    // Odd trials: device statistics that are not 16-byte aligned (the pooling's element loads).
     const bool odd = trial % 2 == 1;
-    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0, odd ? 1 : 0));
+    ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0));
     for (const bool device_memory : {false, true}) {
       SCOPED_TRACE(device_memory ? "statistic in device memory" : "statistic in host memory");
       absl::StatusOr<std::vector<LayerDecision>> actual;
@@ -141,13 +140,10 @@ TEST(CudaScorerTest, LongRowsAndEveryPolicyAtModelShapes) {
       const Policy& policy = **FindPolicy(name);
       ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> expected,
                                    DecideModel(policy, options, requests, 1));
-      for (const int64_t chunk_bytes : {0, 1}) {
-        ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer,
-                                     Scorer::Create(0, chunk_bytes));
-        ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> actual,
-                                     scorer->DecideModel(policy, options, requests));
-        for (size_t l = 0; l < expected.size(); ++l) ExpectSameDecision(expected[l], actual[l]);
-      }
+      ENTROKV_ASSERT_OK_AND_ASSIGN(std::unique_ptr<Scorer> scorer, Scorer::Create(0));
+      ENTROKV_ASSERT_OK_AND_ASSIGN(const std::vector<LayerDecision> actual,
+                                   scorer->DecideModel(policy, options, requests));
+      for (size_t l = 0; l < expected.size(); ++l) ExpectSameDecision(expected[l], actual[l]);
     }
   }
 }
