@@ -49,6 +49,8 @@ const std::map<std::string, std::string>& DocumentedDefaults() {
       {"tau", "0.5"},
       {"alpha", "2"},
       {"sink_tokens", "4"},
+      {"neighbourhood_kernel", "1"},
+      {"neighbourhood_pooling", "max"},
       {"protect_tail_page", "true"},
       {"max_message_bytes", "67108864"},
       {"max_inflight_decisions", "64"},

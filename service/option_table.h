@@ -74,6 +74,10 @@ std::string AbslUnparseFlag(const TenantShares& shares);
   X(double, tau, 0.5, "Default softmax temperature of the head weights (> 0)")                     \
   X(double, alpha, 2.0, "Default Renyi entropy order (> 0, inf allowed)")                          \
   X(int32_t, sink_tokens, 4, "Default sink tokens left out of the entropy")                        \
+  X(int32_t, neighbourhood_kernel, 1,                                                              \
+    "Default neighbourhood pooling width in tokens (odd, in [1, 63]; 1: off) of each head's row "  \
+    "before its group's pooling (page_entrokv, raw_entropy, mean, max, h2o)")                      \
+  X(std::string, neighbourhood_pooling, "max", "Default neighbourhood pooling: max or mean")       \
   X(bool, protect_tail_page, true, "Always keep the page being written")                           \
   X(int64_t, max_message_bytes, 64 << 20, "Max gRPC message size in bytes (receive and send)")     \
   X(int32_t, max_inflight_decisions, 64,                                                           \

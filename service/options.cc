@@ -83,6 +83,11 @@ PolicyOptions DefaultPolicyOptions(const ServerOptions& options) {
   policy.tau = options.tau;
   policy.alpha = options.alpha;
   policy.sink_tokens = options.sink_tokens;
+  policy.neighbourhood_kernel = options.neighbourhood_kernel;
+  // Validated at start (ValidateServerOptions).
+  policy.neighbourhood =
+      ParseNeighbourhoodKind("--neighbourhood_pooling", options.neighbourhood_pooling)
+          .value_or(NeighbourhoodKind::kMax);
   policy.protections.tail_page = options.protect_tail_page;
   return policy;
 }
@@ -152,6 +157,10 @@ absl::Status ValidateServerOptions(const ServerOptions& options) {
   if (options.sink_tokens < 0) {
     return Invalid("sink_tokens", absl::StrCat("must be >= 0, got ", options.sink_tokens));
   }
+  RETURN_IF_ERROR(
+      ValidateNeighbourhoodKernel("--neighbourhood_kernel", options.neighbourhood_kernel));
+  RETURN_IF_ERROR(
+      ParseNeighbourhoodKind("--neighbourhood_pooling", options.neighbourhood_pooling).status());
   if (const absl::Status policy = ValidatePolicyOptions(DefaultPolicyOptions(options));
       !policy.ok()) {
     return Invalid("policy", policy.message());

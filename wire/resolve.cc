@@ -125,6 +125,24 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::PolicyParams& params,
     }
     resolved.options.protections.recent_pages = params.protect_recent_pages();
   }
+  if (params.has_neighbourhood_kernel()) {
+    RETURN_IF_ERROR(
+        ValidateNeighbourhoodKernel("policy.neighbourhood_kernel", params.neighbourhood_kernel()));
+    resolved.options.neighbourhood_kernel = params.neighbourhood_kernel();
+  }
+  switch (params.neighbourhood_pooling()) {
+    case v1::NEIGHBOURHOOD_POOLING_UNSPECIFIED:
+      break;
+    case v1::NEIGHBOURHOOD_POOLING_MAX:
+      resolved.options.neighbourhood = NeighbourhoodKind::kMax;
+      break;
+    case v1::NEIGHBOURHOOD_POOLING_MEAN:
+      resolved.options.neighbourhood = NeighbourhoodKind::kMean;
+      break;
+    default:
+      return InvalidField("policy.neighbourhood_pooling",
+                          absl::StrCat("unknown value ", params.neighbourhood_pooling()));
+  }
   RETURN_IF_ERROR(Annotate(ValidatePolicyOptions(resolved.options), "policy"));
   return resolved;
 }

@@ -150,6 +150,30 @@ TEST(ResolvePolicyTest, OverridesDefaultsAndNamesFields) {
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.tau")));
 }
 
+TEST(ResolvePolicyTest, NeighbourhoodPoolingIsTakenAndBadValuesAreNamed) {
+  const Defaults defaults = DaemonLikeDefaults();
+  v1::PolicyParams params;
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ResolvedPolicy resolved, ResolvePolicy(params, defaults, 16));
+  EXPECT_EQ(resolved.options.neighbourhood_kernel, 1);  // off unless asked
+  params.set_neighbourhood_kernel(7);
+  params.set_neighbourhood_pooling(v1::NEIGHBOURHOOD_POOLING_MEAN);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(resolved, ResolvePolicy(params, defaults, 16));
+  EXPECT_EQ(resolved.options.neighbourhood_kernel, 7);
+  EXPECT_EQ(resolved.options.neighbourhood, NeighbourhoodKind::kMean);
+  for (const int kernel : {0, 2, -1, 65}) {
+    params.set_neighbourhood_kernel(kernel);
+    EXPECT_THAT(
+        ResolvePolicy(params, defaults, 16),
+        StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.neighbourhood_kernel")))
+        << kernel;
+  }
+  params.set_neighbourhood_kernel(3);
+  params.set_neighbourhood_pooling(static_cast<v1::NeighbourhoodPooling>(9));
+  EXPECT_THAT(
+      ResolvePolicy(params, defaults, 16),
+      StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.neighbourhood_pooling")));
+}
+
 TEST(ResolveBudgetTest, ExplicitAndPlanned) {
   ModelGeometry geometry{.layers = 4,
                          .query_heads = 4,

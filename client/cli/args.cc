@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "client/cli/command.h"
+#include "core/util/status_macros.h"
 
 namespace entrokv::cli {
 
@@ -114,6 +115,15 @@ std::string ArgParser::Help() const {
 int UsageError(const std::string& command, const absl::Status& status) {
   std::fprintf(stderr, "entrokv %s: %s\n", command.c_str(), std::string(status.message()).c_str());
   return kExitUsage;
+}
+
+absl::Status ParseNeighbourhood(const ArgParser& parser, PolicyOptions* options) {
+  ASSIGN_OR_RETURN(const int64_t kernel, parser.GetInt("neighbourhood-kernel"));
+  RETURN_IF_ERROR(ValidateNeighbourhoodKernel("--neighbourhood-kernel", kernel));
+  options->neighbourhood_kernel = static_cast<int>(kernel);
+  ASSIGN_OR_RETURN(options->neighbourhood,
+                   ParseNeighbourhoodKind("--neighbourhood", parser.Get("neighbourhood")));
+  return absl::OkStatus();
 }
 
 }  // namespace entrokv::cli

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "core/scoring/policy.h"
 
 namespace entrokv::cli {
 
@@ -53,6 +54,10 @@ class ArgParser {
 
 // Prints "entrokv <command>: <message>" to stderr and returns kExitUsage.
 int UsageError(const std::string& command, const absl::Status& status);
+
+// --neighbourhood-kernel and --neighbourhood (declared by the command) into `options`,
+// errors naming the option.
+[[nodiscard]] absl::Status ParseNeighbourhood(const ArgParser& parser, PolicyOptions* options);
 
 }  // namespace entrokv::cli
 

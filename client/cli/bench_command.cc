@@ -159,6 +159,8 @@ Json SetupJson(const ArgParser& parser, const BenchSetup& setup, const Policy& p
               {"budget", budget},
               {"dtype", std::string(DTypeName(setup.dtype))},
               {"policy", std::string(policy.name())},
+              {"neighbourhood_kernel", parser.Get("neighbourhood-kernel")},
+              {"neighbourhood", parser.Get("neighbourhood")},
               {"measure", parser.GetFlag("measure")}};
 }
 
@@ -256,6 +258,7 @@ absl::Status Run(const ArgParser& parser) {
   options.page_size = static_cast<int>(page_size);
   options.alpha = alpha;
   options.protections.tail_page = parser.GetFlag("protect-tail");
+  RETURN_IF_ERROR(ParseNeighbourhood(parser, &options));
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   ASSIGN_OR_RETURN(const BudgetPlan plan,
                    PlanBudget(FractionBudget(setup.layers, setup.kv_groups, options.page_size,
@@ -360,6 +363,8 @@ int RunBench(const std::vector<std::string>& args) {
   parser.Option("dtype", "f32", "f32, f16 or bf16");
   parser.Option("policy", "page_entrokv", "scoring policy");
   parser.Option("alpha", "2", "Renyi order");
+  parser.Option("neighbourhood-kernel", "1", "neighbourhood pooling width (odd; 1: off)");
+  parser.Option("neighbourhood", "max", "neighbourhood pooling: max or mean");
   parser.Option("runs", "7", "timed runs after one warm-up");
   parser.Option("seed", "1", "seed of the generated statistic");
   parser.Option("input", "", "a [L, H_Q, T] .npy statistic instead of the seeded one");

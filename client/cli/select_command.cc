@@ -132,6 +132,7 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   ASSIGN_OR_RETURN(options.tau, args.GetDouble("tau"));
   ASSIGN_OR_RETURN(options.alpha, args.GetDouble("alpha"));
   options.protections.tail_page = args.GetFlag("protect-tail");
+  RETURN_IF_ERROR(ParseNeighbourhood(args, &options));
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   ASSIGN_OR_RETURN(const SelectionScope scope, ParseSelectionScope("--scope", args.Get("scope")));
   ASSIGN_OR_RETURN(const LayerCombine combine, ParseLayerCombine("--combine", args.Get("combine")));
@@ -202,6 +203,10 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("alpha", "2", "Renyi order, > 0 (inf allowed)");
   args.Option("sink-tokens", "4", "leading tokens left out of the entropy");
   args.Flag("protect-tail", false, "always keep the last (partial) page");
+  args.Option("neighbourhood-kernel", "1",
+              "width of each head's neighbourhood pooling before its group's (odd, in [1, 63]; 1: "
+              "off; page_entrokv, raw_entropy, mean, max, h2o)");
+  args.Option("neighbourhood", "max", "neighbourhood pooling: max or mean");
   args.Option("format", "json", "json or table");
   auto parsed = args.Parse(argv);
   if (!parsed.ok()) return UsageError("select", parsed.status());

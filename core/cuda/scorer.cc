@@ -128,7 +128,7 @@ class DeviceScope {
 bool ScoresOnDevice(const Policy& policy, const PolicyOptions& options,
                     const LayerRequest& request) {
   if (!IsFusedPolicy(policy) || !request.statistic.has_value()) return false;
-  if (options.page_size > kernels::kMaxPageSize) return false;
+  if (options.page_size > kernels::kMaxPageSize || options.neighbourhood_kernel > 1) return false;
   const bool entropy =
       policy.pooling().kind == PoolingKind::kEntropyWeighted && request.cached_weights.empty();
   return !entropy || options.alpha == 2.0 || std::isinf(options.alpha);

@@ -21,9 +21,9 @@ namespace entrokv::cuda {
 
 // Whether the device computes this request's scores: a fused policy (IsFusedPolicy), a
 // statistic, alpha 2 or +inf when the policy weighs heads by entropy without cached weights
-// (alpha 1 takes the library's log of every value, which differs between glibc and CUDA) and a page
-// size of at most 4096 tokens. Other requests are decided on the CPU by the same scorer's callers'
-// rules.
+// (alpha 1 takes the library's log of every value, which differs between glibc and CUDA), a page
+// size of at most 4096 tokens and no neighbourhood pooling. Other requests are decided on the
+// CPU by the same scorer's callers' rules.
 [[nodiscard]] bool ScoresOnDevice(const Policy& policy, const PolicyOptions& options,
                                   const LayerRequest& request);
 

@@ -12,6 +12,9 @@
 //    (score desc, index asc) ranks first are the pages above the K-th key plus the first pages
 //    in page order equal to it. A radix select finds the K-th key and how many of its equals
 //    are kept; one scan in page order emits the kept pages already ascending.
+//  - Neighbourhood pooling: each head's chunk is pooled by the shared NeighbourhoodPool from the
+//    chunk's tokens and kernel / 2 either side, which is every token its windows hold, and the
+//    group's pooling then takes those rows as PoolRows, MeanRows or the max take the reference's.
 //  - Measure: each head's page maxima are taken from the rows pass 2 reads (order-independent;
 //    a row may hold -0, but a page maximum of -0 or +0 gives the same key); the shadow is the same
 //    key selection without protections; the head-mean row is computed beside the pooled row from
@@ -76,10 +79,14 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const int64_t tokens = request.tokens;
   const int page_size = options_.page_size;
   const int64_t chunk = ChunkTokens(page_size);
+  // Neighbourhood pooling reads each chunk with kernel / 2 tokens either side.
+  const int kernel = options_.neighbourhood_kernel;
+  const int64_t half = kernel / 2;
+  const auto reach = static_cast<size_t>(chunk + 2 * half);
   const bool widen = request.statistic->dtype() != DType::kFloat32;
-  if (widen) widened_.resize(static_cast<size_t>(chunk) * static_cast<size_t>(r));
+  if (widen) widened_.resize(reach * static_cast<size_t>(r));
   auto buffer = [&](int i) {
-    return widen ? widened_.data() + static_cast<size_t>(i) * static_cast<size_t>(chunk) : nullptr;
+    return widen ? widened_.data() + static_cast<size_t>(i) * reach : nullptr;
   };
 
   // Weights (pass 1 for the entropy policies).
@@ -135,11 +142,18 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   const PoolOp op = pooling.kind == PoolingKind::kMax    ? PoolOp::kMax
                     : pooling.kind == PoolingKind::kMean ? PoolOp::kMean
                                                          : PoolOp::kWeighted;
-  const bool mean_is_pooled = op == PoolOp::kMean;
+  // With neighbourhood pooling the pooled row is of the pooled rows, and the head-mean row (of
+  // the raw rows, as MeasureGroup's) is computed on its own, validating the raw values.
+  const bool neighbourhood = kernel > 1;
+  const bool mean_is_pooled = op == PoolOp::kMean && !neighbourhood;
   if (measure) {
     head_max_.resize(static_cast<size_t>(r) * static_cast<size_t>(pages));
     page_sums_.resize(static_cast<size_t>(pages));
-    if (!mean_is_pooled) mean_.resize(static_cast<size_t>(chunk));
+  }
+  if ((measure && !mean_is_pooled) || neighbourhood) mean_.resize(static_cast<size_t>(chunk));
+  if (neighbourhood) {
+    neighbourhood_.resize(static_cast<size_t>(chunk) * static_cast<size_t>(r));
+    neighbourhood_pointers_.resize(static_cast<size_t>(r));
   }
   const double scale = MeanScale(static_cast<size_t>(r));
   bool ok = true;
@@ -149,13 +163,31 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
   for (int64_t first = last_chunk_first; first >= 0; first -= chunk) {
     const int64_t count = std::min(chunk, tokens - first);
     float* pooled = pooled_.data();
-    for (int i = 0; i < r; ++i) {
-      row_pointers_[static_cast<size_t>(i)] =
-          Tokens(request, first_head + i, first, count, buffer(i));
+    if (!neighbourhood) {
+      for (int i = 0; i < r; ++i) {
+        row_pointers_[static_cast<size_t>(i)] =
+            Tokens(request, first_head + i, first, count, buffer(i));
+      }
+      // For mean and h2o the pooled row is the head-mean row already.
+      float* mean = measure && !mean_is_pooled ? mean_.data() : nullptr;
+      ok &= PoolRowsChunk(op, row_pointers_.data(), weights.data(), r, count, pooled, scale, mean);
+    } else {
+      const int64_t begin = std::max<int64_t>(first - half, 0);
+      const int64_t end = std::min(first + count + half, tokens);
+      for (int i = 0; i < r; ++i) {
+        const float* slice = Tokens(request, first_head + i, begin, end - begin, buffer(i));
+        row_pointers_[static_cast<size_t>(i)] = slice + (first - begin);
+        float* out = neighbourhood_.data() + static_cast<size_t>(i) * static_cast<size_t>(chunk);
+        NeighbourhoodPool(std::span<const float>(slice, static_cast<size_t>(end - begin)), begin,
+                          tokens, first, kernel, options_.neighbourhood,
+                          std::span<float>(out, static_cast<size_t>(count)));
+        neighbourhood_pointers_[static_cast<size_t>(i)] = out;
+      }
+      ok &= PoolRowsChunk(PoolOp::kMean, row_pointers_.data(), weights.data(), r, count,
+                          mean_.data(), scale, nullptr);
+      (void)PoolRowsChunk(op, neighbourhood_pointers_.data(), weights.data(), r, count, pooled,
+                          scale, nullptr);
     }
-    // For mean and h2o the pooled row is the head-mean row already.
-    float* mean = measure && !mean_is_pooled ? mean_.data() : nullptr;
-    ok &= PoolRowsChunk(op, row_pointers_.data(), weights.data(), r, count, pooled, scale, mean);
     const int64_t first_page = first / page_size;
     PageMaximaOf(pooled, count, page_size, page_max_.data() + first_page);
     if (measure) {

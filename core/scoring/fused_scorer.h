@@ -53,7 +53,10 @@ class FusedScorer {
   std::vector<const float*> row_pointers_;  // the group's rows at the current chunk
   std::vector<EntropyLanes> lanes_;         // one per head of the group
   std::vector<float> pooled_;               // one chunk of the pooled row
-  std::vector<float> page_max_;             // I_g[b] for the current group
+  // neighbourhood pooling only: each head's pooled chunk, and pointers to them
+  std::vector<float> neighbourhood_;
+  std::vector<const float*> neighbourhood_pointers_;
+  std::vector<float> page_max_;  // I_g[b] for the current group
   // measure = true only:
   std::vector<float> head_max_;    // [r][n] page maxima of each head of the group
   std::vector<float> mean_;        // one chunk of the head-mean row

@@ -12,6 +12,7 @@
 #include "core/scoring/pages.h"
 #include "core/scoring/policy.h"
 #include "core/scoring/weights.h"
+#include "core/util/status_macros.h"
 
 namespace entrokv {
 namespace {
@@ -32,12 +33,38 @@ void SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
   selection->kept_pages = SelectScores(selection->page_scores, input, options);
 }
 
+// The rows a group's pooling takes: the group's rows, or their neighbourhood pooling
+// (PolicyOptions::neighbourhood_kernel).
+class PoolingRows {
+ public:
+  PoolingRows(const GroupInput& input, const PolicyOptions& options) {
+    if (options.neighbourhood_kernel <= 1) {
+      rows_ = input.rows;
+      return;
+    }
+    pooled_.resize(input.rows.size());
+    for (size_t h = 0; h < input.rows.size(); ++h) {
+      pooled_[h].resize(static_cast<size_t>(input.tokens));
+      NeighbourhoodPool(input.rows[h], 0, input.tokens, 0, options.neighbourhood_kernel,
+                        options.neighbourhood, pooled_[h]);
+      spans_.emplace_back(pooled_[h]);
+    }
+    rows_ = spans_;
+  }
+  std::span<const std::span<const float>> rows() const { return rows_; }
+
+ private:
+  std::vector<std::vector<float>> pooled_;
+  std::vector<std::span<const float>> spans_;
+  std::span<const std::span<const float>> rows_;
+};
+
 // The weighted pooling policies' last two steps: pool the rows with selection->weights, keep the
 // top pages.
 void SelectWithWeights(const GroupInput& input, const PolicyOptions& options,
                        GroupSelection* selection) {
   std::vector<float> pooled(static_cast<size_t>(input.tokens));
-  PoolRows(input.rows, selection->weights, pooled);
+  PoolRows(PoolingRows(input, options).rows(), selection->weights, pooled);
   SelectFromPooled(pooled, input, options, selection);
 }
 
@@ -84,7 +111,7 @@ class MeanPolicy final : public Policy {
     GroupSelection selection;
     selection.weights.assign(input.rows.size(), MeanScale(input.rows.size()));
     std::vector<float> pooled(static_cast<size_t>(input.tokens));
-    MeanRows(input.rows, pooled);
+    MeanRows(PoolingRows(input, options).rows(), pooled);
     SelectFromPooled(pooled, input, options, &selection);
     return selection;
   }
@@ -100,7 +127,8 @@ class MaxPolicy final : public Policy {
   Pooling pooling() const override { return {.kind = PoolingKind::kMax}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
-    for (const std::span<const float> row : input.rows) {
+    const PoolingRows rows(input, options);
+    for (const std::span<const float> row : rows.rows()) {
       for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = std::max(pooled[t], row[t]);
     }
     GroupSelection selection;
@@ -244,7 +272,22 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("snapkv_kernel: must be odd and >= 1, got ", options.snapkv_kernel));
   }
+  RETURN_IF_ERROR(
+      ValidateNeighbourhoodKernel("neighbourhood_kernel", options.neighbourhood_kernel));
   return ValidateProtections(options.protections);
+}
+
+absl::Status ValidateNeighbourhoodKernel(absl::string_view field, int64_t kernel) {
+  if (kernel >= 1 && kernel % 2 == 1 && kernel <= kMaxNeighbourhoodKernel) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, ": must be odd and in [1, ", kMaxNeighbourhoodKernel, "], got ", kernel));
+}
+
+absl::StatusOr<NeighbourhoodKind> ParseNeighbourhoodKind(absl::string_view field,
+                                                         absl::string_view name) {
+  if (name == "max") return NeighbourhoodKind::kMax;
+  if (name == "mean") return NeighbourhoodKind::kMean;
+  return absl::InvalidArgumentError(absl::StrCat(field, ": '", name, "' is not one of max, mean"));
 }
 
 absl::StatusOr<const Policy*> FindPolicy(absl::string_view name) {

@@ -86,6 +86,16 @@ TEST(PolicyOptionsTest, RejectsEachBadOptionByName) {
   options.snapkv_kernel = 4;
   EXPECT_THAT(ValidatePolicyOptions(options),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("snapkv_kernel")));
+  for (const int kernel : {0, 4, -3, kMaxNeighbourhoodKernel + 2}) {
+    options = {};
+    options.neighbourhood_kernel = kernel;
+    EXPECT_THAT(ValidatePolicyOptions(options),
+                StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("neighbourhood_kernel")))
+        << kernel;
+  }
+  options = {};
+  options.neighbourhood_kernel = kMaxNeighbourhoodKernel;
+  EXPECT_TRUE(ValidatePolicyOptions(options).ok());
 }
 
 TEST(WeightsTest, TemperatureLimits) {
@@ -136,6 +146,54 @@ TEST(PolicyTest, SnapKvMaxPoolSpreadsAPeakToItsNeighbours) {
   EXPECT_THAT(Select("snapkv", row, 1, 16, 2, options).kept_pages, ElementsAre(1, 2));
   options.snapkv_kernel = 1;
   EXPECT_THAT(Select("snapkv", row, 1, 16, 2, options).kept_pages, ElementsAre(0, 2));
+}
+
+TEST(PolicyTest, NeighbourhoodPoolingSpreadsAPeakInEveryPooledPolicy) {
+  // As snapkv's: a peak at token 8, width 7, reaches tokens 5..11, so pages 1 and 2 tie.
+  std::vector<float> row(16, 0.0f);
+  row[8] = 1.0f;
+  PolicyOptions options;
+  options.page_size = 4;
+  for (const absl::string_view name : {"page_entrokv", "raw_entropy", "mean", "max", "h2o"}) {
+    EXPECT_THAT(Select(name, row, 1, 16, 2, options).kept_pages, ElementsAre(0, 2)) << name;
+    options.neighbourhood_kernel = 7;
+    EXPECT_THAT(Select(name, row, 1, 16, 2, options).kept_pages, ElementsAre(1, 2)) << name;
+    options.neighbourhood = NeighbourhoodKind::kMean;
+    EXPECT_THAT(Select(name, row, 1, 16, 2, options).kept_pages, ElementsAre(1, 2)) << name;
+    options.neighbourhood_kernel = 1;
+    options.neighbourhood = NeighbourhoodKind::kMax;
+  }
+}
+
+TEST(WeightsTest, NeighbourhoodPoolClipsItsWindowAtTheEnds) {
+  const std::vector<float> row = {1.0f, 4.0f, 2.0f, 0.0f, 3.0f};
+  std::vector<float> out(5);
+  NeighbourhoodPool(row, 0, 5, 0, 3, NeighbourhoodKind::kMax, out);
+  EXPECT_THAT(out, ElementsAre(4.0f, 4.0f, 4.0f, 3.0f, 3.0f));
+  NeighbourhoodPool(row, 0, 5, 0, 3, NeighbourhoodKind::kMean, out);
+  EXPECT_THAT(
+      out, ElementsAre(2.5f, static_cast<float>(7.0 / 3), 2.0f, static_cast<float>(5.0 / 3), 1.5f));
+  // A slice of the row gives the same values for the tokens whose windows it holds.
+  std::vector<float> part(2);
+  NeighbourhoodPool(std::span<const float>(row).subspan(1, 4), 1, 5, 2, 3, NeighbourhoodKind::kMean,
+                    part);
+  EXPECT_THAT(part, ElementsAre(2.0f, static_cast<float>(5.0 / 3)));
+}
+
+TEST(PolicyTest, MeanWithNeighbourhoodMaxIsSnapKv) {
+  // snapkv is the mean of each row max-pooled over snapkv_kernel: the same pages and scores.
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> value(0.0f, 1.0f);
+  std::vector<float> rows(4 * 300);
+  for (float& x : rows) x = value(rng) * value(rng);
+  PolicyOptions snapkv;
+  snapkv.page_size = 8;
+  PolicyOptions mean = snapkv;
+  mean.neighbourhood_kernel = snapkv.snapkv_kernel;
+  const GroupSelection a = Select("snapkv", rows, 4, 300, 9, snapkv);
+  const GroupSelection b = Select("mean", rows, 4, 300, 9, mean);
+  EXPECT_EQ(a.kept_pages, b.kept_pages);
+  EXPECT_EQ(a.page_scores, b.page_scores);
 }
 
 TEST(PolicyTest, MaxPoolingTakesTheLargestHeadPerToken) {

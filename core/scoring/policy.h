@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "core/scoring/selection.h"
 #include "core/scoring/statistic.h"
+#include "core/scoring/weights.h"
 
 namespace entrokv {
 
@@ -23,11 +24,23 @@ struct PolicyOptions {
   double alpha = 2.0;     // Renyi order, > 0; +inf allowed
   double tau = 0.5;       // softmax temperature of the head weights, > 0
   int snapkv_kernel = 7;  // width of snapkv's 1-D max-pool along tokens, odd, >= 1
+  // Neighbourhood pooling of the fused kinds (entropy-weighted, mean, max): each head's row is
+  // pooled along tokens over a centred window this wide (weights.h, NeighbourhoodPool) before
+  // the group's rows are pooled; the entropies and the measurements keep the raw rows. Odd, in
+  // [1, kMaxNeighbourhoodKernel]; 1 is off. (snapkv has its own, snapkv_kernel.)
+  int neighbourhood_kernel = 1;
+  NeighbourhoodKind neighbourhood = NeighbourhoodKind::kMax;
   Protections protections;
 };
 
 // INVALID_ARGUMENT naming the option: page_size <= 0, tau <= 0, alpha <= 0, ...
 [[nodiscard]] absl::Status ValidatePolicyOptions(const PolicyOptions& options);
+
+// The neighbourhood options as every interface takes them, errors naming `field` (a flag, a
+// wire field): an odd kernel in [1, kMaxNeighbourhoodKernel], and "max" or "mean".
+[[nodiscard]] absl::Status ValidateNeighbourhoodKernel(absl::string_view field, int64_t kernel);
+[[nodiscard]] absl::StatusOr<NeighbourhoodKind> ParseNeighbourhoodKind(absl::string_view field,
+                                                                       absl::string_view name);
 
 // The pages holding the first min(sink_tokens, T) tokens: ceil(min(s, T) / B), no overflow for
 // any s. REQUIRES: options valid, tokens >= 0.

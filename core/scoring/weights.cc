@@ -24,6 +24,65 @@ void PoolRows(std::span<const std::span<const float>> rows, std::span<const doub
   }
 }
 
+namespace {
+
+// One token's window, clipped at the row's ends, as the header says.
+float PoolWindow(std::span<const float> slice, int64_t slice_first, int64_t tokens, int64_t t,
+                 int64_t half, NeighbourhoodKind kind) {
+  const int64_t begin = std::max<int64_t>(t - half, 0) - slice_first;
+  const int64_t end = std::min<int64_t>(t + half + 1, tokens) - slice_first;
+  if (kind == NeighbourhoodKind::kMax) {
+    float m = slice[static_cast<size_t>(begin)];
+    for (int64_t j = begin + 1; j < end; ++j) {
+      const float x = slice[static_cast<size_t>(j)];
+      m = x > m ? x : m;
+    }
+    return m;
+  }
+  double sum = 0.0;
+  for (int64_t j = begin; j < end; ++j) sum += static_cast<double>(slice[static_cast<size_t>(j)]);
+  return static_cast<float>(sum / static_cast<double>(end - begin));
+}
+
+}  // namespace
+
+void NeighbourhoodPool(std::span<const float> slice, int64_t slice_first, int64_t tokens,
+                       int64_t first, int kernel, NeighbourhoodKind kind, std::span<float> out) {
+  const int64_t half = kernel / 2;
+  const int64_t end = first + static_cast<int64_t>(out.size());
+  // Tokens [inner, outer) have their whole window inside the row. There each token's window is
+  // taken offset by offset, the same operations in the same order as PoolWindow's, with the
+  // loop over tokens innermost so that it vectorises.
+  const int64_t inner = std::clamp(half, first, end);
+  const int64_t outer = std::clamp(tokens - half, inner, end);
+  for (int64_t t = first; t < inner; ++t) {
+    out[static_cast<size_t>(t - first)] = PoolWindow(slice, slice_first, tokens, t, half, kind);
+  }
+  constexpr int64_t kBlock = 256;
+  for (int64_t block = inner; block < outer; block += kBlock) {
+    const int64_t count = std::min(kBlock, outer - block);
+    const float* x = slice.data() + (block - slice_first);  // x[i + d]: token block + i + d
+    float* o = out.data() + (block - first);
+    if (kind == NeighbourhoodKind::kMax) {
+      for (int64_t i = 0; i < count; ++i) o[i] = x[i - half];
+      for (int64_t d = -half + 1; d <= half; ++d) {
+        for (int64_t i = 0; i < count; ++i) o[i] = x[i + d] > o[i] ? x[i + d] : o[i];
+      }
+    } else {
+      double sums[kBlock] = {};
+      for (int64_t d = -half; d <= half; ++d) {
+        for (int64_t i = 0; i < count; ++i) sums[i] += static_cast<double>(x[i + d]);
+      }
+      for (int64_t i = 0; i < count; ++i) {
+        o[i] = static_cast<float>(sums[i] / static_cast<double>(kernel));
+      }
+    }
+  }
+  for (int64_t t = outer; t < end; ++t) {
+    out[static_cast<size_t>(t - first)] = PoolWindow(slice, slice_first, tokens, t, half, kind);
+  }
+}
+
 void MeanRows(std::span<const std::span<const float>> rows, std::span<float> out) {
   const double scale = MeanScale(rows.size());
   for (size_t t = 0; t < out.size(); ++t) {

@@ -2,6 +2,7 @@
 #ifndef ENTROKV_CORE_SCORING_WEIGHTS_H_
 #define ENTROKV_CORE_SCORING_WEIGHTS_H_
 
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -27,6 +28,18 @@ void MeanRows(std::span<const std::span<const float>> rows, std::span<float> out
 
 // The scale of MeanRows: 1.0 / r.
 [[nodiscard]] inline double MeanScale(size_t rows) { return 1.0 / static_cast<double>(rows); }
+
+// Neighbourhood pooling along a row (PolicyOptions::neighbourhood_kernel): token t of a row of
+// `tokens` gets the max, or the mean, of the row over [t - k/2, t + k/2] clipped to [0, tokens).
+// The max starts from the window's first value and takes x > m ? x : m; the mean sums the
+// window in double from +0 in token order, divides by its length and rounds once to float.
+enum class NeighbourhoodKind : uint8_t { kMax, kMean };
+inline constexpr int kMaxNeighbourhoodKernel = 63;
+// out[i] = the pooled value of token first + i, for i in [0, out.size()), from `slice`, the row's
+// tokens [slice_first, slice_first + slice.size()), which must hold every window asked (the
+// whole row, or a chunk with kernel / 2 tokens either side where the row has them).
+void NeighbourhoodPool(std::span<const float> slice, int64_t slice_first, int64_t tokens,
+                       int64_t first, int kernel, NeighbourhoodKind kind, std::span<float> out);
 
 }  // namespace entrokv
 

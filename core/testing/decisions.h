@@ -134,8 +134,10 @@ struct RandomCase {
   std::string Describe() const {
     return absl::StrCat(
         "policy ", policy->name(), " B ", options.page_size, " s ", options.sink_tokens, " alpha ",
-        options.alpha, " G ", groups, " r ", heads / groups, " T ", tokens, " dtype ",
-        DTypeName(dtype), " layers ", requests.size(), " scope ",
+        options.alpha, " neighbourhood ", options.neighbourhood_kernel,
+        options.neighbourhood == NeighbourhoodKind::kMax ? " max" : " mean", " G ", groups, " r ",
+        heads / groups, " T ", tokens, " dtype ", DTypeName(dtype), " layers ", requests.size(),
+        " scope ",
         requests.empty() || requests[0].scope == SelectionScope::kGroup ? "group" : "layer");
   }
 };
@@ -154,6 +156,11 @@ inline std::unique_ptr<RandomCase> MakeRandomCase(std::mt19937_64& rng, int tria
   options.protections.tail_page = pick(0, 1) == 1;
   options.protections.sink_pages = pick(0, 1) == 1;
   options.protections.recent_pages = pick(0, 2) == 0 ? pick(1, 5) : 0;
+  if (pick(0, 2) == 0) {  // neighbourhood pooling, up to the widest kernel
+    options.neighbourhood_kernel =
+        std::vector<int>{3, 5, 7, kMaxNeighbourhoodKernel}[static_cast<size_t>(pick(0, 3))];
+    options.neighbourhood = pick(0, 1) == 0 ? NeighbourhoodKind::kMax : NeighbourhoodKind::kMean;
+  }
   c->groups = pick(1, 3);
   const int r = pick(0, 3) == 0 ? pick(7, 13) : pick(1, 6);  // quads, a pair, an odd row
   c->heads = c->groups * r;

@@ -25,6 +25,7 @@ import gzip
 import io
 import math
 import os
+import re
 import sys
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -59,15 +60,26 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
 
 
 def policy_of(name: str, ratio: float) -> pool_worker.Policy:
-    """"none", a policy name, or name+window: the policy given the question-window statistic
-    (the mean of the question's query rows, docs/architecture.md §3.1) instead of its default."""
+    """"none", or a policy name with optional suffixes: +window (the question-window statistic,
+    the mean of the question's query rows, docs/architecture.md §3.1, instead of its default) or
+    +last, and +nb<k><max|mean> (neighbourhood pooling of width k, docs/decisions.md), e.g.
+    page_entrokv+window+nb7max."""
     if name == "none":
         return pool_worker.Policy("none")
-    base, _, statistic = name.partition("+")
-    kinds = {"": None, "window": "window_mean", "last": "last_row"}
-    if statistic not in kinds:
-        raise ValueError(f"policy {name}: the suffix must be +window or +last")
-    return pool_worker.Policy(base, ratio=ratio, statistic=kinds[statistic])
+    base, *suffixes = name.split("+")
+    kinds = {"window": "window_mean", "last": "last_row"}
+    statistic, params = None, ()
+    for suffix in suffixes:
+        neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
+        if suffix in kinds and statistic is None:
+            statistic = kinds[suffix]
+        elif neighbourhood and not params:
+            params = (("neighbourhood_kernel", int(neighbourhood.group(1))),
+                      ("neighbourhood_pooling", neighbourhood.group(2)))
+        else:
+            raise ValueError(f"policy {name}: each suffix must be +window, +last or "
+                             f"+nb<k><max|mean>, at most one of each kind")
+    return pool_worker.Policy(base, ratio=ratio, statistic=statistic, params=params)
 
 
 def mcnemar(better: int, worse: int) -> float:

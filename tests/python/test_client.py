@@ -345,6 +345,8 @@ class ClientTest(unittest.TestCase):
              entrokv.InvalidArgumentError),
             (lambda: self.client.decide("errors", "s", stats, pages=1, tau=-1.0),
              entrokv.InvalidArgumentError),
+            (lambda: self.client.decide("errors", "s", stats, pages=1, neighbourhood_kernel=4),
+             entrokv.InvalidArgumentError),
             (lambda: self.client.decide("errors", "s", -stats, pages=1),
              entrokv.InvalidArgumentError),
             (lambda: self.client.open_sequence("errors", "s"), entrokv.AlreadyExistsError),
@@ -493,6 +495,38 @@ class ClientTest(unittest.TestCase):
                 self.assertEqual(cli_group["kept_pages"], daemon_group.kept_pages.tolist())
                 np.testing.assert_allclose(cli_group["weights"], daemon_group.weights, rtol=1e-8)
                 self.assertAlmostEqual(cli_group["uor"], daemon_group.shadow_uor, places=8)
+
+    def test_neighbourhood_pooling_through_the_daemon_is_the_clis(self):
+        """neighbourhood_kernel and neighbourhood_pooling reach the scorer: the daemon keeps
+        the pages entrokv select keeps with the same options, and other pages than without."""
+        self.register("neighbourhood")
+        stats = layer_stats(5, 777)
+        kept = {}
+        for kernel, pooling in ((1, "max"), (7, "max"), (7, "mean")):
+            sequence = f"s{kernel}{pooling}"  # a decision evicts: each its own sequence
+            self.client.open_sequence("neighbourhood", sequence, initial_tokens=777)
+            decided = self.client.decide("neighbourhood", sequence, stats, pages=7,
+                                         neighbourhood_kernel=kernel,
+                                         neighbourhood_pooling=pooling)
+            kept[kernel, pooling] = [group.kept_pages.tolist()
+                                     for layer in decided for group in layer.groups]
+            with tempfile.TemporaryDirectory() as directory:
+                path = os.path.join(directory, "stats.npy")
+                np.save(path, stats)
+                result = subprocess.run(
+                    [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
+                     "--page-size", "16", "--pages", "7", "--protect-tail",
+                     "--neighbourhood-kernel", str(kernel), "--neighbourhood", pooling],
+                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            offline = [group["kept_pages"] for layer in json.loads(result.stdout)["layers"]
+                       for group in layer["groups"]]
+            self.assertEqual(offline, kept[kernel, pooling], (kernel, pooling))
+        self.assertNotEqual(kept[1, "max"], kept[7, "max"])
+        self.assertNotEqual(kept[7, "max"], kept[7, "mean"])
+        with self.assertRaisesRegex(ValueError, "neighbourhood_pooling"):
+            self.client.decide("neighbourhood", "s1max", stats, pages=7,
+                               neighbourhood_pooling="median")
 
     def test_layer_layout_keeps_exactly_the_planned_frames(self):
         # A page of the layer layout holds every KV group: layer scope (the default there)

@@ -88,6 +88,8 @@ TEST(EntrokvdProcessTest, BadConfigurationExitsNonZeroNamingTheOption) {
   std::ofstream(bad_config) << "--tau=0.5\n--frobnicate=1\n";
   const std::vector<Case> cases = {
       {{"--tau=-1"}, "--tau"},
+      {{"--neighbourhood_kernel=8"}, "--neighbourhood_kernel"},
+      {{"--neighbourhood_pooling=median"}, "--neighbourhood_pooling"},
       // Abseil rejects values it cannot parse itself, naming the flag 'backend'.
       {{"--backend=tpu"}, "backend"},
       {{"--frame_layout=diagonal"}, "frame_layout"},

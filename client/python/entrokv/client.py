@@ -17,7 +17,8 @@ import grpc
 import numpy as np
 
 from entrokv.errors import EntrokvError, from_rpc_error
-from entrokv.records import (BACKENDS, FRAME_LAYOUTS, SELECTION_SCOPES, STATISTIC_KINDS,
+from entrokv.records import (BACKENDS, FRAME_LAYOUTS, NEIGHBOURHOOD_POOLINGS, SELECTION_SCOPES,
+                             STATISTIC_KINDS,
                              Appended, LayerDecision, PoolInfo, PoolStats, PressureInfo,
                              SequenceInfo, evictions, frame_assignments)
 from entrokv.v1 import cache_manager_pb2 as pb
@@ -30,7 +31,7 @@ _DTYPES = {
     "bf16": (types.DTYPE_BFLOAT16, np.uint16),
 }
 _POLICY_PARAMS = ("tau", "alpha", "sink_tokens", "protect_tail_page", "protect_sink_pages",
-                  "protect_recent_pages")
+                  "protect_recent_pages", "neighbourhood_kernel", "neighbourhood_pooling")
 _SERVICE = "entrokv.v1.CacheManager"
 # Retried by the channel on UNAVAILABLE. DecideStream is not: a stream may have applied layers.
 _RETRIED_METHODS = ("RegisterModel", "GetModel", "ListModels", "OpenSequence", "AppendTokens",
@@ -124,6 +125,10 @@ def _policy(policy: Optional[str], params: dict,
     # None leaves the scope to the daemon: layer for a layer-layout pool, group otherwise.
     wire_scope = (types.SELECTION_SCOPE_UNSPECIFIED if scope is None
                   else _choice("scope", scope, SELECTION_SCOPES))
+    params = dict(params)
+    if params.get("neighbourhood_pooling") is not None:  # "max" or "mean"
+        params["neighbourhood_pooling"] = _choice(
+            "neighbourhood_pooling", params["neighbourhood_pooling"], NEIGHBOURHOOD_POOLINGS)
     return types.PolicyParams(name=policy or "", scope=wire_scope, **params)
 
 

@@ -17,6 +17,8 @@ from entrokv.v1 import types_pb2 as types
 FRAME_LAYOUTS = {"group": types.FRAME_LAYOUT_GROUP, "layer": types.FRAME_LAYOUT_LAYER}
 BACKENDS = {"host": types.BACKEND_HOST, "cuda": types.BACKEND_CUDA}
 SELECTION_SCOPES = {"group": types.SELECTION_SCOPE_GROUP, "layer": types.SELECTION_SCOPE_LAYER}
+NEIGHBOURHOOD_POOLINGS = {"max": types.NEIGHBOURHOOD_POOLING_MAX,
+                          "mean": types.NEIGHBOURHOOD_POOLING_MEAN}
 STATISTIC_KINDS = {"last_row": types.STATISTIC_KIND_LAST_ROW,
                    "window_mean": types.STATISTIC_KIND_WINDOW_MEAN,
                    "accumulated": types.STATISTIC_KIND_ACCUMULATED}
