@@ -94,11 +94,13 @@ def mcnemar(better: int, worse: int) -> float:
 
 # ---- running ------------------------------------------------------------------------------------
 _WORKER = None  # one PoolWorker per process
+_QUESTION_EXCLUDED = False  # the context decided before the question (--question-excluded)
 
 
 def _start_worker(address: str, weights: str, registry: policy_registry.Registry,
-                  page_size: int, layout: str, tag: str) -> None:
-    global _WORKER
+                  page_size: int, layout: str, tag: str, question_excluded: bool) -> None:
+    global _WORKER, _QUESTION_EXCLUDED
+    _QUESTION_EXCLUDED = question_excluded
     client = entrokv.Client(address, timeout_s=120)
     model = numpy_model.Model.load(weights)
     _WORKER = pool_worker.PoolWorker(client, model, registry, page_size=page_size,
@@ -111,7 +113,8 @@ def _run(job) -> List[Dict[str, object]]:
     example = tasks.example_at(task, length, count, index, seed)
     policies = [policy_of(name, ratio) for name, ratio in settings]
     rows = []
-    for (name, ratio), result in zip(settings, _WORKER.run_forked(example, policies)):
+    results = _WORKER.run_forked(example, policies, question_excluded=_QUESTION_EXCLUDED)
+    for (name, ratio), result in zip(settings, results):
         rows.append(dict(task=task, length=length, page_size=_WORKER.page_size,
                          layout=_WORKER.pool.frame_layout, prompt=index,
                          depth=round(example.depth, 4), policy=name,
@@ -160,7 +163,7 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
     with concurrent.futures.ProcessPoolExecutor(
             args.processes, initializer=_start_worker,
             initargs=(args.address, args.weights, args.registry, page_size, layout,
-                      args.tag)) as pool:
+                      args.tag, args.question_excluded)) as pool:
         for done, rows in enumerate(pool.map(_run, jobs), 1):
             for row in rows:
                 writer.writerow(row)
@@ -428,6 +431,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=7,
                     help="the prompts' seed: 7 is the development set, every choice so far was "
                          "made on it; 101 is kept for confirmation (docs/evaluation/README.md)")
+    ap.add_argument("--question-excluded", action="store_true",
+                    help="decide the context before the question is seen (kvpress's default "
+                         "setting): the statistics are the context's own, and the question runs "
+                         "through the kept cache after the decision")
     ap.add_argument("--reference", default="page_entrokv",
                     help="the policy paired.md compares with every other")
     ap.add_argument("--every", type=int, default=1,

@@ -563,12 +563,22 @@ class PoolWorker:
         return result
 
     def run_forked(self, example: tasks.Example, policies: Sequence[Policy], *,
-                   max_new: Optional[int] = None) -> List[RunResult]:
+                   max_new: Optional[int] = None,
+                   question_excluded: bool = False) -> List[RunResult]:
         """One prefill, then per policy a fork of it (prefix sharing), its decisions, a greedy
-        decode and its close; the parent closes last. Results in the order of `policies`."""
+        decode and its close; the parent closes last. Results in the order of `policies`.
+
+        question_excluded: the context is decided before the question is seen (kvpress's
+        default setting; prefix caching, a later turn of a chat). The prefill stops before the
+        question, its statistics are the context's own (last_row: the last context token's
+        row; window_mean: the mean of the context's last W rows, W the question's length), and
+        each fork, once decided, runs the question through what it kept before decoding."""
         kinds = sorted({self.kind(p) for p in policies if p.name != "none"}) or ["last_row"]
+        prompt = np.asarray(example.prompt)
+        window = question_window(prompt)
+        split = len(prompt) - window if question_excluded else len(prompt)
         start = time.perf_counter()
-        parent, _ = self.prefill(example.prompt, kinds=kinds)
+        parent, _ = self.prefill(prompt[:split], kinds=kinds, window=window)
         prefill_ms = (time.perf_counter() - start) * 1e3
         try:
             prompt_frames = parent.live_frames()
@@ -580,6 +590,10 @@ class PoolWorker:
                     start = time.perf_counter()
                     decisions = self.decide(child, policy)
                     decide_ms = (time.perf_counter() - start) * 1e3
+                    if split < len(prompt):  # the question, through the kept context
+                        self.append(child, len(prompt) - split)
+                        child.prefill_logits = self.model.step(
+                            prompt[split:], np.arange(split, len(prompt)), child)
                     results.append(self._result(example, policy, child, decisions, prompt_frames,
                                                 0.0, decide_ms, max_new))
                 finally:

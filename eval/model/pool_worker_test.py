@@ -252,6 +252,37 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
         self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
 
+    def test_question_excluded_decides_the_context_before_the_question(self):
+        worker = self.worker("no-question", capacity_frames=2048)
+        example = tasks.make_example("multi_key", 333, 6)
+        window = pool_worker.question_window(example.prompt)
+        context_pages = -(-(len(example.prompt) - window) // worker.page_size)
+        policies = [Policy("none"), Policy("page_entrokv", pages=6), Policy("snapkv", pages=6)]
+        excluded = worker.run_forked(example, policies, question_excluded=True)
+        self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
+        # No eviction: the context and then the question give the whole prompt's answer.
+        included = worker.run_forked(example, policies[:1])
+        self.assertEqual(excluded[0].answer, included[0].answer)
+        np.testing.assert_allclose(excluded[0].logits, included[0].logits, **TOLERANCE)
+        self.assertEqual(excluded[0].prompt_frames, context_pages * self.model.config.kv_heads
+                         * self.model.config.layers)
+        for result in excluded[1:]:
+            with self.subTest(policy=result.policy):
+                # The decision kept 6 of the context's pages per (layer, group), and the
+                # question's tokens were written after it (into the kept partial page, copied,
+                # and pages on top).
+                total_pages = -(-(len(example.prompt) + len(result.answer)) // worker.page_size)
+                added = total_pages - context_pages + 1  # the partial context page, copied
+                self.assertLessEqual(result.kept_frames, (6 + added) * self.model.config.kv_heads
+                                     * self.model.config.layers)
+                self.assertGreaterEqual(result.kept_frames, 6 * self.model.config.kv_heads
+                                        * self.model.config.layers)
+        # The decision saw no question row: with the whole prompt's last row it keeps other
+        # pages (the question attends to the needle; the context's last token does not).
+        with_question = worker.run_forked(example, policies[1:2])[0]
+        self.assertNotEqual([d.groups[0].kept_pages.tolist() for d in with_question.decisions],
+                            [d.groups[0].kept_pages.tolist() for d in excluded[1].decisions])
+
     def test_rejected_speculative_tokens_leave_no_trace(self):
         # Speculative decoding: k draft tokens are appended and run through the model in one
         # step (the verification), the last j are rejected and truncated, and greedy decoding
