@@ -183,8 +183,10 @@ bool FusedScorer::DecideGroup(const Policy& policy, const LayerRequest& request,
                           std::span<float>(out, static_cast<size_t>(count)));
         neighbourhood_pointers_[static_cast<size_t>(i)] = out;
       }
-      ok &= PoolRowsChunk(PoolOp::kMean, row_pointers_.data(), weights.data(), r, count,
-                          mean_.data(), scale, nullptr);
+      // The raw rows' validation, with their head-mean row when measuring (the max over the
+      // heads, in float, validates as well and costs less otherwise).
+      ok &= PoolRowsChunk(measure ? PoolOp::kMean : PoolOp::kMax, row_pointers_.data(),
+                          weights.data(), r, count, mean_.data(), scale, nullptr);
       (void)PoolRowsChunk(op, neighbourhood_pointers_.data(), weights.data(), r, count, pooled,
                           scale, nullptr);
     }

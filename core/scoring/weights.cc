@@ -5,6 +5,10 @@
 
 #include "core/scoring/portable_math.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 namespace entrokv {
 
 std::vector<double> EntropyWeights(std::span<const double> entropies, double tau) {
@@ -64,10 +68,20 @@ void NeighbourhoodPool(std::span<const float> slice, int64_t slice_first, int64_
     const float* x = slice.data() + (block - slice_first);  // x[i + d]: token block + i + d
     float* o = out.data() + (block - first);
     if (kind == NeighbourhoodKind::kMax) {
-      for (int64_t i = 0; i < count; ++i) o[i] = x[i - half];
+      float maxima[kBlock];  // a local block: the compiler then knows `out` does not alias `x`
+      for (int64_t i = 0; i < count; ++i) maxima[i] = x[i - half];
       for (int64_t d = -half + 1; d <= half; ++d) {
-        for (int64_t i = 0; i < count; ++i) o[i] = x[i + d] > o[i] ? x[i + d] : o[i];
+        int64_t i = 0;
+#if defined(__SSE2__)
+        // maxps(a, b) is a > b ? a : b, the same select (NaN and equal zeros give b).
+        for (; i + 4 <= count; i += 4) {
+          _mm_storeu_ps(maxima + i,
+                        _mm_max_ps(_mm_loadu_ps(x + i + d), _mm_loadu_ps(maxima + i)));
+        }
+#endif
+        for (; i < count; ++i) maxima[i] = x[i + d] > maxima[i] ? x[i + d] : maxima[i];
       }
+      std::copy(maxima, maxima + count, o);
     } else {
       double sums[kBlock] = {};
       for (int64_t d = -half; d <= half; ++d) {
