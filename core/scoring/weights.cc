@@ -75,8 +75,7 @@ void NeighbourhoodPool(std::span<const float> slice, int64_t slice_first, int64_
 #if defined(__SSE2__)
         // maxps(a, b) is a > b ? a : b, the same select (NaN and equal zeros give b).
         for (; i + 4 <= count; i += 4) {
-          _mm_storeu_ps(maxima + i,
-                        _mm_max_ps(_mm_loadu_ps(x + i + d), _mm_loadu_ps(maxima + i)));
+          _mm_storeu_ps(maxima + i, _mm_max_ps(_mm_loadu_ps(x + i + d), _mm_loadu_ps(maxima + i)));
         }
 #endif
         for (; i < count; ++i) maxima[i] = x[i + d] > maxima[i] ? x[i + d] : maxima[i];
