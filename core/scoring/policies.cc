@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <deque>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -146,30 +145,12 @@ class SnapKvPolicy final : public Policy {
   Pooling pooling() const override { return {.kind = PoolingKind::kMaxPoolThenMean}; }
   std::optional<StatisticKind> statistic() const override { return StatisticKind::kWindowMean; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
-    const auto tokens = static_cast<int64_t>(input.tokens);
-    const int64_t half = options.snapkv_kernel / 2;
-    // The group mean of the max-pooled rows as MeanRows takes it: summed in double, scaled once.
-    std::vector<double> sums(static_cast<size_t>(tokens), 0.0);
-    std::deque<int64_t> window;  // indices of a decreasing run: front is the window max
-    for (const std::span<const float> row : input.rows) {
-      window.clear();
-      int64_t next = 0;  // next index to enter the window
-      for (int64_t t = 0; t < tokens; ++t) {
-        for (; next <= std::min(t + half, tokens - 1); ++next) {
-          while (!window.empty() &&
-                 row[static_cast<size_t>(window.back())] <= row[static_cast<size_t>(next)]) {
-            window.pop_back();
-          }
-          window.push_back(next);
-        }
-        while (window.front() < t - half) window.pop_front();
-        sums[static_cast<size_t>(t)] +=
-            static_cast<double>(row[static_cast<size_t>(window.front())]);
-      }
-    }
-    const double scale = MeanScale(input.rows.size());
-    std::vector<float> pooled(static_cast<size_t>(tokens));
-    for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = static_cast<float>(sums[t] * scale);
+    // Neighbourhood pooling's max over snapkv_kernel, then the group mean (MeanRows).
+    PolicyOptions max_pooled = options;
+    max_pooled.neighbourhood_kernel = options.snapkv_kernel;
+    max_pooled.neighbourhood = NeighbourhoodKind::kMax;
+    std::vector<float> pooled(static_cast<size_t>(input.tokens));
+    MeanRows(PoolingRows(input, max_pooled).rows(), pooled);
     GroupSelection selection;
     SelectFromPooled(pooled, input, options, &selection);
     return selection;
