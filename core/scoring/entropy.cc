@@ -4,15 +4,6 @@
 #include <cmath>
 
 namespace entrokv {
-namespace {
-
-double DegenerateEntropy(int64_t support) {
-  return portable::Log<portable::HostArithmetic>(
-      static_cast<double>(std::max<int64_t>(support, 1)));
-}
-
-}  // namespace
-
 bool IsOnePassOrder(double alpha) { return alpha == 2.0 || alpha == 1.0 || std::isinf(alpha); }
 
 namespace {
@@ -116,7 +107,7 @@ double SinkIsolatedEntropy(std::span<const float> row, int sink_tokens, double a
   // whole (rows of accumulated statistics may sum far above 1).
   double total = 0.0;
   for (const float value : rest) total += value;
-  if (!(total > 0.0)) return DegenerateEntropy(support);
+  if (!(total > 0.0)) return portable::DegenerateEntropy<portable::HostArithmetic>(support);
   double power_sum = 0.0;
   for (const float value : rest) {
     if (value > 0.0f) power_sum += std::pow(value / total, alpha);

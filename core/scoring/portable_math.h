@@ -104,16 +104,26 @@ ENTROKV_HOST_DEVICE double Exp(double y) {
 // Guards ln(0) where sum p^alpha underflows.
 inline constexpr double kEntropyLogGuard = 1e-12;
 
+// The entropy of a row with no mass over its `support` non-sink tokens: the maximal one,
+// ln(max(support, 1)).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <typename A>
+ENTROKV_HOST_DEVICE double DegenerateEntropy(int64_t support) {
+  return Log<A>(static_cast<double>(support > 1 ? support : 1));
+}
+
 // The one-pass orders' entropy from a row's sums over its `support` non-sink tokens: total = sum
 // x, power = sum x^2 (alpha 2), max x (alpha inf) or sum x ln x (alpha 1). A row whose mass is
-// not positive gets the maximal entropy ln(max(support, 1)).
+// not positive gets DegenerateEntropy.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <typename A>
 ENTROKV_HOST_DEVICE double EntropyOfSums(double total, double power, double alpha,
                                          int64_t support) {
-  if (!(total > 0.0)) return Log<A>(static_cast<double>(support > 1 ? support : 1));
+  if (!(total > 0.0)) return DegenerateEntropy<A>(support);
   if (alpha == 2.0) {  // sum p^2 = power / total^2, in (0, 1]
     return -Log<A>(A::Add(A::Div(power, A::Mul(total, total)), kEntropyLogGuard));
   }
