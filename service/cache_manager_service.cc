@@ -23,6 +23,13 @@ using wire::ValidateId;
 using wire::ValidateTokenCount;
 using Clock = std::chrono::steady_clock;
 
+// A layer-layout tensor-parallel model's ranks share one block table, so its decisions wait
+// for every rank (RankGather). In the group layout each rank decides its own groups alone
+// (the decider's shard), as does a model of one rank.
+bool GathersRanks(const Model& model) {
+  return model.state().ranks() > 1 && model.state().layout() == FrameLayout::kLayer;
+}
+
 void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
   const CacheState& state = model.state();
   const PoolStats stats = state.Stats();
@@ -50,7 +57,10 @@ void FillPoolInfo(const Model& model, v1::PoolInfo* pool) {
     } else {
       out->set_cuda_ipc_handle(info.ipc_handle);
     }
-    out->set_frame_bytes(static_cast<uint64_t>(stats.frame_bytes / state.ranks()));
+    const RankSpan span = state.rank_span(rank);
+    out->set_frame_bytes(static_cast<uint64_t>(span.frame_bytes));
+    out->set_first_frame(span.first_frame);
+    out->set_frames(span.frames);
   }
 }
 
@@ -573,7 +583,7 @@ grpc::ServerUnaryReactor* CacheManagerService::Decide(grpc::CallbackServerContex
   // The worker may finish the reactor before this returns it; gRPC allows either order.
   const bool accepted = workers_->TrySubmit(
       [this, call, context, request, response, timing, model = *std::move(model)] {
-        if (model->state().ranks() > 1 || request->rank() != 0) {
+        if (GathersRanks(*model)) {
           DecideRanks(*model, *request, call, context, response, timing);
           return;
         }
@@ -666,7 +676,7 @@ class CacheManagerService::StreamReactor
     }
     timing_ = TimingOf(*context_);  // answer_within_ms counts from this message
     const bool accepted = service_->workers_->TrySubmit([this, model = *std::move(model)] {
-      if (request_.has_rank()) {
+      if (request_.has_rank() && GathersRanks(*model)) {
         ProcessRank(*model);
       } else {
         Process(*model);

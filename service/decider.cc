@@ -21,6 +21,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <numeric>
 #include <optional>
 #include <string>
 #include <vector>
@@ -136,8 +138,24 @@ absl::Status HostStatistic(const ShmReader& reader, const LayerWork& work, std::
 
 }  // namespace
 
+// The query heads and KV groups a decision scores: the whole model, or one rank's share of a
+// group-layout tensor-parallel model, which that rank decides alone (its groups' frames are
+// its own; the other groups are left as they are).
+struct Shard {
+  int rank = 0;  // whose arena's device scores it
+  int first_head = 0;
+  int heads = 0;
+  int first_group = 0;
+  int groups = 0;
+  std::string owner;  // "the model" or "rank r's share", for messages
+  [[nodiscard]] bool partial(const ModelGeometry& geometry) const {
+    return groups != geometry.kv_groups;
+  }
+};
+
 struct Decider::Job {
   std::string sequence_id;
+  Shard shard;
   ResolvedPolicy policy;
   SelectionScope scope = SelectionScope::kGroup;
   int64_t tokens = 0;
@@ -164,8 +182,40 @@ struct Readers {
   absl::string_view sequence_id;
 };
 
+// Rows [first_head, first_head + heads) of a [query_heads][tokens] matrix (a running sum).
+std::vector<float> HeadRows(const std::vector<float>& all, int query_heads, const Shard& shard) {
+  const size_t tokens = all.size() / static_cast<size_t>(query_heads);
+  const auto first = all.begin() + static_cast<ptrdiff_t>(tokens * shard.first_head);
+  return {first, first + static_cast<ptrdiff_t>(tokens * shard.heads)};
+}
+
+// What a request with `rank` (nullopt: unset) decides. A group-layout tensor-parallel model
+// decides each rank's share alone; everything else decides the whole model (a layer-layout
+// model's ranks are gathered before this). INVALID_ARGUMENT naming `rank` outside [0, t).
+absl::StatusOr<Shard> ShardOf(const Model& model, std::optional<int> rank) {
+  const CacheState& state = model.state();
+  const ModelGeometry& geometry = state.geometry();
+  const int ranks = state.ranks();
+  Shard whole{.heads = geometry.query_heads, .groups = geometry.kv_groups, .owner = "the model"};
+  if (!rank.has_value()) return whole;
+  if (*rank < 0 || *rank >= ranks) {
+    return absl::InvalidArgumentError(absl::StrCat("rank: ", *rank, " is outside [0, ", ranks,
+                                                   "): model \"", model.id(), "\" has ", ranks,
+                                                   ranks == 1 ? " rank" : " ranks"));
+  }
+  if (ranks == 1 || state.layout() != FrameLayout::kGroup) return whole;
+  const int heads = geometry.query_heads / ranks;
+  const int groups = geometry.kv_groups / ranks;
+  return Shard{.rank = *rank,
+               .first_head = *rank * heads,
+               .heads = heads,
+               .first_group = *rank * groups,
+               .groups = groups,
+               .owner = absl::StrCat("rank ", *rank, "'s share")};
+}
+
 // Step 1 for one layer's statistic.
-absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeometry& geometry,
+absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shard,
                               int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
                               HeldSegments& segments, const Readers& readers,
                               ServiceMetrics& metrics, LayerWork& work) {
@@ -193,9 +243,9 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const ModelGeomet
     return absl::OkStatus();
   }
   ASSIGN_OR_RETURN(const DType dtype, wire::ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
-  if (stat.query_heads() != geometry.query_heads) {
+  if (stat.query_heads() != shard.heads) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".query_heads: ", stat.query_heads(),
-                                                   ", the model has ", geometry.query_heads));
+                                                   ", ", shard.owner, " has ", shard.heads));
   }
   RETURN_IF_ERROR(wire::ValidateTokenCount(absl::StrCat(field, ".tokens"), stat.tokens(), 1));
   if (stat.tokens() != sequence_tokens) {
@@ -307,9 +357,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // buffers are reused across the job's layers. A fresh copy buffer per job, zero-filled, was
   // measured no slower than one kept across jobs (docs/performance.md, "The service path").
   FusedScorer scorer(job.policy.options);
-  // --scorer: a pool the CUDA scorer serves is scored on its arena's device (a host pool's on
-  // device 0), with the same decisions; degraded layers stay on the CPU (no statistic).
-  const ArenaInfo arena = model.state().arena();
+  // --scorer: a pool the CUDA scorer serves is scored on its arena's device (a rank's share on
+  // its rank's; a host pool's on device 0), with the same decisions; degraded layers stay on
+  // the CPU (no statistic).
+  const ArenaInfo arena = model.state().arena(job.shard.rank);
   const bool on_device = device_scorers_ != nullptr && device_scorers_->ScoresPool(arena.backend);
   const int scoring_device = arena.backend == Backend::kCuda ? arena.device : 0;
   std::vector<char> copied;  // the shared-memory statistic of the layer being scored
@@ -317,14 +368,15 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
   // degraded; answer_within_ms itself when it may not. A call's own deadline without
   // degrade_on_deadline is left to `cancelled`, as it always was.
   std::optional<Clock::time_point> finish_by;
-  const int64_t values = int64_t{geometry.query_heads} * job.tokens;  // of one layer
+  const Shard& shard = job.shard;
+  const int64_t values = int64_t{shard.heads} * job.tokens;  // of one layer
   const auto estimate = [this](int64_t n) {
     return std::chrono::duration_cast<Clock::duration>(
         std::chrono::duration<double>(SecondsPerValue() * static_cast<double>(n)));
   };
   if (job.deadline.has_value() && job.degrade) {
     // Scoring stops only between KV groups: one group's work is kept back too.
-    finish_by = *job.deadline - job.reserve - estimate(values / geometry.kv_groups);
+    finish_by = *job.deadline - job.reserve - estimate(values / shard.groups);
   } else if (job.deadline.has_value() && job.deadline_is_answer_within) {
     finish_by = *job.deadline;
   }
@@ -374,11 +426,12 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       absl::StatusOr<std::vector<float>> before =
           model.state().RunningSum(job.sequence_id, work.layer);
       if (!before.ok()) return Annotate(before.status(), work.field);
+      if (shard.partial(geometry)) *before = HeadRows(*before, geometry.query_heads, shard);
       absl::StatusOr<std::vector<float>> sum = AddChunk(*work.view, *before);
       if (!sum.ok()) return Annotate(sum.status(), work.field);
       work.running_sum = *std::move(sum);
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.running_sum.data(), DType::kFloat32,
-                                                        geometry.query_heads, job.tokens));
+                                                        shard.heads, job.tokens));
     }
     // A decision after earlier ones selects among the pages still held: an evicted page is
     // never kept again, so each group keeps exactly min(K, live pages).
@@ -386,9 +439,19 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
         model.state().LivePages(job.sequence_id, work.layer);
     if (!live.ok()) return Annotate(live.status(), work.field);
     work.live_pages = *std::move(live);
+    if (shard.partial(geometry) && !work.live_pages.empty()) {
+      // Group-major: the shard's groups are one contiguous run.
+      const size_t pages = work.live_pages.size() / static_cast<size_t>(geometry.kv_groups);
+      work.live_pages.erase(work.live_pages.begin() +
+                                static_cast<ptrdiff_t>(pages * (shard.first_group + shard.groups)),
+                            work.live_pages.end());
+      work.live_pages.erase(
+          work.live_pages.begin(),
+          work.live_pages.begin() + static_cast<ptrdiff_t>(pages * shard.first_group));
+    }
     if (!degrading) {
-      LayerRequest request = LayerRequestFor(work.view, geometry.query_heads, geometry.kv_groups,
-                                             job.tokens, work.quota_pages);
+      LayerRequest request =
+          LayerRequestFor(work.view, shard.heads, shard.groups, job.tokens, work.quota_pages);
       request.scope = job.scope;
       request.page_scores = job.auto_floor.has_value();
       // Measured against what the scorer keeps, which for a server-chosen budget is every page
@@ -422,8 +485,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       }
     }
     if (degrading) {
-      LayerRequest request = LayerRequestFor(std::nullopt, geometry.query_heads, geometry.kv_groups,
-                                             job.tokens, work.quota_pages);
+      LayerRequest request =
+          LayerRequestFor(std::nullopt, shard.heads, shard.groups, job.tokens, work.quota_pages);
       request.scope = job.scope;
       request.measure = false;
       request.live_pages = work.live_pages;
@@ -472,10 +535,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     for (size_t g = 0; g < work.decision.groups.size(); ++g) {
       const GroupDecision& group = work.decision.groups[g];
       v1::GroupDecision* wire = out.add_groups();
-      wire->set_group(static_cast<int32_t>(g));
+      wire->set_group(static_cast<int32_t>(shard.first_group + static_cast<int>(g)));
       wire->mutable_kept_pages()->Assign(group.kept_pages.begin(), group.kept_pages.end());
-      if (g < result.evicted_pages_per_group.size()) {
-        for (int64_t page : result.evicted_pages_per_group[g]) {
+      if (const size_t applied = shard.first_group + g;
+          applied < result.evicted_pages_per_group.size()) {
+        for (int64_t page : result.evicted_pages_per_group[applied]) {
           wire->add_evicted_pages(static_cast<int32_t>(page));
         }
       }
@@ -487,9 +551,12 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       weights.insert(weights.end(), group.weights.begin(), group.weights.end());
     }
     // Cache prefill weights for later decode-time calls (only freshly computed ones).
-    if (!work.cached_weights.has_value() &&
-        weights.size() == static_cast<size_t>(geometry.query_heads)) {
-      model.CacheWeights(job.sequence_id, work.layer, std::move(weights));
+    if (!work.cached_weights.has_value() && weights.size() == static_cast<size_t>(shard.heads)) {
+      if (shard.partial(geometry)) {
+        model.CacheWeightRows(job.sequence_id, work.layer, shard.first_head, std::move(weights));
+      } else {
+        model.CacheWeights(job.sequence_id, work.layer, std::move(weights));
+      }
     }
     RecordDecision(model, decided_by, model.state().layout(), out);
     if (work.degraded) model.metrics().decisions_degraded->Increment();
@@ -502,13 +569,32 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
 }
 
 absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyFixed(Model& model, Job& job) const {
+  const ModelGeometry& geometry = model.state().geometry();
+  const Shard& shard = job.shard;
   std::vector<LayerKeep> keeps(job.layers.size());
   for (size_t i = 0; i < job.layers.size(); ++i) {
+    const LayerDecision& decision = job.layers[i].decision;
     keeps[i].layer = job.layers[i].layer;
-    for (const GroupDecision& group : job.layers[i].decision.groups) {
-      keeps[i].kept_pages_per_group.push_back(group.kept_pages);
+    if (shard.partial(geometry)) {
+      // Another rank's groups keep every page they hold: this decision leaves them as they are.
+      std::vector<int32_t> every_page(static_cast<size_t>(decision.page_count));
+      std::iota(every_page.begin(), every_page.end(), 0);
+      keeps[i].kept_pages_per_group.assign(static_cast<size_t>(geometry.kv_groups), every_page);
+      for (size_t g = 0; g < decision.groups.size(); ++g) {
+        keeps[i].kept_pages_per_group[shard.first_group + g] = decision.groups[g].kept_pages;
+      }
+    } else {
+      for (const GroupDecision& group : decision.groups) {
+        keeps[i].kept_pages_per_group.push_back(group.kept_pages);
+      }
     }
-    if (job.layers[i].accumulate) keeps[i].running_sum = std::move(job.layers[i].running_sum);
+    if (job.layers[i].accumulate) {
+      keeps[i].running_sum = std::move(job.layers[i].running_sum);
+      if (shard.partial(geometry)) {
+        keeps[i].running_sum_first_head = shard.first_head;
+        keeps[i].running_sum_heads = shard.heads;
+      }
+    }
   }
   return model.state().ApplyDecisions(job.sequence_id, job.tokens, std::move(keeps));
 }
@@ -563,14 +649,22 @@ absl::StatusOr<std::vector<ApplyResult>> Decider::ApplyAuto(Model& model, Job& j
 
 namespace {
 
+// The rank a request names: DecideRequest.rank always (0 on a model of one rank),
+// DecideLayerRequest.rank when set.
+std::optional<int> RankOf(const v1::DecideRequest& request) { return request.rank(); }
+std::optional<int> RankOf(const v1::DecideLayerRequest& request) {
+  return request.has_rank() ? std::optional<int>(request.rank()) : std::nullopt;
+}
+
 // Step 1 shared by both entry points (DecideRequest and DecideLayerRequest carry the same
 // sequence, budget and policy fields): the job's sequence, length and policy, and the quotas.
 template <typename Request>
 absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaults& defaults,
-                        std::string* sequence_id, int64_t* tokens, ResolvedPolicy* policy,
-                        SelectionScope* scope, ResolvedBudget* quotas,
+                        std::string* sequence_id, Shard* shard, int64_t* tokens,
+                        ResolvedPolicy* policy, SelectionScope* scope, ResolvedBudget* quotas,
                         std::optional<double>* auto_floor) {
   RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
+  ASSIGN_OR_RETURN(*shard, ShardOf(model, RankOf(request)));
   RETURN_IF_ERROR(wire::ValidateAnswerWithin("answer_within_ms", request.answer_within_ms()));
   *sequence_id = request.sequence_id();
   const ModelGeometry& geometry = model.state().geometry();
@@ -585,6 +679,18 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
   ASSIGN_OR_RETURN(*quotas,
                    wire::ResolveBudget(request.budget(), request.has_budget(), geometry, *tokens));
   *auto_floor = quotas->auto_floor;
+  if (*scope == SelectionScope::kLayer && shard->partial(geometry)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy.scope: SELECTION_SCOPE_LAYER pools every KV group of a layer, and ", shard->owner,
+        " of a group-layout tensor-parallel model holds only its own; use SELECTION_SCOPE_GROUP"));
+  }
+  // The pool's quota takes pages by every group's scores; a rank alone has only its own.
+  if (auto_floor->has_value() && shard->partial(geometry)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "budget.auto_budget: not for ", shard->owner,
+        " of a group-layout tensor-parallel model (each rank decides alone, and the pool's quota "
+        "needs every group's scores); use a fixed budget"));
+  }
   // A layer decided by position ranks no pages, so the pool would have no shares to take by.
   if (auto_floor->has_value() && request.degrade_on_deadline()) {
     return absl::InvalidArgumentError(
@@ -619,11 +725,11 @@ void PrepareDeadline(const Request& request, const CallTiming& timing,
   }
 }
 
-absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t tokens,
-                          const ResolvedPolicy& policy, const ResolvedBudget& quotas,
-                          const v1::LayerStatistic& input, bool use_cached_weights,
-                          const ShmReader& shm, HeldSegments& segments, DeviceReader& device,
-                          ServiceMetrics& metrics, LayerWork& work) {
+absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, const Shard& shard,
+                          int64_t tokens, const ResolvedPolicy& policy,
+                          const ResolvedBudget& quotas, const v1::LayerStatistic& input,
+                          bool use_cached_weights, const ShmReader& shm, HeldSegments& segments,
+                          DeviceReader& device, ServiceMetrics& metrics, LayerWork& work) {
   const ModelGeometry& geometry = model.state().geometry();
   if (input.layer() < 0 || input.layer() >= geometry.layers) {
     return absl::InvalidArgumentError(
@@ -638,10 +744,20 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, int64_t t
         "budget's decision); decide chunks with a fixed budget"));
   }
   const Readers readers{.device = device, .model_id = model.id(), .sequence_id = sequence_id};
-  RETURN_IF_ERROR(ResolveStatistic(input, geometry, tokens, *policy.policy, shm, segments, readers,
+  RETURN_IF_ERROR(ResolveStatistic(input, shard, tokens, *policy.policy, shm, segments, readers,
                                    metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
+    if (work.cached_weights.has_value() && shard.partial(geometry)) {  // the rank's rows
+      const auto first = work.cached_weights->begin() + shard.first_head;
+      work.cached_weights = std::vector<double>(first, first + shard.heads);
+    }
+    // NaN: a head whose tensor-parallel rank has not cached its weights yet.
+    if (work.cached_weights.has_value() &&
+        std::any_of(work.cached_weights->begin(), work.cached_weights->end(),
+                    [](double weight) { return std::isnan(weight); })) {
+      work.cached_weights.reset();
+    }
     if (!work.cached_weights.has_value()) {
       return absl::FailedPreconditionError(
           absl::StrCat("use_cached_weights: no weights cached for sequence '", sequence_id,
@@ -659,8 +775,8 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas, &job.auto_floor));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.shard, &job.tokens,
+                             &job.policy, &job.scope, &quotas, &job.auto_floor));
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   if (request.layers().empty()) {
@@ -671,7 +787,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   for (int i = 0; i < request.layers_size(); ++i) {
     LayerWork& work = job.layers[i];
     work.field = absl::StrCat("layers[", i, "]");
-    RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
+    RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.shard, job.tokens, job.policy, quotas,
                                  request.layers(i), request.use_cached_weights(), *shm_,
                                  job.segments, *device_, *metrics_, work));
     if (!seen.insert(work.layer).second) {
@@ -695,13 +811,13 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   const auto start = Clock::now();
   Job job;
   ResolvedBudget quotas;
-  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.tokens, &job.policy,
-                             &job.scope, &quotas, &job.auto_floor));
+  RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.shard, &job.tokens,
+                             &job.policy, &job.scope, &quotas, &job.auto_floor));
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   job.layers.resize(1);
   job.layers[0].field = "layer";
-  RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.tokens, job.policy, quotas,
+  RETURN_IF_ERROR(PrepareLayer(model, job.sequence_id, job.shard, job.tokens, job.policy, quotas,
                                request.layer(), request.use_cached_weights(), *shm_, job.segments,
                                *device_, *metrics_, job.layers[0]));
   metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));

@@ -27,6 +27,11 @@ void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<d
   state_->SetHeadWeights(sequence_id, layer, std::move(weights)).IgnoreError();
 }
 
+void Model::CacheWeightRows(absl::string_view sequence_id, int layer, int first_head,
+                            std::vector<double> weights) {
+  state_->SetHeadWeightRows(sequence_id, layer, first_head, std::move(weights)).IgnoreError();
+}
+
 namespace {
 
 // The shared-memory names of a host pool's arenas, rank by rank.

@@ -55,6 +55,10 @@ class Model {
                                                                  int layer) const;
   // Replaces the cached weights of (sequence, layer); a no-op once the sequence is closed.
   void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
+  // A tensor-parallel rank's rows of them, heads [first_head, first_head + weights.size())
+  // (CacheState::SetHeadWeightRows); the same no-op.
+  void CacheWeightRows(absl::string_view sequence_id, int layer, int first_head,
+                       std::vector<double> weights);
   // Copies the pool's occupancy into the gauges.
   void RefreshOccupancy() const { metrics_->UpdateOccupancy(state_->Stats()); }
   // True once UnregisterModel took the model out of the registry (or is about to): a sequence

@@ -51,7 +51,7 @@ absl::StatusOr<CacheOptions> ResolvePool(const v1::RegisterModelRequest& request
   } else {
     options.devices.assign(request.devices().begin(), request.devices().end());
   }
-  RETURN_IF_ERROR(CheckRanks(options.geometry, options.layout, options.devices));
+  RETURN_IF_ERROR(CheckRanks(options.geometry, options.devices));
   if (options.backend == Backend::kHost) {
     for (int rank = 0; rank < ranks; ++rank) {
       const int device = options.devices[static_cast<size_t>(rank)];

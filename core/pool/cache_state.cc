@@ -31,6 +31,16 @@ absl::StatusOr<std::unique_ptr<CacheState>> CacheState::Create(const CacheOption
   pool_options.layout = options.layout;
   pool_options.backend = options.backend;
   pool_options.capacity_frames = options.capacity_bytes / frame_bytes;
+  // In the group layout each rank's arena holds an equal share of whole frames.
+  const auto ranks = static_cast<int64_t>(options.devices.size());
+  if (options.layout == FrameLayout::kGroup && ranks > 1) {
+    pool_options.capacity_frames -= pool_options.capacity_frames % ranks;
+    if (pool_options.capacity_frames == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("capacity_bytes ", options.capacity_bytes,
+                                                     " holds no frame of ", frame_bytes,
+                                                     " bytes for each of ", ranks, " ranks"));
+    }
+  }
   pool_options.name = options.name;
   pool_options.devices = options.devices;
   pool_options.host_arenas = options.host_arenas;
@@ -274,6 +284,38 @@ absl::StatusOr<ApplyResult> CacheState::ApplyDecision(
   return std::move(results.front());
 }
 
+absl::Status CacheState::MergeRunningSumRows(const Sequence& sequence, int64_t decided_tokens,
+                                             LayerKeep& keep) const {
+  if (!keep.running_sum.has_value() || keep.running_sum_heads == 0) return absl::OkStatus();
+  const int64_t first = keep.running_sum_first_head;
+  const int64_t heads = keep.running_sum_heads;
+  if (first < 0 || heads < 0 || first + heads > geometry_.query_heads ||
+      static_cast<int64_t>(keep.running_sum->size()) != heads * decided_tokens || keep.layer < 0 ||
+      keep.layer >= geometry_.layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("layer ", keep.layer, ": running sum rows [", first, ", ", first + heads,
+                     ") of ", keep.running_sum->size(), " values do not fit ",
+                     geometry_.query_heads, " heads x ", decided_tokens, " tokens"));
+  }
+  const std::vector<float>& before = sequence.running_sum(keep.layer);
+  const int64_t covered = static_cast<int64_t>(before.size()) / geometry_.query_heads;
+  std::vector<float> merged(static_cast<size_t>(geometry_.query_heads * decided_tokens), 0.0F);
+  for (int64_t head = 0; head < geometry_.query_heads; ++head) {
+    float* row = merged.data() + head * decided_tokens;
+    if (head >= first && head < first + heads) {
+      const float* own = keep.running_sum->data() + (head - first) * decided_tokens;
+      std::copy(own, own + decided_tokens, row);
+    } else {
+      const float* kept = before.data() + head * covered;
+      std::copy(kept, kept + std::min(covered, decided_tokens), row);
+    }
+  }
+  keep.running_sum = std::move(merged);
+  keep.running_sum_first_head = 0;
+  keep.running_sum_heads = 0;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(absl::string_view sequence_id,
                                                                     int64_t decided_tokens,
                                                                     std::vector<LayerKeep> layers) {
@@ -290,7 +332,8 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(absl::string
     // one comes (and the L vector headers with the first one).
     int64_t running_delta = 0;
     bool first_sum = sequence.running_sum_bytes() == 0;
-    for (const LayerKeep& keep : layers) {
+    for (LayerKeep& keep : layers) {
+      RETURN_IF_ERROR(MergeRunningSumRows(sequence, decided_tokens, keep));
       const std::vector<float>* sum = keep.running_sum ? &*keep.running_sum : nullptr;
       if (absl::Status checked =
               sequence.CheckDecision(keep.layer, decided_tokens, keep.kept_pages_per_group, sum);
@@ -343,6 +386,30 @@ absl::StatusOr<std::vector<ApplyResult>> CacheState::ApplyDecisions(absl::string
 void CacheState::SetDecisionHookForTest(std::function<void()> hook) {
   absl::MutexLock lock(&mu_);
   decision_hook_ = std::move(hook);
+}
+
+absl::Status CacheState::SetHeadWeightRows(absl::string_view sequence_id, int32_t layer,
+                                           int32_t first_head, std::vector<double> weights) {
+  absl::MutexLock lock(&mu_);
+  const auto it = sequences_.find(sequence_id);
+  if (it == sequences_.end()) return Missing("sequence", sequence_id);
+  Sequence& sequence = it->second;
+  RETURN_IF_ERROR(CheckLayer(geometry_, layer));
+  const auto heads = static_cast<int64_t>(weights.size());
+  if (first_head < 0 || first_head + heads > geometry_.query_heads) {
+    return absl::InvalidArgumentError(absl::StrCat("head weights: rows [", first_head, ", ",
+                                                   first_head + heads, ") outside the model's ",
+                                                   geometry_.query_heads, " query heads"));
+  }
+  std::vector<double> merged = sequence.head_weights(layer);
+  if (merged.empty()) {
+    merged.assign(static_cast<size_t>(geometry_.query_heads),
+                  std::numeric_limits<double>::quiet_NaN());
+  }
+  std::copy(weights.begin(), weights.end(), merged.begin() + first_head);
+  RETURN_IF_ERROR(sequence.SetHeadWeights(layer, std::move(merged)));
+  if (journal_ != nullptr) journal_->HeadWeightsSet(sequence, layer);
+  return absl::OkStatus();
 }
 
 absl::Status CacheState::SetHeadWeights(absl::string_view sequence_id, int32_t layer,
@@ -478,6 +545,10 @@ absl::Status CacheState::Restore(std::vector<SequenceSnapshot> snapshots,
           if (frame == kNoFrame) continue;
           if (frame >= capacity) {
             return fail(absl::StrCat("names frame ", frame, " of a pool of ", capacity));
+          }
+          if (pool_->FrameRank(frame) != pool_->GroupRank(group)) {
+            return fail(absl::StrCat("group ", group, " names frame ", frame, " of rank ",
+                                     pool_->FrameRank(frame)));
           }
           if (layers[frame] != -1 && layers[frame] != layer) {
             return fail(absl::StrCat("frame ", frame, " is named by layers ", layers[frame],
@@ -640,6 +711,11 @@ absl::Status CacheState::CheckInvariants() const {
             return absl::InternalError(absl::StrCat("sequence \"", id, "\" (", layer, ", ", group,
                                                     ", ", page, ") names free frame ", frame));
           }
+          if (pool_->FrameRank(frame) != pool_->GroupRank(group)) {
+            return absl::InternalError(absl::StrCat("sequence \"", id, "\" group ", group,
+                                                    " names frame ", frame, " of rank ",
+                                                    pool_->FrameRank(frame)));
+          }
           if (pool_->frame_layer(frame) != layer ||
               (layer_of[frame] != -1 && layer_of[frame] != layer)) {
             return absl::InternalError(absl::StrCat("frame ", frame, " is named by layers ",
@@ -672,6 +748,11 @@ absl::Status CacheState::CheckInvariants() const {
 ArenaInfo CacheState::arena(int rank) const {
   absl::MutexLock lock(&mu_);
   return pool_->arena_info(rank);
+}
+
+RankSpan CacheState::rank_span(int rank) const {
+  absl::MutexLock lock(&mu_);
+  return pool_->rank_span(rank);
 }
 
 void* CacheState::FrameAddress(FrameId frame, int rank) const {

@@ -44,8 +44,10 @@ struct CacheOptions {
   ModelGeometry geometry;
   FrameLayout layout = FrameLayout::kGroup;
   Backend backend = Backend::kHost;
-  int64_t capacity_bytes = 0;  // the pool gets capacity_bytes / frame_bytes frames (floor)
-  std::string name;            // the pool's name (metric label, arena name hint)
+  // The pool gets capacity_bytes / frame_bytes frames (floor; in the group layout with t ranks
+  // down to a multiple of t, an equal share per rank's arena).
+  int64_t capacity_bytes = 0;
+  std::string name;  // the pool's name (metric label, arena name hint)
   // The device of each tensor-parallel rank's arena (PagePoolOptions::devices); capacity_bytes
   // is split evenly over the ranks.
   std::vector<int> devices = {0};
@@ -218,6 +220,12 @@ class CacheState {
   // decode-time decision reuses them. NOT_FOUND unknown id.
   [[nodiscard]] absl::Status SetHeadWeights(absl::string_view sequence_id, int32_t layer,
                                             std::vector<double> weights);
+  // A tensor-parallel rank's rows of the cached weights: heads [first_head, first_head +
+  // weights.size()) of `layer`; the other heads keep theirs, NaN (none) until their rank sets
+  // them. NOT_FOUND unknown id; INVALID_ARGUMENT rows outside the heads, FAILED_PRECONDITION bad
+  // layer.
+  [[nodiscard]] absl::Status SetHeadWeightRows(absl::string_view sequence_id, int32_t layer,
+                                               int32_t first_head, std::vector<double> weights);
   // The cached weights, empty when none. NOT_FOUND unknown id; FAILED_PRECONDITION bad layer.
   [[nodiscard]] absl::StatusOr<std::vector<double>> GetHeadWeights(absl::string_view sequence_id,
                                                                    int32_t layer) const;
@@ -334,12 +342,20 @@ class CacheState {
   // Tensor-parallel ranks (one arena each) and rank `rank`'s arena, its device set.
   [[nodiscard]] int ranks() const { return ranks_; }
   [[nodiscard]] ArenaInfo arena(int rank = 0) const;
+  // Which frames rank `rank`'s arena holds (PagePool::rank_span). REQUIRES: rank in [0, ranks()).
+  [[nodiscard]] RankSpan rank_span(int rank) const;
   // The first byte of the frame's slice in rank `rank`'s arena (host address or device
   // address); for tests and local workers.
   [[nodiscard]] void* FrameAddress(FrameId frame, int rank = 0) const;
 
  private:
   CacheState(const CacheOptions& options, std::unique_ptr<PagePool> pool);
+  // A rank's running-sum rows (LayerKeep::running_sum_heads > 0) made the whole layer's sum:
+  // the other heads' rows from the sequence's, zero-padded to decided_tokens. INVALID_ARGUMENT
+  // when the rows do not fit.
+  [[nodiscard]] absl::Status MergeRunningSumRows(const Sequence& sequence, int64_t decided_tokens,
+                                                 LayerKeep& keep) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static SequenceInfo Describe(const Sequence& sequence, bool with_block_tables);
   // NOT_FOUND "<what> "<id>" is not open", or FAILED_PRECONDITION when the id was lost.
   [[nodiscard]] absl::Status Missing(absl::string_view what, absl::string_view id) const

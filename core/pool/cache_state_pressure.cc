@@ -357,11 +357,16 @@ absl::Status CacheState::Refuse(absl::string_view sequence_id, int64_t need, int
                                 AdmissionRefusal* refusal) {
   AdmissionRefusal out;
   out.missing_frames = need - std::max<int64_t>(available, 0);
-  const int64_t free = pool_->free_frames();
+  const int64_t free = pool_->even_free_frames();
   const int64_t held = free - available;
   std::string why = absl::StrCat("pool exhausted: \"", sequence_id, "\" needs ", need, " frames, ",
                                  free, " free of ", pool_->capacity_frames());
   if (held > 0) absl::StrAppend(&why, " (", held, " held for older admissions)");
+  if (pool_->free_lists() > 1) {
+    absl::StrAppend(&why, "; free frames count ", pool_->free_lists(),
+                    " ranks x the fewest free on one rank, since growth takes as many frames "
+                    "from each rank");
+  }
   if (need > pool_->capacity_frames()) {
     // Nothing the pool could do would fit it: no quotas, no place kept, nobody preempted.
     out.refused = true;
@@ -514,13 +519,13 @@ absl::StatusOr<AppendResult> CacheState::AppendTokens(absl::string_view sequence
   const int64_t reserved =
       options.admission ? ReservedFrames(sequence_id, terms.priority, order) : 0;
   Eviction own = PlanEviction(sequence, terms, terms.quota_frames, {});
-  int64_t available = pool_->free_frames() + own.frames_freed - reserved;
+  int64_t available = pool_->even_free_frames() + own.frames_freed - reserved;
   if (need > available) {
     // Quotas for the others (and perhaps a lower one for this sequence, taken now: its owner
     // is the caller).
     PlanQuotas(need - available, ReclaimReason::kAdmission);
     own = PlanEviction(sequence, terms, terms.quota_frames, {});
-    available = pool_->free_frames() + own.frames_freed - reserved;
+    available = pool_->even_free_frames() + own.frames_freed - reserved;
     if (need > available) {
       return Refuse(sequence_id, need, available, terms.priority, order, options.admission,
                     options.refusal);

@@ -132,30 +132,41 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
   }
   Swapped& swapped = it->second;
   SequencePressure& terms = TermsOf(sequence_id);
-  const int64_t need = swapped.slot_count;
-  const int64_t reserved = ReservedFrames(sequence_id, terms.priority, terms.admitted);
-  int64_t available = pool_->free_frames() - reserved;
-  if (need > available) {  // Refuse plans the quotas for what is missing
-    return Refuse(sequence_id, need, available, terms.priority, terms.admitted,
-                  /*admission=*/true, refusal);
-  }
-  // Each slot's layer and the entries naming it (its references).
-  std::vector<int32_t> slot_layer(static_cast<size_t>(need), -1);
-  std::vector<int32_t> slot_refs(static_cast<size_t>(need), 0);
+  const int64_t slots = swapped.slot_count;
+  // Each slot's layer, free list (its group's rank) and the entries naming it (its references).
+  std::vector<int32_t> slot_layer(static_cast<size_t>(slots), -1);
+  std::vector<int32_t> slot_list(static_cast<size_t>(slots), 0);
+  std::vector<int32_t> slot_refs(static_cast<size_t>(slots), 0);
+  std::vector<int64_t> per_list(static_cast<size_t>(pool_->free_lists()), 0);
   for (size_t t = 0; t < swapped.slots.size(); ++t) {
     for (const int32_t slot : swapped.slots[t]) {
       if (slot < 0) continue;
       slot_layer[static_cast<size_t>(slot)] = static_cast<int32_t>(t / geometry_.kv_groups);
+      slot_list[static_cast<size_t>(slot)] =
+          pool_->GroupRank(static_cast<int>(t % static_cast<size_t>(geometry_.kv_groups)));
       ++slot_refs[static_cast<size_t>(slot)];
     }
   }
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    ++per_list[static_cast<size_t>(slot_list[static_cast<size_t>(slot)])];
+  }
+  // Counted as even_free_frames counts, so a fit here fits every rank's list.
+  const int64_t need =
+      *std::max_element(per_list.begin(), per_list.end()) * static_cast<int64_t>(per_list.size());
+  const int64_t reserved = ReservedFrames(sequence_id, terms.priority, terms.admitted);
+  const int64_t available = pool_->even_free_frames() - reserved;
+  if (need > available) {  // Refuse plans the quotas for what is missing
+    return Refuse(sequence_id, need, available, terms.priority, terms.admitted,
+                  /*admission=*/true, refusal);
+  }
   const int64_t frame_bytes = pool_->frame_bytes();
   const char* base = static_cast<const char*>(swapped.arena->base());
-  std::vector<FrameId> frames(static_cast<size_t>(need), kNoFrame);
-  for (int64_t slot = 0; slot < need; ++slot) {
-    ASSIGN_OR_RETURN(frames[static_cast<size_t>(slot)],
-                     pool_->Allocate(slot_layer[static_cast<size_t>(slot)],
-                                     slot_refs[static_cast<size_t>(slot)]));
+  std::vector<FrameId> frames(static_cast<size_t>(slots), kNoFrame);
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    ASSIGN_OR_RETURN(
+        frames[static_cast<size_t>(slot)],
+        pool_->Allocate(slot_layer[static_cast<size_t>(slot)], slot_refs[static_cast<size_t>(slot)],
+                        slot_list[static_cast<size_t>(slot)]));
     pool_->WriteFrame(frames[static_cast<size_t>(slot)], base + slot * frame_bytes);
   }
   std::vector<std::vector<FrameId>> tables(swapped.slots.size());
@@ -182,7 +193,7 @@ absl::StatusOr<AppendResult> CacheState::Resume(absl::string_view sequence_id,
   LimitTableGrowth(sequence);
   sequence_bookkeeping_bytes_ += sequence.bookkeeping_bytes() - swapped.bookkeeping_bytes;
   SettleDaemon();
-  swapped_bytes_ -= need * frame_bytes;
+  swapped_bytes_ -= slots * frame_bytes;
   DropArena(std::move(swapped.arena), swapped.keep_name);
   swapped_.erase(it);
   const auto [resident, inserted] =

@@ -28,8 +28,7 @@ absl::Status CheckLayer(const ModelGeometry& geometry, int32_t layer) {
   return absl::OkStatus();
 }
 
-absl::Status CheckRanks(const ModelGeometry& geometry, FrameLayout layout,
-                        const std::vector<int>& devices) {
+absl::Status CheckRanks(const ModelGeometry& geometry, const std::vector<int>& devices) {
   const int ranks = static_cast<int>(devices.size());
   if (ranks == 0) return absl::InvalidArgumentError("devices: a pool needs at least one device");
   for (int rank = 0; rank < ranks; ++rank) {
@@ -43,12 +42,6 @@ absl::Status CheckRanks(const ModelGeometry& geometry, FrameLayout layout,
     return absl::InvalidArgumentError(
         absl::StrCat("tensor_parallel_size: ", ranks, " ranks do not divide geometry.kv_groups ",
                      geometry.kv_groups, " (each rank holds whole KV groups)"));
-  }
-  if (ranks > 1 && layout != FrameLayout::kLayer) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tensor_parallel_size: ", ranks,
-        " ranks share one block table, which needs frame_layout layer; in the group layout "
-        "register each rank as a model of its own (docs/service.md, \"Several GPUs\")"));
   }
   return absl::OkStatus();
 }

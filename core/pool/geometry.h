@@ -46,11 +46,9 @@ enum class Backend : uint8_t {
 [[nodiscard]] absl::string_view BackendName(Backend backend);
 
 // The ranks of a pool split over devices (PagePoolOptions::devices): INVALID_ARGUMENT naming
-// the field when `devices` is empty or holds a negative number, when its size t does not
-// divide kv_groups (tensor_parallel_size), or when t > 1 in the kGroup layout (frame_layout:
-// ranks share one block table, so a frame must hold every group; in the GROUP layout each
-// rank is a pool, a model, of its own).
-[[nodiscard]] absl::Status CheckRanks(const ModelGeometry& geometry, FrameLayout layout,
+// the field when `devices` is empty or holds a negative number, or when its size t does not
+// divide kv_groups (tensor_parallel_size: each rank holds whole KV groups).
+[[nodiscard]] absl::Status CheckRanks(const ModelGeometry& geometry,
                                       const std::vector<int>& devices);
 
 // Bytes of one frame: K and V, 2 * page_size * head_dim * element_bytes, times kv_groups for

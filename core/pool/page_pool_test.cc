@@ -127,5 +127,61 @@ TEST(PagePoolTest, CudaBackendWithoutCudaIsUnimplemented) {
 #endif
 }
 
+// In the group layout with several ranks a frame lives whole in one rank's arena: each rank
+// has its own frames, free list and byte range, and a copy never crosses ranks.
+TEST(PagePoolTest, GroupLayoutRanksHaveTheirOwnFramesAndFreeLists) {
+  PagePoolOptions options = SmallPool(6);  // 2 KV groups
+  options.devices = {0, 1};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto pool, PagePool::Create(options));
+  EXPECT_EQ(pool->free_lists(), 2);
+  EXPECT_EQ(pool->rank_frames(), 3);
+  EXPECT_EQ(pool->rank_frame_bytes(), pool->frame_bytes());
+  EXPECT_EQ(pool->arena_info(1).bytes, 3 * pool->frame_bytes());
+  EXPECT_EQ(pool->rank_span(1).first_frame, 3);
+  EXPECT_EQ(pool->GroupRank(0), 0);
+  EXPECT_EQ(pool->GroupRank(1), 1);
+  // Rank 1's frames are 3, 4, 5 and run out on their own.
+  std::set<FrameId> frames;
+  for (int i = 0; i < 3; ++i) {
+    ENTROKV_ASSERT_OK_AND_ASSIGN(FrameId frame, pool->Allocate(0, 1, 1));
+    EXPECT_EQ(pool->FrameRank(frame), 1);
+    frames.insert(frame);
+  }
+  EXPECT_EQ(frames, (std::set<FrameId>{3, 4, 5}));
+  EXPECT_THAT(pool->Allocate(0, 1, 1),
+              StatusIs(absl::StatusCode::kResourceExhausted, HasSubstr("rank 1")));
+  EXPECT_EQ(pool->free_frames(), 3);
+  EXPECT_EQ(pool->free_frames(0), 3);
+  EXPECT_EQ(pool->even_free_frames(), 0);  // rank 1 can give nothing
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const FrameId first, pool->Allocate(1, 1, 0));
+  EXPECT_EQ(first, 0);
+  // Frame 4 is at the second frame of rank 1's arena.
+  EXPECT_EQ(static_cast<char*>(pool->FrameAddress(4, 1)),
+            static_cast<char*>(pool->FrameAddress(3, 1)) + pool->frame_bytes());
+  std::memset(pool->FrameAddress(4, 1), 0x5a, static_cast<size_t>(pool->frame_bytes()));
+  EXPECT_THAT(pool->CopyFrame(4, 5), IsOk());
+  EXPECT_EQ(static_cast<char*>(pool->FrameAddress(5, 1))[pool->frame_bytes() - 1], 0x5a);
+  EXPECT_THAT(pool->CopyFrame(4, first),
+              StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("one rank")));
+  // A freed frame goes back to its own rank's list.
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const bool freed, pool->Release(4));
+  EXPECT_TRUE(freed);
+  EXPECT_EQ(pool->free_frames(1), 1);
+  EXPECT_EQ(pool->even_free_frames(), 2);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(const FrameId again, pool->Allocate(0, 1, 1));
+  EXPECT_EQ(again, 4);
+  EXPECT_THAT(pool->CheckInvariants(), IsOk());
+  // Restore puts every free frame back on its rank's list.
+  ENTROKV_ASSERT_OK_AND_ASSIGN(auto restored, PagePool::Create(options));
+  EXPECT_THAT(restored->Restore({0, 1, 0, 0, 2, 0}, {-1, 0, -1, -1, 1, -1}), IsOk());
+  EXPECT_EQ(restored->free_frames(0), 2);
+  EXPECT_EQ(restored->free_frames(1), 2);
+  EXPECT_THAT(restored->CheckInvariants(), IsOk());
+  // Each rank's arena holds an equal share of whole frames.
+  options.capacity_frames = 5;
+  EXPECT_THAT(PagePool::Create(options),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("capacity_frames")));
+}
+
 }  // namespace
 }  // namespace entrokv

@@ -234,7 +234,8 @@ absl::StatusOr<std::vector<Sequence::TailPlan>> Sequence::PlanTail(int64_t token
   return plans;
 }
 
-absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& pool) const {
+absl::StatusOr<std::vector<int64_t>> Sequence::FramesNeededPerList(int64_t tokens,
+                                                                   const PagePool& pool) const {
   if (tokens < 0)
     return absl::InvalidArgumentError(absl::StrCat("tokens must be >= 0, got ", tokens));
   if (tokens > kMaxSequenceTokens - length_) {
@@ -242,22 +243,42 @@ absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& p
         absl::StrCat("tokens: length ", length_, " + ", tokens, " exceeds ", kMaxSequenceTokens));
   }
   ASSIGN_OR_RETURN(const std::vector<TailPlan> plans, PlanTail(tokens, pool));
-  int64_t needed = 0;
-  for (const TailPlan& plan : plans) needed += plan.action != TailPlan::Action::kReference;
+  std::vector<int64_t> needed(static_cast<size_t>(pool.free_lists()), 0);
+  for (const TailPlan& plan : plans) {
+    if (plan.action != TailPlan::Action::kReference) {
+      ++needed[static_cast<size_t>(pool.GroupRank(plan.first_group))];
+    }
+  }
   const int64_t new_pages = PagesFor(length_ + tokens) - page_count();
-  const int64_t units =
-      static_cast<int64_t>(geometry_.layers) * (geometry_.kv_groups / unit_groups());
-  return needed + new_pages * units;
+  for (int32_t first = 0; first < geometry_.kv_groups; first += unit_groups()) {
+    needed[static_cast<size_t>(pool.GroupRank(first))] += new_pages * geometry_.layers;
+  }
+  return needed;
+}
+
+absl::StatusOr<int64_t> Sequence::FramesNeeded(int64_t tokens, const PagePool& pool) const {
+  ASSIGN_OR_RETURN(const std::vector<int64_t> needed, FramesNeededPerList(tokens, pool));
+  if (needed.size() == 1) return needed[0];
+  return *std::max_element(needed.begin(), needed.end()) * static_cast<int64_t>(needed.size());
 }
 
 absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   if (released_)
     return absl::FailedPreconditionError(absl::StrCat("sequence \"", id_, "\" is closed"));
-  ASSIGN_OR_RETURN(const int64_t needed, FramesNeeded(tokens, pool));
-  if (needed > pool.free_frames()) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ",
-                     needed, " frames, ", pool.free_frames(), " free of ", pool.capacity_frames()));
+  ASSIGN_OR_RETURN(const std::vector<int64_t> per_list, FramesNeededPerList(tokens, pool));
+  int64_t needed = 0;
+  for (int list = 0; list < pool.free_lists(); ++list) {
+    const int64_t want = per_list[static_cast<size_t>(list)];
+    needed += want;
+    if (want <= pool.free_frames(list)) continue;
+    if (pool.free_lists() == 1) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ",
+                       want, " frames, ", pool.free_frames(), " free of ", pool.capacity_frames()));
+    }
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "pool exhausted: appending ", tokens, " tokens to \"", id_, "\" needs ", want,
+        " frames of rank ", list, ", ", pool.free_frames(list), " free of ", pool.rank_frames()));
   }
   ASSIGN_OR_RETURN(std::vector<TailPlan> plans, PlanTail(tokens, pool));
   const int unit = unit_groups();
@@ -268,7 +289,8 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   for (size_t i = 0; i < plans.size(); ++i) {
     TailPlan& plan = plans[i];
     if (plan.action != TailPlan::Action::kCopy) continue;
-    ASSIGN_OR_RETURN(plan.new_frame, pool.Allocate(plan.layer, unit));
+    ASSIGN_OR_RETURN(plan.new_frame,
+                     pool.Allocate(plan.layer, unit, pool.GroupRank(plan.first_group)));
     ++copies;
     if (absl::Status copied = pool.CopyFrame(plan.old_frame, plan.new_frame); !copied.ok()) {
       for (size_t j = 0; j <= i; ++j) {
@@ -285,7 +307,8 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   std::vector<bool> tail_changed(tables_.size(), false);
   for (TailPlan& plan : plans) {
     if (plan.action == TailPlan::Action::kFresh) {
-      ASSIGN_OR_RETURN(plan.new_frame, pool.Allocate(plan.layer, unit));
+      ASSIGN_OR_RETURN(plan.new_frame,
+                       pool.Allocate(plan.layer, unit, pool.GroupRank(plan.first_group)));
     }
     for (int g = plan.first_group; g < plan.first_group + unit; ++g) {
       FrameId& entry = table(plan.layer, g)[tail];
@@ -311,7 +334,7 @@ absl::StatusOr<AppendResult> Sequence::Append(int64_t tokens, PagePool& pool) {
   for (int32_t layer = 0; layer < geometry_.layers; ++layer) {
     for (int32_t first = 0; first < geometry_.kv_groups; first += unit) {
       for (int64_t page = old_pages; page < new_pages; ++page) {
-        ASSIGN_OR_RETURN(const FrameId frame, pool.Allocate(layer, unit));
+        ASSIGN_OR_RETURN(const FrameId frame, pool.Allocate(layer, unit, pool.GroupRank(first)));
         for (int g = first; g < first + unit; ++g) table(layer, g)[page] = frame;
       }
     }

@@ -51,6 +51,11 @@ struct LayerKeep {
   std::vector<std::vector<int32_t>> kept_pages_per_group;
   // query_heads x length() values, [head][token]; nullopt leaves the running sum as it is.
   std::optional<std::vector<float>> running_sum;
+  // A tensor-parallel rank's share: running_sum holds only heads [first_head, first_head +
+  // heads) (heads x length() values); the other heads keep their rows, zero-padded to length()
+  // (CacheState::ApplyDecisions merges them). 0: every head.
+  int32_t running_sum_first_head = 0;
+  int32_t running_sum_heads = 0;
 };
 
 struct ApplyResult {
@@ -143,8 +148,13 @@ class Sequence {
   // caller refuses such appends). Default: unbounded.
   void set_table_capacity_limit(int64_t entries) { table_capacity_limit_ = entries; }
 
-  // Frames Append(tokens) would take from the pool. INVALID_ARGUMENT for tokens < 0 or a
-  // length beyond kMaxSequenceTokens.
+  // Frames Append(tokens) would take from each of the pool's free lists (one per rank in the
+  // group layout, PagePool::GroupRank). INVALID_ARGUMENT for tokens < 0 or a length beyond
+  // kMaxSequenceTokens.
+  [[nodiscard]] absl::StatusOr<std::vector<int64_t>> FramesNeededPerList(
+      int64_t tokens, const PagePool& pool) const;
+  // The same counted as PagePool::even_free_frames counts: free_lists() x the most taken from
+  // one list; with one list, the frames Append(tokens) would take.
   [[nodiscard]] absl::StatusOr<int64_t> FramesNeeded(int64_t tokens, const PagePool& pool) const;
 
   // Grows the sequence by `tokens`, allocating exactly the frames the new tokens land in:

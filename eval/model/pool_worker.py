@@ -121,8 +121,9 @@ class HostArena:
     """
 
     def __init__(self, pool: entrokv.PoolInfo, element: str, rank: Optional[int] = None):
-        """rank: of a tensor-parallel pool, the arena of that rank (its slice of every frame:
-        KV groups [rank G/t, (rank+1) G/t)); None: the pool's one arena."""
+        """rank: of a tensor-parallel pool, the arena of that rank, which holds KV groups
+        [rank G/t, (rank+1) G/t): its slice of every frame (LAYER layout) or its own frames
+        (GROUP layout); None: the pool's one arena."""
         if pool.backend != "host":
             raise ValueError(f"backend: this worker maps host arenas, got {pool.backend}")
         g = pool.geometry
@@ -131,15 +132,17 @@ class HostArena:
             raise ValueError(f"element {element}: the pool stores {g.element_bytes}-byte elements")
         self.groups_per_frame = g.kv_groups if pool.frame_layout == "layer" else 1
         arena_name, frame_bytes, size = pool.arena_name, pool.frame_bytes, pool.capacity_bytes
+        frames, self.first_frame = pool.capacity_frames, 0  # frame f is frames[f - first_frame]
         if rank is not None:
             if not 0 <= rank < len(pool.ranks):
                 raise ValueError(f"rank {rank}: the pool has {len(pool.ranks)} rank arenas")
-            if pool.frame_layout != "layer":
-                raise ValueError("rank: tensor-parallel arenas are of the layer layout")
-            self.groups_per_frame = g.kv_groups // len(pool.ranks)
-            arena_name, frame_bytes = pool.ranks[rank].arena_name, pool.ranks[rank].frame_bytes
-            size = pool.capacity_frames * frame_bytes
-        shape = (pool.capacity_frames, self.groups_per_frame, 2, g.page_size, g.head_dim)
+            arena = pool.ranks[rank]
+            if pool.frame_layout == "layer":
+                self.groups_per_frame = g.kv_groups // len(pool.ranks)
+            arena_name, frame_bytes = arena.arena_name, arena.frame_bytes
+            frames, self.first_frame = arena.frames, arena.first_frame
+            size = frames * frame_bytes
+        shape = (frames, self.groups_per_frame, 2, g.page_size, g.head_dim)
         if int(np.prod(shape[1:])) * dtype.itemsize != frame_bytes:
             raise ValueError(f"frame_bytes {frame_bytes} does not match {shape[1:]} {dtype}")
         fd = os.open(os.path.join(_SHM_DIR, arena_name.lstrip("/")), os.O_RDWR)
@@ -156,13 +159,13 @@ class HostArena:
     # -- the KV storage interface PoolKV uses (CudaArena in pool_worker_cuda.py has the same) --
     def store(self, frames: np.ndarray, slot: int, slots: np.ndarray, k, v) -> None:
         """K and V rows [n, head_dim] into slots `slots` of frames `frames` (both [n])."""
-        self.frames[frames, slot, 0, slots] = k
-        self.frames[frames, slot, 1, slots] = v
+        self.frames[frames - self.first_frame, slot, 0, slots] = k
+        self.frames[frames - self.first_frame, slot, 1, slots] = v
 
     def load(self, frames: np.ndarray, slot: int, keep: Optional[np.ndarray]):
         """K and V of every slot of `frames`, [len(frames) * page_size, head_dim] float32 each,
         the rows where `keep` (None: all) is true."""
-        block = self.frames[frames, slot]  # [pages, 2, B, D], a copy
+        block = self.frames[frames - self.first_frame, slot]  # [pages, 2, B, D], a copy
         d = block.shape[-1]
         k, v = block[:, 0].reshape(-1, d), block[:, 1].reshape(-1, d)
         if keep is not None:

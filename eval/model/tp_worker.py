@@ -6,11 +6,12 @@ rank r of t holds the weights of its KV groups [r G/t, (r+1) G/t) and of their q
 [r H_Q/t, (r+1) H_Q/t): the rows of wq, wk and wv that make them and the columns of wo that
 read them. Each rank is a process of its own with its own entrokv.Client connection.
 
-The driver is the scheduler. It registers the model once with tensor_parallel_size t (the
-LAYER frame layout, host backend: the daemon gives one arena per rank, rank r's holding its
-groups' slice of every frame), opens, grows and closes every sequence once for the model, and
-hands each rank its groups' rows of the block tables (a frame id names the same page in every
-rank's arena). Per layer it sends the hidden state to every rank; a rank writes its groups' K/V
+The driver is the scheduler. It registers the model once with tensor_parallel_size t (host
+backend: the daemon gives one arena per rank), opens, grows and closes every sequence once for
+the model, and hands each rank its groups' rows of the block tables. In the LAYER frame layout
+rank r's arena holds its groups' slice of every frame (a frame id names the same page in every
+rank's arena); in the GROUP layout a frame is one group's page and lives whole in the arena of
+the rank holding the group (the rank's frames are its own). Per layer it sends the hidden state to every rank; a rank writes its groups' K/V
 into its own arena at the frames the tables name, reads back the pages the tables still name,
 attends with its heads and returns its partial output (its heads' attention @ its wo columns).
 The driver sums the partials (the all-reduce of tensor parallelism) and runs the rest itself:
@@ -18,9 +19,10 @@ the residual, the MLP, the final norm and the logits, which tensor parallelism w
 or shard with no effect on the KV cache (here they are simply computed once, on the driver).
 
 Eviction: during prefill each rank measures its own heads' statistic ([layers, H_Q/t, tokens])
-and, once the prompt has run, sends it with Decide and rank=r. The daemon gathers the ranks,
-decides once over all H_Q rows and answers every rank the same decision; the driver rereads the
-tables from the daemon and hands them out again, so every rank attends over the same kept pages.
+and, once the prompt has run, sends it with Decide and rank=r. In the LAYER layout the daemon
+gathers the ranks, decides once over all H_Q rows and answers every rank the same decision; in
+the GROUP layout each rank's groups are decided alone, as soon as its Decide comes. The driver
+then rereads the tables from the daemon and hands them out again.
 (The one-rank worker streams its layers on DecideStream while prefill runs; the ranks here
 decide after the prompt, all layers in one Decide: layer l's eviction does not change what any
 layer computes during prefill, so the pages are the same. DecideStream with `rank` set would
@@ -205,14 +207,19 @@ class TPDriver:
                  registry: policy_registry.Registry, *, tensor_parallel_size: int = 2,
                  model_id: Optional[str] = None, page_size: int = 16, element: str = "f32",
                  capacity_frames: int = 4096, devices: Optional[Sequence[int]] = None,
-                 start_method: str = "spawn"):
+                 frame_layout: str = "layer", start_method: str = "spawn"):
+        """capacity_frames: of the LAYER layout (each holds every group); a GROUP pool gets the
+        same bytes, kv_groups times as many frames."""
         c = model.config
         t = tensor_parallel_size
         if t < 1 or c.kv_heads % t:
             raise ValueError(f"tensor_parallel_size {t} must divide the {c.kv_heads} KV groups")
+        if frame_layout not in ("layer", "group"):
+            raise ValueError(f"frame_layout: {frame_layout!r} is not 'layer' or 'group'")
         self.config, self.registry, self.page_size, self.ranks = c, registry, page_size, t
+        self.frame_layout = frame_layout
         self.model = numpy_model.Model(c, driver_weights(model))  # no attention weights
-        self.model_id = model_id or f"entrokv-gqa-tp{t}-b{page_size}-{element}"
+        self.model_id = model_id or f"entrokv-gqa-tp{t}-{frame_layout}-b{page_size}-{element}"
         self.client = entrokv.Client(address, timeout_s=60)
         self._ids = itertools.count()
         self._processes: List[multiprocessing.Process] = []
@@ -223,7 +230,7 @@ class TPDriver:
             self.pool = self.client.register_model(
                 self.model_id, layers=c.layers, query_heads=c.query_heads, kv_groups=c.kv_heads,
                 head_dim=c.head_dim, page_size=page_size, element_bytes=element_bytes,
-                capacity_bytes=capacity_frames * frame_bytes, frame_layout="layer",
+                capacity_bytes=capacity_frames * frame_bytes, frame_layout=frame_layout,
                 backend="host", tensor_parallel_size=t, devices=devices)
             if len(self.pool.ranks) != t:
                 raise RuntimeError(f"model {self.model_id}: the daemon gave "
@@ -339,7 +346,9 @@ class TPDriver:
                 answers = self._each("decide", sid, arguments)
                 for rank, decisions in enumerate(answers):
                     kept[rank] = [groups for _, groups, _, _ in decisions]
-                freed = sum(len(f) for _, _, f, _ in answers[0])
+                # LAYER: one decision, every rank told it; GROUP: each rank freed its own.
+                deciders = answers if self.frame_layout == "group" else answers[:1]
+                freed = sum(len(f) for decisions in deciders for _, _, f, _ in decisions)
                 self._send_tables(seq)
             decide_ms = (time.perf_counter() - start) * 1e3
             tables = seq.tables.copy()
@@ -429,6 +438,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--policy", default="page_entrokv")
     parser.add_argument("--ratio", type=float, default=0.75)
     parser.add_argument("--tensor-parallel-size", type=int, default=2)
+    parser.add_argument("--frame-layout", choices=("layer", "group"), default="layer")
     args = parser.parse_args(argv)
 
     registry = policy_registry.load(args.entrokv)
@@ -444,9 +454,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     same = 0
     try:
         with entrokv.Client(address, timeout_s=60) as client, \
-                TPDriver(address, model, registry, tensor_parallel_size=t) as driver:
-            single = pool_worker.PoolWorker(client, model, registry, frame_layout="layer",
-                                            capacity_frames=4096)
+                TPDriver(address, model, registry, tensor_parallel_size=t,
+                         frame_layout=args.frame_layout) as driver:
+            frames = 4096 * (model.config.kv_heads if args.frame_layout == "group" else 1)
+            single = pool_worker.PoolWorker(client, model, registry,
+                                            frame_layout=args.frame_layout,
+                                            capacity_frames=frames)
             try:
                 for policy in policies:
                     for example in examples:

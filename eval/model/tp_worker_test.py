@@ -4,7 +4,9 @@ both on a real entrokvd on loopback (started here with two host devices, stopped
 The committed weights (eval/model/weights.npz) and one prompt of each task: the TP = 2 run's
 greedy answers and kept pages equal the TP = 1 run's (LAYER layout, the daemon's layer scope, the
 same policy and budget), with no eviction and with page_entrokv keeping 25%; both ranks get the
-same decision; nothing stays in the pool after the closes. Splitting the matmuls changes the
+same decision; nothing stays in the pool after the closes. In the GROUP layout too: each rank's
+frames are its own and each rank decides its group alone, and the answers, the pages every
+group keeps and the frames kept equal the one-rank GROUP worker's. Splitting the matmuls changes the
 floats a little, so answers and pages are compared, and the logits only to a tolerance. A
 driver whose all-reduce drops rank 1's partial must answer otherwise (the check can fail).
 ENTROKVD, ENTROKV_CLI and the client package on PYTHONPATH come from ctest.
@@ -52,6 +54,13 @@ class TensorParallelWorkerTest(unittest.TestCase):
             cls.driver = tp_worker.TPDriver(cls.daemon.address, cls.model, cls.registry,
                                             tensor_parallel_size=2, model_id="tp2-layer",
                                             capacity_frames=1024)
+            groups = cls.model.config.kv_heads
+            cls.single_group = pool_worker.PoolWorker(cls.client, cls.model, cls.registry,
+                                                      model_id="tp1-group", frame_layout="group",
+                                                      capacity_frames=1024 * groups)
+            cls.group_driver = tp_worker.TPDriver(cls.daemon.address, cls.model, cls.registry,
+                                                  tensor_parallel_size=2, model_id="tp2-group",
+                                                  capacity_frames=1024, frame_layout="group")
             # The one-rank runs every test compares with.
             cls.reference = {(p.label(), e.task): cls.single.run_prompt(e, p)
                              for p in POLICIES for e in cls.examples}
@@ -62,7 +71,9 @@ class TensorParallelWorkerTest(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         for name, close in (("driver", lambda d: d.close()),
+                            ("group_driver", lambda d: d.close()),
                             ("single", lambda w: w.close(unregister=True)),
+                            ("single_group", lambda w: w.close(unregister=True)),
                             ("client", lambda c: c.close())):
             if hasattr(cls, name):
                 close(getattr(cls, name))
@@ -116,6 +127,38 @@ class TensorParallelWorkerTest(unittest.TestCase):
         stats = self.client.pool_stats(self.driver.model_id)
         self.assertEqual(stats.used_frames, 0)
         self.assertEqual(stats.used_frames + stats.free_frames, stats.capacity_frames)
+
+    def test_group_layout_ranks_decide_alone_and_answer_as_one_rank(self):
+        pool = self.group_driver.pool
+        self.assertEqual(pool.frame_layout, "group")
+        frames = pool.capacity_frames // 2
+        self.assertEqual([(r.first_frame, r.frames) for r in pool.ranks],
+                         [(0, frames), (frames, frames)])
+        for policy in POLICIES:
+            for example in self.examples:
+                with self.subTest(policy=policy.label(), task=example.task):
+                    one = self.single_group.run_prompt(example, policy)
+                    tp = self.group_driver.run_prompt(example, policy)
+                    self.assertEqual(tp.answer, one.answer)
+                    self.assertEqual(tp.kept_frames, one.kept_frames)
+                    np.testing.assert_allclose(tp.logits, one.logits, rtol=1e-4, atol=1e-4)
+                    # Group g's frames lie in rank g's arena.
+                    for group in (0, 1):
+                        named = tp.tables[:, group][tp.tables[:, group] >= 0]
+                        self.assertTrue(np.all(named // frames == group), named)
+                    if policy.name == "none":
+                        self.assertTrue(np.all(tp.tables >= 0))
+                        continue
+                    # Rank r decided its group alone, as the one-rank worker decided it.
+                    for rank in (0, 1):
+                        for got, decision in zip(tp.kept_pages[rank], one.decisions):
+                            self.assertEqual(len(got), 1)
+                            np.testing.assert_array_equal(got[0],
+                                                          decision.groups[rank].kept_pages)
+                            np.testing.assert_array_equal(
+                                np.flatnonzero(tp.tables[decision.layer, rank] >= 0), got[0])
+        stats = self.client.pool_stats(self.group_driver.model_id)
+        self.assertEqual(stats.used_frames, 0)
 
     def test_an_all_reduce_without_rank_1_answers_otherwise(self):
         # The negative control: the comparison above can fail.

@@ -188,62 +188,95 @@ TEST(CrashRecoveryTest, KillNineAndRestartRecoverEverythingExactly) {
 }
 
 // A tensor-parallel model keeps every rank's arena: kill -9 and a restart attach each again,
-// on its device, with its bytes and the shared block table.
+// on its device, with its bytes and the block tables, in both frame layouts. In the GROUP
+// layout rank 0 alone decided first, so the ranks' free lists differ; after the restart each
+// rank's frames still go to its own groups.
 TEST(CrashRecoveryTest, EveryRanksArenaSurvivesKillNine) {
-  const std::string dir = FreshDir("crash_recovery_tp");
-  Snapshot before;
-  std::vector<std::string> arenas;
-  std::vector<std::string> bytes;
-  {
+  for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_LAYER, v1::FRAME_LAYOUT_GROUP}) {
+    SCOPED_TRACE(v1::FrameLayout_Name(layout));
+    const std::string dir = FreshDir(absl::StrCat("crash_recovery_tp", layout));
+    Snapshot before;
+    std::vector<std::string> arenas;
+    std::vector<std::string> bytes;
+    {
+      Daemon daemon(dir, {"--host_devices=4"});
+      ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
+      grpc::ClientContext context;
+      v1::RegisterModelRequest request = RegisterRequest("tp", 3, 8, 2, uint64_t{4} << 20);
+      request.set_frame_layout(layout);
+      request.set_tensor_parallel_size(2);
+      request.add_devices(3);
+      request.add_devices(1);
+      v1::RegisterModelResponse response;
+      ASSERT_TRUE(daemon.stub().RegisterModel(&context, request, &response).ok());
+      ASSERT_EQ(response.pool().ranks_size(), 2);
+      ASSERT_TRUE(Open(daemon.stub(), "tp", "a", 100).ok());
+      ASSERT_TRUE(Open(daemon.stub(), "tp", "a/fork", 20, "a", 3).ok());
+      if (layout == v1::FRAME_LAYOUT_GROUP) {
+        grpc::ClientContext decide_context;
+        v1::DecideRequest decide;
+        decide.set_model_id("tp");
+        decide.set_sequence_id("a");
+        decide.set_rank(0);
+        decide.mutable_budget()->set_pages_per_group(2);
+        decide.mutable_policy()->set_name("streaming");  // by position: no statistic
+        for (int layer = 0; layer < 3; ++layer) decide.add_layers()->set_layer(layer);
+        v1::DecideResponse decided;
+        ASSERT_TRUE(daemon.stub().Decide(&decide_context, decide, &decided).ok());
+      }
+      for (int rank = 0; rank < 2; ++rank) {
+        arenas.push_back(response.pool().ranks(rank).arena_name());
+        absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
+            HostArenaMapping::OpenByName(arenas.back());
+        ASSERT_TRUE(mapping.ok()) << mapping.status();
+        char* data = static_cast<char*>((*mapping)->data());
+        for (int64_t i = 0; i < (*mapping)->bytes(); ++i) {
+          data[i] = static_cast<char>(i * 7 + rank);
+        }
+        bytes.push_back(ArenaBytes(arenas.back()));
+      }
+      before = Take(daemon);
+      daemon.process().Signal(SIGKILL);
+      EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+    }
     Daemon daemon(dir, {"--host_devices=4"});
     ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
-    grpc::ClientContext context;
-    v1::RegisterModelRequest request = RegisterRequest("tp", 3, 8, 2, uint64_t{4} << 20);
-    request.set_frame_layout(v1::FRAME_LAYOUT_LAYER);
-    request.set_tensor_parallel_size(2);
-    request.add_devices(3);
-    request.add_devices(1);
-    v1::RegisterModelResponse response;
-    ASSERT_TRUE(daemon.stub().RegisterModel(&context, request, &response).ok());
-    ASSERT_EQ(response.pool().ranks_size(), 2);
-    ASSERT_TRUE(Open(daemon.stub(), "tp", "a", 100).ok());
-    ASSERT_TRUE(Open(daemon.stub(), "tp", "a/fork", 20, "a", 3).ok());
+    EXPECT_THAT(daemon.process().Stderr(), HasSubstr("model 'tp' recovered: 2 sequences"));
+    const Snapshot after = Take(daemon);
+    EXPECT_EQ(after.models, before.models);  // both ranks, their devices, arena names, frames
+    EXPECT_EQ(after.sequences, before.sequences);
+    EXPECT_EQ(after.stats, before.stats);
     for (int rank = 0; rank < 2; ++rank) {
-      arenas.push_back(response.pool().ranks(rank).arena_name());
-      absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
-          HostArenaMapping::OpenByName(arenas.back());
-      ASSERT_TRUE(mapping.ok()) << mapping.status();
-      char* data = static_cast<char*>((*mapping)->data());
-      for (int64_t i = 0; i < (*mapping)->bytes(); ++i) data[i] = static_cast<char>(i * 7 + rank);
-      bytes.push_back(ArenaBytes(arenas.back()));
+      EXPECT_TRUE(ArenaBytes(arenas[static_cast<size_t>(rank)]) == bytes[static_cast<size_t>(rank)])
+          << "rank " << rank;
     }
-    before = Take(daemon);
-    daemon.process().Signal(SIGKILL);
-    EXPECT_EQ(daemon.process().WaitExit(10000), -1);
+    grpc::ClientContext context;
+    v1::GetModelRequest request;
+    request.set_model_id("tp");
+    v1::GetModelResponse response;
+    ASSERT_TRUE(daemon.stub().GetModel(&context, request, &response).ok());
+    ASSERT_EQ(response.pool().ranks_size(), 2);
+    EXPECT_EQ(response.pool().ranks(0).device(), 3);
+    EXPECT_EQ(response.pool().ranks(1).device(), 1);
+    // A new sequence's frames come from the recovered free lists, each group's from its rank's.
+    grpc::ClientContext open_context;
+    v1::OpenSequenceRequest open;
+    open.set_model_id("tp");
+    open.set_sequence_id("b");
+    open.set_initial_tokens(50);
+    v1::OpenSequenceResponse opened;
+    ASSERT_TRUE(daemon.stub().OpenSequence(&open_context, open, &opened).ok());
+    ASSERT_GT(opened.new_frames_size(), 0);
+    for (const v1::FrameAssignment& frame : opened.new_frames()) {
+      const v1::RankArena& rank = response.pool().ranks(frame.group());  // 2 groups, 2 ranks
+      EXPECT_GE(frame.frame(), rank.first_frame()) << "group " << frame.group();
+      EXPECT_LT(frame.frame(), rank.first_frame() + rank.frames()) << "group " << frame.group();
+    }
+    daemon.process().Signal(SIGTERM);
+    EXPECT_EQ(daemon.process().WaitExit(20000), 0);
+    std::filesystem::remove_all(dir);
+    for (const std::string& name : arenas) shm_unlink(name.c_str());
   }
-  Daemon daemon(dir, {"--host_devices=4"});
-  ASSERT_TRUE(daemon.listening()) << daemon.process().Stderr();
-  EXPECT_THAT(daemon.process().Stderr(), HasSubstr("model 'tp' recovered: 2 sequences"));
-  const Snapshot after = Take(daemon);
-  EXPECT_EQ(after.models, before.models);  // both ranks, their devices and arena names
-  EXPECT_EQ(after.sequences, before.sequences);
-  EXPECT_EQ(after.stats, before.stats);
-  for (int rank = 0; rank < 2; ++rank) {
-    EXPECT_TRUE(ArenaBytes(arenas[static_cast<size_t>(rank)]) == bytes[static_cast<size_t>(rank)])
-        << "rank " << rank;
-  }
-  grpc::ClientContext context;
-  v1::GetModelRequest request;
-  request.set_model_id("tp");
-  v1::GetModelResponse response;
-  ASSERT_TRUE(daemon.stub().GetModel(&context, request, &response).ok());
-  ASSERT_EQ(response.pool().ranks_size(), 2);
-  EXPECT_EQ(response.pool().ranks(0).device(), 3);
-  EXPECT_EQ(response.pool().ranks(1).device(), 1);
-  daemon.process().Signal(SIGTERM);
-  EXPECT_EQ(daemon.process().WaitExit(20000), 0);
-  std::filesystem::remove_all(dir);
-  for (const std::string& name : arenas) shm_unlink(name.c_str());
 }
 
 TEST(CrashRecoveryTest, ArenaGoneMarksSequencesLost) {

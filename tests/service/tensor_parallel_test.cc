@@ -14,152 +14,12 @@
 #include "core/testing/status_matchers.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/service/service_fixture.h"
+#include "tests/service/tensor_parallel_fixture.h"
 
 namespace entrokv::service::testing {
 namespace {
 
 using ::testing::HasSubstr;
-
-// A model whose 8 KV groups split over up to 8 ranks: 16 query heads, 3 layers, pages of 4.
-constexpr int kTpLayers = 3;
-constexpr int kTpHeads = 16;
-constexpr int kTpGroups = 8;
-constexpr int kPage = 4;
-constexpr int64_t kTokens = 37;  // 10 pages, the last one partly written
-
-v1::RegisterModelRequest TpRequest(const std::string& id, int ranks,
-                                   v1::FrameLayout layout = v1::FRAME_LAYOUT_LAYER) {
-  v1::RegisterModelRequest request = RegisterRequest(id, kTpLayers, kTpHeads, kTpGroups, 1 << 20);
-  request.mutable_geometry()->set_page_size(kPage);
-  request.set_frame_layout(layout);
-  request.set_tensor_parallel_size(ranks);
-  return request;
-}
-
-class TensorParallelTest : public ServiceTest {
- protected:
-  void SetUp() override {
-    ServerOptions options = LoopbackOptions();
-    options.host_devices = 8;
-    options.rank_wait_ms = 300;
-    StartServer(options);
-  }
-
-  grpc::Status RegisterStatus(const v1::RegisterModelRequest& request,
-                              v1::RegisterModelResponse* response = nullptr) {
-    grpc::ClientContext context;
-    v1::RegisterModelResponse ignored;
-    return stub_->RegisterModel(&context, request, response != nullptr ? response : &ignored);
-  }
-
-  // The Decide of every layer with `values` [layer][H_Q x kTokens] restricted to rank `rank`'s
-  // query heads (all of them for ranks == 1 and rank -1).
-  v1::DecideRequest RankRequest(const std::string& model,
-                                const std::vector<std::vector<float>>& values, int ranks, int rank,
-                                const v1::Budget& budget, v1::SelectionScope scope) {
-    v1::DecideRequest request;
-    request.set_model_id(model);
-    request.set_sequence_id("s");
-    *request.mutable_budget() = budget;
-    request.mutable_policy()->set_name("page_entrokv");
-    request.mutable_policy()->set_scope(scope);
-    if (rank >= 0) request.set_rank(rank);
-    const int heads = kTpHeads / ranks;
-    for (int layer = 0; layer < kTpLayers; ++layer) {
-      const std::vector<float>& all = values[static_cast<size_t>(layer)];
-      const int first = rank < 0 ? 0 : rank * heads;
-      std::vector<float> mine(all.begin() + first * kTokens,
-                              all.begin() + (first + heads) * kTokens);
-      v1::LayerStatistic* in = request.add_layers();
-      in->set_layer(layer);
-      *in->mutable_statistic() = BytesStatistic(mine, heads, kTokens, v1::DTYPE_FLOAT32);
-    }
-    return request;
-  }
-
-  // Every rank's Decide at once, each on its own thread; the replies in rank order.
-  std::vector<std::pair<grpc::Status, v1::DecideResponse>> DecideRanks(
-      const std::vector<v1::DecideRequest>& requests) {
-    std::vector<std::future<std::pair<grpc::Status, v1::DecideResponse>>> calls;
-    for (const v1::DecideRequest& request : requests) {
-      calls.push_back(std::async(std::launch::async, [this, request] {
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-        v1::DecideResponse response;
-        const grpc::Status status = stub_->Decide(&context, request, &response);
-        return std::make_pair(status, response);
-      }));
-    }
-    std::vector<std::pair<grpc::Status, v1::DecideResponse>> replies;
-    for (auto& call : calls) replies.push_back(call.get());
-    return replies;
-  }
-
-  // Each rank's own DecideStream, one thread per rank: every layer of its request written as one
-  // message with `rank` set, each decision read before the next layer is written. The decisions
-  // (or the stream's status) in rank order.
-  std::vector<std::pair<grpc::Status, std::vector<v1::LayerDecision>>> StreamRanks(
-      const std::vector<v1::DecideRequest>& requests) {
-    std::vector<std::future<std::pair<grpc::Status, std::vector<v1::LayerDecision>>>> calls;
-    for (const v1::DecideRequest& request : requests) {
-      calls.push_back(std::async(std::launch::async, [this, request] {
-        grpc::ClientContext context;
-        context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
-        auto stream = stub_->DecideStream(&context);
-        std::vector<v1::LayerDecision> decisions;
-        for (const v1::LayerStatistic& layer : request.layers()) {
-          v1::DecideLayerRequest message;
-          message.set_model_id(request.model_id());
-          message.set_sequence_id(request.sequence_id());
-          *message.mutable_layer() = layer;
-          *message.mutable_budget() = request.budget();
-          *message.mutable_policy() = request.policy();
-          message.set_rank(request.rank());
-          v1::LayerDecision decision;
-          if (!stream->Write(message) || !stream->Read(&decision)) break;
-          decisions.push_back(decision);
-        }
-        stream->WritesDone();
-        const grpc::Status status = stream->Finish();
-        return std::make_pair(status, decisions);
-      }));
-    }
-    std::vector<std::pair<grpc::Status, std::vector<v1::LayerDecision>>> replies;
-    for (auto& call : calls) replies.push_back(call.get());
-    return replies;
-  }
-
-  // Every rank's arena of `pool`, mapped as that rank's worker maps it.
-  static std::vector<std::unique_ptr<HostArenaMapping>> MapRanks(const v1::PoolInfo& pool) {
-    std::vector<std::unique_ptr<HostArenaMapping>> arenas;
-    for (const v1::RankArena& rank : pool.ranks()) {
-      absl::StatusOr<std::unique_ptr<HostArenaMapping>> mapping =
-          HostArenaMapping::OpenByName(rank.arena_name());
-      EXPECT_TRUE(mapping.ok()) << "rank " << rank.rank() << ": " << mapping.status();
-      arenas.push_back(mapping.ok() ? *std::move(mapping) : nullptr);
-    }
-    return arenas;
-  }
-};
-
-// The sequence holds the same frames in every block table.
-void ExpectSameFrames(const v1::SequenceInfo& expected, const v1::SequenceInfo& actual) {
-  ASSERT_EQ(actual.block_tables_size(), expected.block_tables_size());
-  for (int i = 0; i < expected.block_tables_size(); ++i) {
-    EXPECT_THAT(actual.block_tables(i).frames(),
-                ::testing::ElementsAreArray(expected.block_tables(i).frames()))
-        << "block table " << i;
-  }
-}
-
-std::vector<std::vector<float>> Statistics(uint32_t seed) {
-  std::vector<std::vector<float>> values;
-  for (int layer = 0; layer < kTpLayers; ++layer) {
-    values.push_back(RandomStatistic(kTpHeads, kTokens, seed + static_cast<uint32_t>(layer)));
-  }
-  return values;
-}
 
 // The ranks' gathered decision is the one-pool decision of the same model: the same pages in
 // every (layer, group), the same frames, the same budget, for t = 1, 2, 4, 8, both scopes and
@@ -179,13 +39,7 @@ TEST_F(TensorParallelTest, RanksDecideTogetherAsOnePoolWould) {
         EXPECT_EQ(registered.pool().tensor_parallel_size(), ranks);
         Open(single, "s", kTokens);
         Open(sharded, "s", kTokens);
-        v1::Budget budget;
-        if (fraction) {
-          budget.set_fraction(0.45);
-          budget.set_allocator("pyramid");
-        } else {
-          budget.set_pages_per_group(4);
-        }
+        const v1::Budget budget = ExplicitOrPlanned(fraction);
         const std::vector<std::vector<float>> values = Statistics(100 + case_index);
         std::vector<v1::DecideRequest> one = {RankRequest(single, values, 1, -1, budget, scope)};
         std::vector<v1::DecideRequest> each;
@@ -271,13 +125,8 @@ TEST_F(TensorParallelTest, CopyOnWriteCopiesEveryRanksSlice) {
   v1::RegisterModelResponse registered;
   ASSERT_TRUE(RegisterStatus(TpRequest("m", 2), &registered).ok());
   const v1::PoolInfo& pool = registered.pool();
-  grpc::ClientContext open_context;
-  v1::OpenSequenceRequest open;
-  open.set_model_id("m");
-  open.set_sequence_id("parent");
-  open.set_initial_tokens(6);  // one full page and a tail of 2 tokens
   v1::OpenSequenceResponse opened;
-  ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
+  ASSERT_TRUE(OpenFrames("m", "parent", 6, &opened).ok());  // one full page and a tail of 2 tokens
   const std::vector<std::unique_ptr<HostArenaMapping>> arenas = MapRanks(pool);
   ASSERT_EQ(arenas.size(), 2u);
   for (const auto& arena : arenas) ASSERT_NE(arena, nullptr);
@@ -292,13 +141,7 @@ TEST_F(TensorParallelTest, CopyOnWriteCopiesEveryRanksSlice) {
                 0x30 + rank, static_cast<size_t>(slice));
   }
   // A fork sharing both pages; its first append copies the shared tail page.
-  grpc::ClientContext fork_context;
-  v1::OpenSequenceRequest fork;
-  fork.set_model_id("m");
-  fork.set_sequence_id("child");
-  fork.set_parent_sequence_id("parent");
-  fork.set_prefix_pages(2);
-  ASSERT_TRUE(stub_->OpenSequence(&fork_context, fork, &opened).ok());
+  ASSERT_TRUE(OpenFrames("m", "child", 0, &opened, "parent", 2).ok());
   grpc::ClientContext append_context;
   v1::AppendTokensRequest append;
   append.set_model_id("m");
@@ -327,13 +170,8 @@ TEST_F(TensorParallelTest, SwapOutAndResumeKeepEveryRanksBytes) {
   ASSERT_TRUE(RegisterStatus(TpRequest("m", 2), &registered).ok());
   const v1::PoolInfo& pool = registered.pool();
   const int64_t slice = static_cast<int64_t>(pool.ranks(0).frame_bytes());
-  grpc::ClientContext open_context;
-  v1::OpenSequenceRequest open;
-  open.set_model_id("m");
-  open.set_sequence_id("s");
-  open.set_initial_tokens(9);
   v1::OpenSequenceResponse opened;
-  ASSERT_TRUE(stub_->OpenSequence(&open_context, open, &opened).ok());
+  ASSERT_TRUE(OpenFrames("m", "s", 9, &opened).ok());
   const std::vector<std::unique_ptr<HostArenaMapping>> arenas = MapRanks(pool);
   ASSERT_EQ(arenas.size(), 2u);
   for (const auto& arena : arenas) ASSERT_NE(arena, nullptr);
@@ -388,7 +226,11 @@ TEST_F(TensorParallelTest, BadRanksAndDevicesNameTheFieldAndRegisterNothing) {
   cases.push_back({TpRequest("a", 3), "tensor_parallel_size"});
   cases.push_back({TpRequest("b", 65), "tensor_parallel_size"});
   cases.push_back({TpRequest("c", -1), "tensor_parallel_size"});
-  cases.push_back({TpRequest("d", 2, v1::FRAME_LAYOUT_GROUP), "frame_layout"});
+  // The group layout gives each rank an equal share of whole frames: 2 ranks, 1 frame.
+  v1::RegisterModelRequest one_frame = TpRequest("d", 2, v1::FRAME_LAYOUT_GROUP);
+  one_frame.set_capacity_bytes(2 * kPage * one_frame.geometry().head_dim() *
+                               one_frame.geometry().element_bytes());
+  cases.push_back({one_frame, "capacity_bytes"});
   v1::RegisterModelRequest few = TpRequest("e", 2);
   few.add_devices(0);
   cases.push_back({few, "devices"});

@@ -251,7 +251,9 @@ class Client:
                        devices: Optional[Sequence[int]] = None) -> PoolInfo:
         """Creates the model's pool. frame_layout: "group" or "layer"; backend: "host" or
         "cuda". `devices`: the device of each of the `tensor_parallel_size` ranks' arenas
-        (default: rank r on device r); a tensor-parallel model needs frame_layout "layer"."""
+        (default: rank r on device r). In the "layer" layout the ranks share every frame and
+        decide together; in "group" each rank's frames (PoolInfo.ranks[r].first_frame, .frames)
+        are its own and each rank decides its groups alone."""
         geometry = types.ModelGeometry(layers=layers, query_heads=query_heads,
                                        kv_groups=kv_groups, head_dim=head_dim,
                                        page_size=page_size, element_bytes=element_bytes)
@@ -421,8 +423,9 @@ class Client:
         decision (decode time); `degrade_on_deadline` lets layers that cannot be scored within
         the call's deadline, or `answer_within_ms`, be decided by position, flagged `degraded`.
         Tensor parallelism: `rank` is this worker's rank; `stats` holds its own query heads
-        ([layers, query_heads / t, tokens]); the call returns when every rank's has come, with
-        the decision all ranks share (docs/service.md, "Several GPUs and tensor parallelism").
+        ([layers, query_heads / t, tokens]). In the "layer" layout the call returns when every
+        rank's has come, with the decision all ranks share; in "group" it decides this rank's
+        groups alone, at once (docs/service.md, "Several GPUs and tensor parallelism").
         """
         request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
                                        token_slots, policy, dtype, scope, kind, accumulate,

@@ -182,10 +182,11 @@ class _ArenaMapping:
 def map_arena(pool_info: Any, rank: int = 0, dtype: Optional[str] = None,
               device: Optional[int] = None):
     """The daemon's CUDA arena of `pool_info` (a PoolInfo of a cuda pool), rank `rank`'s, as a
-    torch tensor [capacity_frames, frame_bytes] of uint8 on its device; with dtype ("float32",
-    "float16", "bfloat16") a view [capacity_frames, frame_bytes / element size] of that type.
-    Frame f of the block tables is row f. Needs torch and cupy; the mapping lives as long as
-    the tensor."""
+    torch tensor [frames, frame_bytes] of uint8 on its device; with dtype ("float32",
+    "float16", "bfloat16") a view [frames, frame_bytes / element size] of that type. Frame f of
+    the block tables is row f - first_frame: the rank's RankArena.first_frame and .frames (in
+    the GROUP layout a tensor-parallel rank holds its own frames only), else 0 and
+    capacity_frames. Needs torch and cupy; the mapping lives as long as the tensor."""
     backend = getattr(pool_info, "backend", None)
     if backend != "cuda":
         raise ValueError(f"map_arena: pool {getattr(pool_info, 'model_id', '?')!r} has backend "
@@ -197,16 +198,17 @@ def map_arena(pool_info: Any, rank: int = 0, dtype: Optional[str] = None,
             raise ValueError(f"rank: {rank} is outside [0, {len(ranks)})")
         handle, frame_bytes = ranks[rank].cuda_ipc_handle, ranks[rank].frame_bytes
         arena_device = ranks[rank].device if device is None else device
+        frames = int(getattr(ranks[rank], "frames", 0) or pool_info.capacity_frames)
     elif rank == 0:
         handle, frame_bytes = pool_info.cuda_ipc_handle, pool_info.frame_bytes
         arena_device = 0 if device is None else device
+        frames = int(pool_info.capacity_frames)
     else:
         raise ValueError(f"rank: {rank}, but the pool lists no ranks")
     handle = bytes(handle)
     if len(handle) != IPC_HANDLE_BYTES:
         raise ValueError(f"map_arena: the pool's cuda_ipc_handle is {len(handle)} bytes, "
                          f"expected {IPC_HANDLE_BYTES}")
-    frames = int(pool_info.capacity_frames)
     if frames <= 0 or frame_bytes <= 0:
         raise ValueError("map_arena: the pool has no frames")
     element = None

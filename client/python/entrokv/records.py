@@ -78,19 +78,24 @@ class PoolInfo:
 
 @dataclasses.dataclass
 class RankArena:
-    """The arena of one tensor-parallel rank: KV groups [rank G/t, (rank+1) G/t) of every
-    frame, frame f at f * frame_bytes."""
+    """The arena of one tensor-parallel rank, which holds KV groups [rank G/t, (rank+1) G/t):
+    frames [first_frame, first_frame + frames), frame f at (f - first_frame) * frame_bytes. The
+    LAYER layout: every frame's slice of those groups (first_frame 0); the GROUP layout: the
+    rank's own whole frames."""
     rank: int
     device: int  # the device it is on (a host arena: the device it stands in for)
     arena_name: str
     cuda_ipc_handle: bytes
     frame_bytes: int
+    first_frame: int
+    frames: int
 
     @classmethod
     def from_message(cls, message) -> "RankArena":
         return cls(rank=message.rank, device=message.device, arena_name=message.arena_name,
                    cuda_ipc_handle=bytes(message.cuda_ipc_handle),
-                   frame_bytes=message.frame_bytes)
+                   frame_bytes=message.frame_bytes, first_frame=message.first_frame,
+                   frames=message.frames)
 
 
 def frame_assignments(messages) -> np.ndarray:
