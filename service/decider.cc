@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
+#include "core/scoring/key_scores.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
@@ -64,6 +65,10 @@ struct LayerWork {
   // shared-memory one just before its layer is scored, unless the CUDA scorer scores the pool on
   // the statistic's device: it then reads device->device_data() in place.
   std::optional<DeviceStatistic> device;
+  // A keys statistic: the daemon scores the keys in the sequence's frames just before the layer
+  // is scored (into key_rows, each group's scores on each of its heads).
+  std::optional<KeyScore> keys;
+  std::vector<float> key_rows;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
   std::optional<std::vector<double>> cached_weights;
@@ -182,6 +187,30 @@ struct Readers {
   absl::string_view sequence_id;
 };
 
+// A keys statistic's rows: each of the shard's KV groups' keys read from the sequence's frames
+// and scored, the group's scores given to each of its query heads; work.view reads them.
+absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id,
+                         const Shard& shard, int64_t tokens, ServiceMetrics& metrics,
+                         LayerWork& work) {
+  const int per_group = shard.heads / shard.groups;
+  work.key_rows.assign(static_cast<size_t>(shard.heads * tokens), 0.0F);
+  std::vector<float> scores(static_cast<size_t>(tokens));
+  for (int g = 0; g < shard.groups; ++g) {
+    absl::StatusOr<CacheState::KeyRows> keys =
+        state.ReadKeys(sequence_id, work.layer, shard.first_group + g, 1, work.dtype);
+    if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(work.field, ".statistic"));
+    ScoreKeys(*work.keys, keys->keys, state.geometry().head_dim, keys->present, scores);
+    for (int head = g * per_group; head < (g + 1) * per_group; ++head) {
+      std::copy(scores.begin(), scores.end(), work.key_rows.begin() + head * tokens);
+    }
+    metrics.AddStatsBytes(StatSource::kPoolKeys,
+                          static_cast<int64_t>(keys->keys.size()) * DTypeBytes(work.dtype));
+  }
+  ASSIGN_OR_RETURN(
+      work.view, StatisticView::Create(work.key_rows.data(), DType::kFloat32, shard.heads, tokens));
+  return absl::OkStatus();
+}
+
 // Rows [first_head, first_head + heads) of a [query_heads][tokens] matrix (a running sum).
 std::vector<float> HeadRows(const std::vector<float>& all, int query_heads, const Shard& shard) {
   const size_t tokens = all.size() / static_cast<size_t>(query_heads);
@@ -255,6 +284,27 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shar
   const uint64_t expected =
       static_cast<uint64_t>(stat.query_heads()) * stat.tokens() * DTypeBytes(dtype);
   const void* data = nullptr;
+  if (stat.source_case() == v1::Statistic::kKeys) {
+    if (work.accumulate) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          work.field, ".accumulate: not with a keys statistic (the keys are read whole)"));
+    }
+    switch (stat.keys().score()) {
+      case v1::KEY_SCORE_KEYDIFF:
+        work.keys = KeyScore::kKeyDiff;
+        break;
+      case v1::KEY_SCORE_NORM:
+        work.keys = KeyScore::kNorm;
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".keys.score: must be KEY_SCORE_KEYDIFF or KEY_SCORE_NORM, got ",
+                         stat.keys().score()));
+    }
+    work.dtype = dtype;
+    work.query_heads = stat.query_heads();
+    return absl::OkStatus();
+  }
   if (stat.source_case() == v1::Statistic::kData) {
     if (stat.data().size() != expected) {
       return absl::InvalidArgumentError(
@@ -407,7 +457,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     // A device_buffer statistic on the device that scores the pool is read there in place.
     const bool in_place = on_device && work.device.has_value() && !work.accumulate &&
                           work.device->device() == scoring_device;
-    if (in_place && !degrading) {
+    if (work.keys.has_value() && !degrading) {
+      RETURN_IF_ERROR(
+          ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_, work));
+    } else if (in_place && !degrading) {
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.device->device_data(), work.dtype,
                                                         work.query_heads, job.tokens));
       metrics_->AddStatsBytes(StatSource::kDeviceBuffer,

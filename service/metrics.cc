@@ -222,6 +222,7 @@ ServiceMetrics::ServiceMetrics(std::vector<std::string> tenants)
   stats_bytes_by_source_[0] = &stats_bytes_->Add({{"source", "bytes"}});
   stats_bytes_by_source_[1] = &stats_bytes_->Add({{"source", "shared_memory"}});
   stats_bytes_by_source_[2] = &stats_bytes_->Add({{"source", "device_buffer"}});
+  stats_bytes_by_source_[3] = &stats_bytes_->Add({{"source", "pool_keys"}});
 }
 
 PoolMetrics* ServiceMetrics::AddPool(const std::string& pool, int query_heads, int kv_groups,

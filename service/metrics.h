@@ -52,7 +52,7 @@ enum class Phase : int { kDecode, kScore, kSelect, kApply };
 inline constexpr int kPhaseCount = 4;
 
 // Where a statistic came from, for entrokv_stats_bytes_total{source}.
-enum class StatSource : int { kBytes, kSharedMemory, kDeviceBuffer };
+enum class StatSource : int { kBytes, kSharedMemory, kDeviceBuffer, kPoolKeys };
 
 // Every series of one pool (label pool = model id), created together when the model registers.
 // Thread-safe (prometheus-cpp metrics are atomic); the references stay valid as long as the
@@ -174,7 +174,7 @@ class ServiceMetrics {
   std::array<std::array<prometheus::Counter*, kGrpcStatusCodeCount>, kMethodCount> rpc_counts_{};
   std::array<prometheus::Histogram*, kMethodCount> rpc_seconds_{};
   std::array<prometheus::Histogram*, kPhaseCount> phase_seconds_{};
-  std::array<prometheus::Counter*, 3> stats_bytes_by_source_{};
+  std::array<prometheus::Counter*, 4> stats_bytes_by_source_{};
 
   absl::Mutex mu_;
   absl::flat_hash_map<std::string, std::unique_ptr<PoolMetrics>> pools_ ABSL_GUARDED_BY(mu_);

@@ -30,6 +30,13 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
   }
   const v1::Statistic& stat = layer.statistic();
   const std::string field = absl::StrCat("layers[", index, "].statistic");
+  if (stat.source_case() == v1::Statistic::kKeys) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field,
+        ".keys: the ranks of a LAYER-layout tensor-parallel model decide together from "
+        "rows each sends; keys are the daemon's to read: send them once, on a DecideStream "
+        "whose messages leave rank unset"));
+  }
   ASSIGN_OR_RETURN(const DType dtype, wire::ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
   if (stat.query_heads() != query_heads / ranks) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -200,6 +200,14 @@ void* PagePool::FrameAddress(FrameId frame, int rank) const {
          (static_cast<int64_t>(frame) - first_frame(rank)) * rank_frame_bytes();
 }
 
+const void* PagePool::GroupAddress(FrameId frame, int group) const {
+  const int per_rank = geometry_.kv_groups / ranks();
+  const int rank = group / per_rank;
+  if (layout_ == FrameLayout::kGroup) return FrameAddress(frame, rank);
+  return static_cast<const char*>(FrameAddress(frame, rank)) +
+         static_cast<int64_t>(group - rank * per_rank) * FrameBytes(geometry_, FrameLayout::kGroup);
+}
+
 void PagePool::ReadFrame(FrameId frame, char* out) const {
   if (layout_ == FrameLayout::kGroup) {
     std::memcpy(out, FrameAddress(frame, FrameRank(frame)), static_cast<size_t>(frame_bytes_));

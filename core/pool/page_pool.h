@@ -140,6 +140,10 @@ class PagePool {
   // (host or device). REQUIRES: rank in [0, ranks()); in kGroup with several ranks, rank ==
   // FrameRank(frame).
   [[nodiscard]] void* FrameAddress(FrameId frame, int rank = 0) const;
+  // The first byte of KV group `group`'s part of frame `frame` ([K: B x head_dim][V: B x
+  // head_dim] elements), in the arena of the rank that holds the group. REQUIRES: IsValid(frame),
+  // group in [0, kv_groups), and in kGroup the frame is one of that group's.
+  [[nodiscard]] const void* GroupAddress(FrameId frame, int group) const;
   // Copies a whole frame (frame_bytes() bytes; in kLayer every rank's slice in rank order) out
   // of the arenas into `out`, or from `in` into them (swapping). REQUIRES: host arenas,
   // IsValid(frame).

@@ -62,12 +62,14 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
 def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     """"none", or a policy name with optional suffixes: +window (the question-window statistic,
     the mean of the question's query rows, docs/architecture.md §3.1, instead of its default),
-    +last or +acc (the accumulated column sums), and +nb<k><max|mean> (neighbourhood pooling of
-    width k, docs/decisions.md), e.g. page_entrokv+window+nb7max."""
+    +last or +acc (the accumulated column sums), +keydiff or +knorm (no statistic sent: the
+    daemon scores the keys in its frames, docs/decisions.md), and +nb<k><max|mean>
+    (neighbourhood pooling of width k), e.g. page_entrokv+window+nb7max, mean+keydiff."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
-    kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated"}
+    kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
+             "keydiff": "keys_keydiff", "knorm": "keys_norm"}
     statistic, params = None, ()
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
@@ -77,8 +79,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params = (("neighbourhood_kernel", int(neighbourhood.group(1))),
                       ("neighbourhood_pooling", neighbourhood.group(2)))
         else:
-            raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc or "
-                             f"+nb<k><max|mean>, at most one of each kind")
+            raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
+                             f"+keydiff, +knorm or +nb<k><max|mean>, at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic, params=params)
 
 

@@ -134,6 +134,15 @@ class SummaryTest(unittest.TestCase):
             self.assertIn("results.csv.gz holds this folder's rows", err.getvalue())
             self.assertFalse(os.path.exists(os.path.join(out, "results.csv")))
 
+    def test_policy_suffixes_name_the_statistic_and_the_neighbourhood(self):
+        self.assertEqual(evaluate.policy_of("mean+keydiff", 0.75).statistic, "keys_keydiff")
+        self.assertEqual(evaluate.policy_of("mean+knorm", 0.75).statistic, "keys_norm")
+        both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
+        self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),
+                         ("accumulated", 7))
+        with self.assertRaisesRegex(ValueError, r"\+keydiff"):
+            evaluate.policy_of("mean+keydiff+window", 0.75)
+
     def test_policies_follow_the_given_order_then_the_variants(self):
         part = [{"policy": p} for p in ("mean+window", "mean", "none", "page_entrokv", "zeta")]
         self.assertEqual(evaluate._policies(part, ("page_entrokv", "mean")),

@@ -50,6 +50,9 @@ import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
 ELEMENTS = {"f32": np.float32, "f16": np.float16}
 KINDS = ("last_row", "window_mean", "accumulated")
+# Statistics the daemon computes itself from the keys in the pool's frames (no question, no
+# attention rows sent; core/scoring/key_scores.h): kind -> the key score.
+KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm"}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -61,8 +64,8 @@ class Policy:
     name: str
     ratio: Optional[float] = None  # compression ratio: the share of the KV evicted, in [0, 1)
     pages: Optional[int] = None  # or K, the pages every (layer, group) keeps
-    statistic: Optional[str] = None  # last_row, window_mean, accumulated; None: the one the
-    # registry names for the policy (PoolWorker.kind)
+    statistic: Optional[str] = None  # last_row, window_mean, accumulated, or a KEY_KINDS one;
+    # None: the one the registry names for the policy (PoolWorker.kind)
     params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
 
     def __post_init__(self):
@@ -70,8 +73,8 @@ class Policy:
             raise ValueError(f"policy {self.name}: give exactly one of ratio, pages")
         if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
             raise ValueError(f"ratio must be in [0, 1), got {self.ratio}")
-        if self.statistic is not None and self.statistic not in KINDS:
-            raise ValueError(f"statistic must be one of {', '.join(KINDS)}")
+        if self.statistic is not None and self.statistic not in KINDS + tuple(KEY_KINDS):
+            raise ValueError(f"statistic must be one of {', '.join(KINDS + tuple(KEY_KINDS))}")
 
     def budget(self) -> Dict[str, object]:
         if self.pages is not None:
@@ -307,6 +310,7 @@ class PoolWorker:
         the block tables, close) wait for a restarting daemon instead of failing."""
         c = model.config
         self.client, self.model, self.page_size = client, model, page_size
+        self.element = element
         self.registry = registry
         self.fail_open = fail_open
         self.no_decisions = 0  # decisions gone without (fail_open)
@@ -345,6 +349,12 @@ class PoolWorker:
     def _outgoing(self, kv: "PoolKV", layer: int, statistic):
         """What DecideStream carries for a layer's statistic: here the array itself."""
         return statistic
+
+    def _key_statistic(self, kind: str, tokens: int):
+        """A keys statistic of every query head over `tokens` tokens: no values, the daemon
+        scores the keys in the sequence's frames."""
+        return entrokv.key_statistic(self.model.config.query_heads, tokens,
+                                     score=KEY_KINDS[kind], dtype=self.element)
 
     def _kept(self, statistic) -> np.ndarray:
         """A statistic kept on the sequence for later decisions, as a host array."""
@@ -390,25 +400,28 @@ class PoolWorker:
         deciding = policy is not None and policy.name != "none"
         if deciding:
             kinds = (self.kind(policy),)
+        measured = [k for k in kinds if k not in KEY_KINDS] or ["last_row"]
         sid = sequence_id or self._new_id("seq")
         self.client.open_sequence(self.model_id, sid, initial_tokens=n)
         kv = PoolKV(self, sid, n)
         try:
             self._fetch_tables(kv)
             rows = {"last_row": 1, "window_mean": window, "accumulated": n}
-            windows = sorted({rows[k] for k in kinds})
+            windows = sorted({rows[k] for k in measured})
             layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
 
             def statistic(stat: Dict[int, list], kind: str):
+                if kind in KEY_KINDS:  # the daemon reads the keys this layer just wrote
+                    return self._key_statistic(kind, n)
                 s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
                 return s * float(n) if kind == "accumulated" else s  # column sums
 
             if not deciding:
                 def keep(layer, stat):
-                    layer_stats[layer] = {k: self._kept(statistic(stat, k)) for k in kinds}
+                    layer_stats[layer] = {k: self._kept(statistic(stat, k)) for k in measured}
                 kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep)
                 kv.stats = {k: np.stack([layer_stats[l][k] for l in sorted(layer_stats)])
-                            for k in kinds}
+                            for k in measured}
                 return kv, []
             outbox: "queue.Queue" = queue.Queue()
             decisions, failure = [], []
@@ -463,8 +476,9 @@ class PoolWorker:
         """The decisions of the stream; with fail_open, [] when there is no decision (the
         layers decided before a broken stream are applied all the same: every caller rereads
         the block tables after this)."""
-        arguments = dict(policy=policy.name, kind=self.kind(policy), **policy.budget(),
-                         **dict(policy.params))
+        kind = self.kind(policy)
+        arguments = dict(policy=policy.name, kind="last_row" if kind in KEY_KINDS else kind,
+                         **policy.budget(), **dict(policy.params))
         if not self.fail_open:
             return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
                                                   **arguments))
@@ -482,9 +496,13 @@ class PoolWorker:
         if policy.name == "none":
             return []
         kind = self.kind(policy)
-        if kind not in kv.stats:
+        if kind in KEY_KINDS:
+            layers = self.model.config.layers
+            stats = [self._key_statistic(kind, kv.length)] * layers
+        elif kind not in kv.stats:
             raise ValueError(f"sequence {kv.sequence_id} kept no {kind} statistic")
-        stats = kv.stats[kind]
+        else:
+            stats = kv.stats[kind]
         decisions = self._decide_stream(kv, policy, [(l, stats[l]) for l in range(len(stats))])
         self._fetch_tables(kv)
         return decisions

@@ -311,6 +311,32 @@ class ClientTest(unittest.TestCase):
             self.client.close_sequence("pressure", sequence)
         self.assertEqual(self.assert_pool_consistent("pressure").used_frames, 0)
 
+    def test_key_statistic_scores_the_keys_the_worker_wrote(self):
+        # Every key of the sequence points along one direction except page 2's: keydiff keeps
+        # page 2 of every (layer, group); norm keeps the page whose keys are smallest.
+        pool = self.register("keys")
+        self.client.open_sequence("keys", "s", initial_tokens=64)  # 4 pages
+        tables = [t for s in self.client.list_sequences("keys", block_tables=True)
+                  for t in s.block_tables]
+        with open(os.path.join("/dev/shm", pool.arena_name.lstrip("/")), "r+b") as arena:
+            for table in tables:
+                for page, frame in enumerate(table.frames):
+                    keys = np.zeros((16, 32), np.float16)
+                    keys[:, 1 if page == 2 else 0] = 1.0 if page != 3 else 0.25
+                    arena.seek(int(frame) * FRAME_BYTES)
+                    arena.write(keys.tobytes())
+        for score, page in (("keydiff", 2), ("norm", 3)):
+            stats = [entrokv.key_statistic(GEOMETRY["query_heads"], 64, score, dtype="f16")
+                     for _ in range(GEOMETRY["layers"])]
+            self.client.open_sequence("keys", score, parent="s", prefix_pages=4)
+            decisions = self.client.decide("keys", score, stats, pages=1, policy="mean",
+                                           protect_tail_page=False)
+            for decision in decisions:
+                for group in decision.groups:
+                    self.assertEqual(list(group.kept_pages), [page], score)
+        with self.assertRaisesRegex(ValueError, "score: 'cosine'"):
+            entrokv.key_statistic(6, 64, "cosine")
+
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)
         self.assertEqual(entrokv.statistic_message(stats).kind,

@@ -25,7 +25,7 @@ inline constexpr int kPage = 4;
 inline constexpr int64_t kTokens = 37;  // 10 pages, the last one partly written
 
 inline v1::RegisterModelRequest TpRequest(const std::string& id, int ranks,
-                                   v1::FrameLayout layout = v1::FRAME_LAYOUT_LAYER) {
+                                          v1::FrameLayout layout = v1::FRAME_LAYOUT_LAYER) {
   v1::RegisterModelRequest request = RegisterRequest(id, kTpLayers, kTpHeads, kTpGroups, 1 << 20);
   request.mutable_geometry()->set_page_size(kPage);
   request.set_frame_layout(layout);

@@ -115,9 +115,9 @@ TEST_F(TensorParallelGroupTest, EachRankDecidesItsGroupsAloneAsOnePoolWould) {
       const v1::Budget budget = ExplicitOrPlanned(fraction);
       const std::vector<std::vector<float>> values = Statistics(300 + case_index);
       v1::DecideResponse reference;
-      ASSERT_TRUE(Decide(RankRequest(single, values, 1, -1, budget, v1::SELECTION_SCOPE_GROUP),
-                         &reference)
-                      .ok());
+      ASSERT_TRUE(
+          Decide(RankRequest(single, values, 1, -1, budget, v1::SELECTION_SCOPE_GROUP), &reference)
+              .ok());
       const std::vector<std::vector<bool>> full = LivePages(Sequence(sharded, "s"));
       for (int rank = 0; rank < ranks; ++rank) {
         const int which = ranks == 1 ? -1 : rank;
@@ -272,10 +272,10 @@ TEST_F(TensorParallelGroupTest, ChunksAndCachedWeightsFollowEachRanksHeads) {
                      &reference)
                   .ok());
   for (const int rank : {0, 1}) {
-    const grpc::Status status = Decide(
-        named(RankRequest("tp", decode, kRanks, rank, budget, v1::SELECTION_SCOPE_GROUP), "w",
-              true),
-        &mine);
+    const grpc::Status status =
+        Decide(named(RankRequest("tp", decode, kRanks, rank, budget, v1::SELECTION_SCOPE_GROUP),
+                     "w", true),
+               &mine);
     ASSERT_TRUE(status.ok()) << status.error_message();
     ExpectRankDecision(reference, mine, kRanks, rank);
   }
@@ -352,8 +352,8 @@ TEST_F(TensorParallelGroupTest, CopiesAndSwapsStayInEachRanksArena) {
 // nothing, and fits once that rank has decided too.
 TEST_F(TensorParallelGroupTest, TheScarcestRankBoundsGrowth) {
   v1::RegisterModelRequest request = TpRequest("m", 2, kGroupLayout);
-  const int64_t frame_bytes = 2 * kPage * request.geometry().head_dim() *
-                              request.geometry().element_bytes();
+  const int64_t frame_bytes =
+      2 * kPage * request.geometry().head_dim() * request.geometry().element_bytes();
   request.set_capacity_bytes(2 * 130 * frame_bytes);  // 130 frames per rank
   ASSERT_TRUE(RegisterStatus(request).ok());
   Open("m", "s", kTokens);  // 10 pages x 3 layers x 4 groups: 120 frames of each rank

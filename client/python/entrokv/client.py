@@ -102,6 +102,23 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
                            kind=wire_kind, data=data.tobytes())
 
 
+KEY_SCORES = {"keydiff": types.KEY_SCORE_KEYDIFF, "norm": types.KEY_SCORE_NORM}
+
+
+def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
+                  dtype: str = "f32") -> "types.Statistic":
+    """A Statistic with no values: the daemon scores the keys this worker wrote into the
+    sequence's frames (query-agnostic; core/scoring/key_scores.h). score: "keydiff" (keys unlike
+    the group's mean direction are kept) or "norm" (small keys are kept); dtype: the keys'
+    element type in the pool ("f32", "f16", "bf16"). query_heads and tokens as for an array
+    (a tensor-parallel rank's own heads). Pass it to decide() or decide_stream() in place of an
+    array; it works with every pooling policy (mean is the plain choice)."""
+    wire_score = _choice("score", score, KEY_SCORES)
+    wire_dtype, _ = _choice("dtype", dtype, _DTYPES)
+    return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens,
+                           keys=types.KeyStatistic(score=wire_score))
+
+
 def _budget(pages: Optional[int], fraction: Optional[float],
             token_slots: Optional[int], auto_floor: Optional[float] = None) -> "types.Budget":
     given = [value is not None for value in (pages, fraction, token_slots, auto_floor)]

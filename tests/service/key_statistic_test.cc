@@ -1,0 +1,250 @@
+// A keys statistic through the real daemon over loopback: the worker writes keys into the
+// pool's frames and sends no values; the daemon reads the keys from its own frames, scores them
+// (core/scoring/key_scores.h) and decides. The decision must be the one the same scores sent as
+// bytes get, in both frame layouts, at prefill and again once pages are gone.
+#include <cstring>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/pool/arena.h"
+#include "core/scoring/key_scores.h"
+#include "core/testing/status_matchers.h"
+#include "core/util/dtype.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/service/service_fixture.h"
+
+namespace entrokv::service::testing {
+namespace {
+
+using ::testing::ElementsAreArray;
+using ::testing::HasSubstr;
+
+constexpr int kHeadDim = 8;    // RegisterRequest's geometry
+constexpr int kPageSize = 16;  // RegisterRequest's geometry
+constexpr int64_t kGroupFrameBytes = 2 * kPageSize * kHeadDim * 2;  // K and V, 2-byte elements
+
+class KeyStatisticTest : public ServiceTest {
+ protected:
+  v1::PoolInfo RegisterLayout(const std::string& model, v1::FrameLayout layout) {
+    grpc::ClientContext context;
+    v1::RegisterModelRequest request = RegisterRequest(model, kLayers, kHeads, kGroups, 4 << 20);
+    request.set_frame_layout(layout);
+    v1::RegisterModelResponse response;
+    const grpc::Status status = stub_->RegisterModel(&context, request, &response);
+    EXPECT_TRUE(status.ok()) << status.error_message();
+    return response.pool();
+  }
+
+  grpc::Status Decide(const v1::DecideRequest& request, v1::DecideResponse* response) {
+    grpc::ClientContext context;
+    return stub_->Decide(&context, request, response);
+  }
+
+  // Writes key[layer][group][token] (as float16) into every live page's frame of `sequence`, as a
+  // worker does, for tokens [from, length).
+  void WriteKeys(const v1::PoolInfo& pool, const std::string& sequence,
+                 const std::vector<std::vector<std::vector<float>>>& keys, int64_t from) {
+    absl::StatusOr<std::unique_ptr<HostArenaMapping>> arena =
+        HostArenaMapping::OpenByName(pool.arena_name());
+    ASSERT_TRUE(arena.ok()) << arena.status();
+    char* base = static_cast<char*>((*arena)->data());
+    const v1::SequenceInfo info = Sequence(pool.model_id(), sequence);
+    for (const v1::BlockTable& table : info.block_tables()) {
+      const std::vector<float>& rows =
+          keys[static_cast<size_t>(table.layer())][static_cast<size_t>(table.group())];
+      for (int page = 0; page < table.frames_size(); ++page) {
+        if (table.frames(page) < 0) continue;
+        char* frame = base + static_cast<int64_t>(table.frames(page)) * pool.frame_bytes();
+        if (pool.frame_layout() == v1::FRAME_LAYOUT_LAYER) frame += table.group() * kGroupFrameBytes;
+        for (int slot = 0; slot < kPageSize; ++slot) {
+          const int64_t token = int64_t{page} * kPageSize + slot;
+          if (token < from || token >= info.length_tokens()) continue;
+          for (int d = 0; d < kHeadDim; ++d) {
+            const uint16_t half = FloatToFloat16(rows[static_cast<size_t>(token * kHeadDim + d)]);
+            std::memcpy(frame + (slot * kHeadDim + d) * 2, &half, 2);
+          }
+        }
+      }
+    }
+  }
+
+  // The keys statistic's rows as the test computes them: each group's scores over the keys of
+  // the pages `sequence` still holds, on each of the group's heads.
+  std::vector<std::vector<float>> ExpectedRows(const std::string& model, const std::string& sequence,
+                                               const std::vector<std::vector<std::vector<float>>>& keys,
+                                               KeyScore score) {
+    const v1::SequenceInfo info = Sequence(model, sequence);
+    const int64_t tokens = info.length_tokens();
+    std::vector<std::vector<float>> rows(kLayers,
+                                         std::vector<float>(static_cast<size_t>(kHeads * tokens)));
+    for (const v1::BlockTable& table : info.block_tables()) {
+      std::vector<float> stored(static_cast<size_t>(tokens * kHeadDim), 0.0F);
+      std::vector<uint8_t> present(static_cast<size_t>(tokens), 0);
+      const std::vector<float>& key =
+          keys[static_cast<size_t>(table.layer())][static_cast<size_t>(table.group())];
+      for (int64_t token = 0; token < tokens; ++token) {
+        if (table.frames(static_cast<int>(token / kPageSize)) < 0) continue;
+        present[static_cast<size_t>(token)] = 1;
+        for (int d = 0; d < kHeadDim; ++d) {
+          const size_t at = static_cast<size_t>(token * kHeadDim + d);
+          stored[at] = Float16ToFloat(FloatToFloat16(key[at]));  // as the frame holds it
+        }
+      }
+      std::vector<float> scores(static_cast<size_t>(tokens));
+      ScoreKeys(score, stored, kHeadDim, present, scores);
+      const int per_group = kHeads / kGroups;
+      for (int head = table.group() * per_group; head < (table.group() + 1) * per_group; ++head) {
+        std::copy(scores.begin(), scores.end(),
+                  rows[static_cast<size_t>(table.layer())].begin() + head * tokens);
+      }
+    }
+    return rows;
+  }
+
+  static v1::DecideRequest Request(const std::string& model, int64_t pages) {
+    v1::DecideRequest request;
+    request.set_model_id(model);
+    request.set_sequence_id("s");
+    request.mutable_budget()->set_pages_per_group(pages);
+    request.mutable_policy()->set_name("mean");
+    request.mutable_policy()->set_scope(v1::SELECTION_SCOPE_GROUP);
+    return request;
+  }
+
+  static v1::DecideRequest KeysRequest(const std::string& model, int64_t pages, int64_t tokens,
+                                       v1::KeyScore score) {
+    v1::DecideRequest request = Request(model, pages);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      v1::LayerStatistic* in = request.add_layers();
+      in->set_layer(layer);
+      v1::Statistic* stat = in->mutable_statistic();
+      stat->set_dtype(v1::DTYPE_FLOAT16);
+      stat->set_query_heads(kHeads);
+      stat->set_tokens(tokens);
+      stat->mutable_keys()->set_score(score);
+    }
+    return request;
+  }
+
+  static void ExpectSameDecision(const v1::DecideResponse& keys, const v1::DecideResponse& sent) {
+    ASSERT_EQ(keys.layers_size(), sent.layers_size());
+    for (int layer = 0; layer < keys.layers_size(); ++layer) {
+      ASSERT_EQ(keys.layers(layer).groups_size(), sent.layers(layer).groups_size());
+      for (int g = 0; g < keys.layers(layer).groups_size(); ++g) {
+        EXPECT_THAT(keys.layers(layer).groups(g).kept_pages(),
+                    ElementsAreArray(sent.layers(layer).groups(g).kept_pages()))
+            << "layer " << layer << " group " << g;
+      }
+    }
+  }
+};
+
+std::vector<std::vector<std::vector<float>>> RandomKeys(int64_t tokens, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<std::vector<std::vector<float>>> keys(
+      kLayers, std::vector<std::vector<float>>(kGroups));
+  for (auto& layer : keys) {
+    for (auto& group : layer) {
+      group.resize(static_cast<size_t>(tokens * kHeadDim));
+      // A shared direction plus noise, as real keys have: KeyDiff then has something to rank.
+      for (size_t i = 0; i < group.size(); ++i) group[i] = normal(rng) + (i % kHeadDim == 0 ? 3 : 0);
+    }
+  }
+  return keys;
+}
+
+TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) {
+  int index = 0;
+  for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
+    for (const auto& [wire_score, score] :
+         {std::pair{v1::KEY_SCORE_KEYDIFF, KeyScore::kKeyDiff},
+          std::pair{v1::KEY_SCORE_NORM, KeyScore::kNorm}}) {
+      SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " ", KeyScoreName(score)));
+      const std::string keyed = absl::StrCat("keys", index);
+      const std::string sent = absl::StrCat("sent", index);
+      ++index;
+      const v1::PoolInfo pool = RegisterLayout(keyed, layout);
+      RegisterLayout(sent, layout);
+      constexpr int64_t kPrompt = 100;  // 7 pages, the last one partly written
+      const auto keys = RandomKeys(kPrompt + 1, 11 + index);
+      Open(keyed, "s", kPrompt);
+      Open(sent, "s", kPrompt);
+      WriteKeys(pool, "s", keys, 0);
+      // Prefill, then one decode step after eviction: the keys of evicted pages are gone.
+      for (const int64_t tokens : {kPrompt, kPrompt + 1}) {
+        if (tokens > kPrompt) {
+          for (const std::string& model : {keyed, sent}) {
+            grpc::ClientContext context;
+            v1::AppendTokensRequest append;
+            append.set_model_id(model);
+            append.set_sequence_id("s");
+            append.set_tokens(1);
+            v1::AppendTokensResponse appended;
+            ASSERT_TRUE(stub_->AppendTokens(&context, append, &appended).ok());
+          }
+          WriteKeys(pool, "s", keys, kPrompt);
+        }
+        v1::DecideRequest bytes = Request(sent, tokens == kPrompt ? 4 : 3);
+        const std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, score);
+        for (int layer = 0; layer < kLayers; ++layer) {
+          v1::LayerStatistic* in = bytes.add_layers();
+          in->set_layer(layer);
+          *in->mutable_statistic() = BytesStatistic(rows[static_cast<size_t>(layer)], kHeads,
+                                                    tokens, v1::DTYPE_FLOAT32);
+        }
+        v1::DecideResponse from_keys;
+        v1::DecideResponse from_bytes;
+        const grpc::Status status =
+            Decide(KeysRequest(keyed, tokens == kPrompt ? 4 : 3, tokens, wire_score), &from_keys);
+        ASSERT_TRUE(status.ok()) << status.error_message();
+        ASSERT_TRUE(Decide(bytes, &from_bytes).ok());
+        ExpectSameDecision(from_keys, from_bytes);
+        EXPECT_EQ(Stats(keyed).used_frames(), Stats(sent).used_frames());
+      }
+      ExpectInvariants(keyed);
+    }
+  }
+  const auto counted =
+      FindSeries(*server_, "entrokv_stats_bytes_total", {{"source", "pool_keys"}});
+  ASSERT_TRUE(counted.has_value());
+  EXPECT_GT(counted->counter.value, 0);
+}
+
+TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
+  RegisterLayout("m", v1::FRAME_LAYOUT_GROUP);
+  Open("m", "s", 40);
+  const v1::DecideRequest good = KeysRequest("m", 1, 40, v1::KEY_SCORE_KEYDIFF);
+  struct Case {
+    v1::DecideRequest request;
+    std::string field;
+  };
+  std::vector<Case> cases;
+  v1::DecideRequest wide = good;
+  wide.mutable_layers(0)->mutable_statistic()->set_dtype(v1::DTYPE_FLOAT32);  // 2-byte pool
+  cases.push_back({wide, "layers[0].statistic: dtype"});
+  v1::DecideRequest unset = good;
+  unset.mutable_layers(1)->mutable_statistic()->mutable_keys()->clear_score();
+  cases.push_back({unset, "layers[1].statistic.keys.score"});
+  v1::DecideRequest chunk = good;
+  chunk.mutable_layers(0)->set_accumulate(true);
+  chunk.mutable_layers(0)->mutable_statistic()->set_kind(v1::STATISTIC_KIND_ACCUMULATED);
+  cases.push_back({chunk, "layers[0].accumulate"});
+  v1::DecideRequest heads = good;
+  heads.mutable_layers(0)->mutable_statistic()->set_query_heads(kHeads / 2);
+  cases.push_back({heads, "layers[0].statistic.query_heads"});
+  const v1::SequenceInfo before = Sequence("m", "s");
+  for (const Case& bad : cases) {
+    v1::DecideResponse response;
+    const grpc::Status status = Decide(bad.request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.field;
+    EXPECT_THAT(status.error_message(), HasSubstr(bad.field));
+  }
+  EXPECT_EQ(Sequence("m", "s").DebugString(), before.DebugString());
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+}
+
+}  // namespace
+}  // namespace entrokv::service::testing
