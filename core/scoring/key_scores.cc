@@ -10,11 +10,25 @@
 namespace entrokv {
 namespace {
 
-double Norm(const float* key, int head_dim) {
-  double squares = 0.0;
-  for (int d = 0; d < head_dim; ++d) squares += static_cast<double>(key[d]) * key[d];
-  return std::sqrt(squares);
+// Eight running sums, added in a fixed order at the end: the compiler vectorizes the loop
+// (one float sum would be a serial chain: it may not reorder float additions), and the result
+// is the same on every run.
+constexpr int kLanes = 8;
+
+float Dot(const float* a, const float* b, int head_dim) {
+  float lanes[kLanes] = {};
+  int d = 0;
+  for (; d + kLanes <= head_dim; d += kLanes) {
+    for (int j = 0; j < kLanes; ++j) lanes[j] += a[d + j] * b[d + j];
+  }
+  float sum = 0.0F;
+  for (; d < head_dim; ++d) sum += a[d] * b[d];
+  for (const float lane : lanes) sum += lane;
+  return sum;
 }
+
+// A key's norm: its squares summed in float (a head_dim of at most a few hundred).
+float Norm(const float* key, int head_dim) { return std::sqrt(Dot(key, key, head_dim)); }
 
 }  // namespace
 
@@ -34,39 +48,44 @@ void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
   const size_t tokens = out.size();
   if (score == KeyScore::kNorm) {
     for (size_t t = 0; t < tokens; ++t) {
-      out[t] = present[t] != 0
-                   ? static_cast<float>(1.0 / (1.0 + Norm(&keys[t * head_dim], head_dim)))
-                   : 0.0F;
+      out[t] = present[t] != 0 ? 1.0F / (1.0F + Norm(&keys[t * head_dim], head_dim)) : 0.0F;
     }
     return;
   }
-  // The anchor: the mean unit key of the tokens present (its scale does not change a cosine).
+  // The anchor: the mean unit key of the tokens present (its scale does not change a cosine),
+  // summed in double over the tokens.
   std::vector<double> anchor(static_cast<size_t>(head_dim), 0.0);
-  std::vector<double> norms(tokens, 0.0);
+  std::vector<float> norms(tokens, 0.0F);
   for (size_t t = 0; t < tokens; ++t) {
     if (present[t] == 0) continue;
     const float* key = &keys[t * head_dim];
     norms[t] = Norm(key, head_dim);
-    if (norms[t] == 0.0) continue;
-    for (int d = 0; d < head_dim; ++d) anchor[static_cast<size_t>(d)] += key[d] / norms[t];
+    if (norms[t] == 0.0F) continue;
+    const double inverse = 1.0 / norms[t];
+    for (int d = 0; d < head_dim; ++d) anchor[static_cast<size_t>(d)] += key[d] * inverse;
   }
   double anchor_norm = 0.0;
   for (const double value : anchor) anchor_norm += value * value;
   anchor_norm = std::sqrt(anchor_norm);
+  // The unit anchor in float: each token's cosine is then one float dot product.
+  std::vector<float> unit(static_cast<size_t>(head_dim), 0.0F);
+  if (anchor_norm > 0.0) {
+    for (int d = 0; d < head_dim; ++d) {
+      unit[static_cast<size_t>(d)] =
+          static_cast<float>(anchor[static_cast<size_t>(d)] / anchor_norm);
+    }
+  }
   for (size_t t = 0; t < tokens; ++t) {
     if (present[t] == 0) {
       out[t] = 0.0F;
       continue;
     }
-    if (norms[t] == 0.0 || anchor_norm == 0.0) {
+    if (norms[t] == 0.0F || anchor_norm == 0.0) {
       out[t] = 1.0F;
       continue;
     }
-    const float* key = &keys[t * head_dim];
-    double dot = 0.0;
-    for (int d = 0; d < head_dim; ++d) dot += key[d] * anchor[static_cast<size_t>(d)];
-    const double cosine = dot / (norms[t] * anchor_norm);
-    out[t] = static_cast<float>(1.0 - std::clamp(cosine, -1.0, 1.0));
+    const float cosine = Dot(&keys[t * head_dim], unit.data(), head_dim) / norms[t];
+    out[t] = 1.0F - std::clamp(cosine, -1.0F, 1.0F);
   }
 }
 

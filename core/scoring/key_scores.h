@@ -28,7 +28,8 @@ enum class KeyScore : uint8_t { kKeyDiff, kNorm };
 [[nodiscard]] absl::string_view KeyScoreName(KeyScore score);
 
 // One KV group's scores. keys: [tokens][head_dim]; present[t] == 0 for a token whose key is
-// gone (its page evicted): score 0, and not part of the anchor. out: [tokens]. Sums in double.
+// gone (its page evicted): score 0, and not part of the anchor. out: [tokens]. A key's norm and
+// dot product are summed in float, the anchor over the tokens in double.
 // REQUIRES: head_dim >= 1, keys.size() == present.size() * head_dim == out.size() * head_dim.
 void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
                std::span<const uint8_t> present, std::span<float> out);

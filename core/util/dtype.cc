@@ -1,6 +1,9 @@
 #include "core/util/dtype.h"
 
+#include <array>
 #include <cmath>
+#include <memory>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -65,6 +68,23 @@ uint16_t FloatToFloat16(float value) {
   return static_cast<uint16_t>(sign | result);
 }
 
+namespace {
+
+// Every float16 value widened once: a long row is then one load per element, not the branches
+// of Float16ToFloat. 256 KiB, built on first use.
+const float* Float16Table() {
+  static const std::unique_ptr<const std::array<float, 65536>> table = [] {
+    auto values = std::make_unique<std::array<float, 65536>>();
+    for (uint32_t bits = 0; bits < 65536; ++bits) {
+      (*values)[bits] = Float16ToFloat(static_cast<uint16_t>(bits));
+    }
+    return std::unique_ptr<const std::array<float, 65536>>(std::move(values));
+  }();
+  return table->data();
+}
+
+}  // namespace
+
 void WidenToFloat(const void* src, DType dtype, int64_t count, float* dst) {
   switch (dtype) {
     case DType::kFloat32:
@@ -72,7 +92,8 @@ void WidenToFloat(const void* src, DType dtype, int64_t count, float* dst) {
       return;
     case DType::kFloat16: {
       const auto* in = static_cast<const uint16_t*>(src);
-      for (int64_t i = 0; i < count; ++i) dst[i] = Float16ToFloat(in[i]);
+      const float* table = Float16Table();
+      for (int64_t i = 0; i < count; ++i) dst[i] = table[in[i]];
       return;
     }
     case DType::kBFloat16: {

@@ -21,8 +21,8 @@ namespace {
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
 
-constexpr int kHeadDim = 8;    // RegisterRequest's geometry
-constexpr int kPageSize = 16;  // RegisterRequest's geometry
+constexpr int kHeadDim = 8;                                         // RegisterRequest's geometry
+constexpr int kPageSize = 16;                                       // RegisterRequest's geometry
 constexpr int64_t kGroupFrameBytes = 2 * kPageSize * kHeadDim * 2;  // K and V, 2-byte elements
 
 class KeyStatisticTest : public ServiceTest {
@@ -57,7 +57,8 @@ class KeyStatisticTest : public ServiceTest {
       for (int page = 0; page < table.frames_size(); ++page) {
         if (table.frames(page) < 0) continue;
         char* frame = base + static_cast<int64_t>(table.frames(page)) * pool.frame_bytes();
-        if (pool.frame_layout() == v1::FRAME_LAYOUT_LAYER) frame += table.group() * kGroupFrameBytes;
+        if (pool.frame_layout() == v1::FRAME_LAYOUT_LAYER)
+          frame += table.group() * kGroupFrameBytes;
         for (int slot = 0; slot < kPageSize; ++slot) {
           const int64_t token = int64_t{page} * kPageSize + slot;
           if (token < from || token >= info.length_tokens()) continue;
@@ -72,9 +73,9 @@ class KeyStatisticTest : public ServiceTest {
 
   // The keys statistic's rows as the test computes them: each group's scores over the keys of
   // the pages `sequence` still holds, on each of the group's heads.
-  std::vector<std::vector<float>> ExpectedRows(const std::string& model, const std::string& sequence,
-                                               const std::vector<std::vector<std::vector<float>>>& keys,
-                                               KeyScore score) {
+  std::vector<std::vector<float>> ExpectedRows(
+      const std::string& model, const std::string& sequence,
+      const std::vector<std::vector<std::vector<float>>>& keys, KeyScore score) {
     const v1::SequenceInfo info = Sequence(model, sequence);
     const int64_t tokens = info.length_tokens();
     std::vector<std::vector<float>> rows(kLayers,
@@ -144,13 +145,14 @@ class KeyStatisticTest : public ServiceTest {
 std::vector<std::vector<std::vector<float>>> RandomKeys(int64_t tokens, uint32_t seed) {
   std::mt19937 rng(seed);
   std::normal_distribution<float> normal(0.0F, 1.0F);
-  std::vector<std::vector<std::vector<float>>> keys(
-      kLayers, std::vector<std::vector<float>>(kGroups));
+  std::vector<std::vector<std::vector<float>>> keys(kLayers,
+                                                    std::vector<std::vector<float>>(kGroups));
   for (auto& layer : keys) {
     for (auto& group : layer) {
       group.resize(static_cast<size_t>(tokens * kHeadDim));
       // A shared direction plus noise, as real keys have: KeyDiff then has something to rank.
-      for (size_t i = 0; i < group.size(); ++i) group[i] = normal(rng) + (i % kHeadDim == 0 ? 3 : 0);
+      for (size_t i = 0; i < group.size(); ++i)
+        group[i] = normal(rng) + (i % kHeadDim == 0 ? 3 : 0);
     }
   }
   return keys;
@@ -159,9 +161,8 @@ std::vector<std::vector<std::vector<float>>> RandomKeys(int64_t tokens, uint32_t
 TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) {
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
-    for (const auto& [wire_score, score] :
-         {std::pair{v1::KEY_SCORE_KEYDIFF, KeyScore::kKeyDiff},
-          std::pair{v1::KEY_SCORE_NORM, KeyScore::kNorm}}) {
+    for (const auto& [wire_score, score] : {std::pair{v1::KEY_SCORE_KEYDIFF, KeyScore::kKeyDiff},
+                                            std::pair{v1::KEY_SCORE_NORM, KeyScore::kNorm}}) {
       SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " ", KeyScoreName(score)));
       const std::string keyed = absl::StrCat("keys", index);
       const std::string sent = absl::StrCat("sent", index);
@@ -192,8 +193,8 @@ TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) 
         for (int layer = 0; layer < kLayers; ++layer) {
           v1::LayerStatistic* in = bytes.add_layers();
           in->set_layer(layer);
-          *in->mutable_statistic() = BytesStatistic(rows[static_cast<size_t>(layer)], kHeads,
-                                                    tokens, v1::DTYPE_FLOAT32);
+          *in->mutable_statistic() =
+              BytesStatistic(rows[static_cast<size_t>(layer)], kHeads, tokens, v1::DTYPE_FLOAT32);
         }
         v1::DecideResponse from_keys;
         v1::DecideResponse from_bytes;
@@ -207,8 +208,7 @@ TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) 
       ExpectInvariants(keyed);
     }
   }
-  const auto counted =
-      FindSeries(*server_, "entrokv_stats_bytes_total", {{"source", "pool_keys"}});
+  const auto counted = FindSeries(*server_, "entrokv_stats_bytes_total", {{"source", "pool_keys"}});
   ASSERT_TRUE(counted.has_value());
   EXPECT_GT(counted->counter.value, 0);
 }
