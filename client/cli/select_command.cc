@@ -1,5 +1,6 @@
 // entrokv select: the eviction core on a .npy statistic, offline (no daemon).
 #include <cstdio>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -11,8 +12,10 @@
 #include "core/io/npy.h"
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/key_scores.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
+#include "core/util/dtype.h"
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
 
@@ -61,6 +64,47 @@ absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
   }
   loaded.array = std::move(array);
   return loaded;
+}
+
+// --keys: a [G, T, D] or [L, G, T, D] file of keys (float32 or float16) scored as the daemon
+// scores a keys statistic (core/scoring/key_scores.h), one row per KV group: [L, G, T] float32,
+// with one query head per group (a group's heads carry the same scores in the daemon).
+absl::StatusOr<LoadedStatistic> LoadKeys(const std::string& path, const std::string& score_flag) {
+  ASSIGN_OR_RETURN(const KeyScore score, ParseKeyScore(score_flag));
+  ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
+  if (array.type == NpyType::kUInt16) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": keys must be float32 or float16"));
+  }
+  if (array.shape.size() == 3) array.shape.insert(array.shape.begin(), 1);
+  if (array.shape.size() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": shape has ", array.shape.size(),
+                     " dimensions; expected [G, T, D] or [L, G, T, D]"));
+  }
+  for (const int64_t size : array.shape) {
+    if (size <= 0) return absl::InvalidArgumentError(absl::StrCat(path, ": empty dimension"));
+  }
+  const int64_t layers = array.shape[0];
+  const int64_t groups = array.shape[1];
+  const int64_t tokens = array.shape[2];
+  const auto head_dim = static_cast<int>(array.shape[3]);
+  const DType dtype = array.type == NpyType::kFloat32 ? DType::kFloat32 : DType::kFloat16;
+  std::vector<float> keys(static_cast<size_t>(tokens * head_dim));
+  const std::vector<uint8_t> present(static_cast<size_t>(tokens), 1);
+  NpyArray scores{.type = NpyType::kFloat32, .shape = {layers, groups, tokens}, .bytes = {}};
+  scores.bytes.resize(static_cast<size_t>(layers * groups * tokens) * sizeof(float));
+  auto* out = reinterpret_cast<float*>(scores.bytes.data());
+  for (int64_t row = 0; row < layers * groups; ++row) {
+    WidenToFloat(array.bytes.data() + row * tokens * head_dim * DTypeBytes(dtype), dtype,
+                 tokens * head_dim, keys.data());
+    ScoreKeys(score, keys, head_dim, present,
+              std::span<float>(out + row * tokens, static_cast<size_t>(tokens)));
+  }
+  return LoadedStatistic{.array = std::move(scores),
+                         .dtype = DType::kFloat32,
+                         .layers = static_cast<int>(layers),
+                         .query_heads = static_cast<int>(groups),
+                         .tokens = tokens};
 }
 
 // {"layers":[{"layer":0,"groups":[{"group":0,"kept_pages":[...],"weights":[...],
@@ -112,8 +156,12 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
 }
 
 absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
-  if (!args.Given("stats")) return absl::InvalidArgumentError("--stats is required");
-  if (!args.Given("kv-heads")) return absl::InvalidArgumentError("--kv-heads is required");
+  if (args.Given("stats") == args.Given("keys")) {
+    return absl::InvalidArgumentError("give exactly one of --stats and --keys");
+  }
+  if (!args.Given("kv-heads") && !args.Given("keys")) {
+    return absl::InvalidArgumentError("--kv-heads is required");
+  }
   if (args.Given("pages") == args.Given("budget")) {
     return absl::InvalidArgumentError("give exactly one of --pages and --budget");
   }
@@ -123,7 +171,10 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
         absl::StrCat("--format: '", format, "' is not one of json, table"));
   }
   ASSIGN_OR_RETURN(const Policy* policy, FindPolicy(args.Get("policy")));
-  ASSIGN_OR_RETURN(const int64_t kv_groups, args.GetInt("kv-heads"));
+  int64_t kv_groups = 0;
+  if (args.Given("kv-heads")) {
+    ASSIGN_OR_RETURN(kv_groups, args.GetInt("kv-heads"));
+  }
   ASSIGN_OR_RETURN(const int64_t page_size, args.GetInt("page-size"));
   ASSIGN_OR_RETURN(const int64_t sink_tokens, args.GetInt("sink-tokens"));
   PolicyOptions options;
@@ -136,7 +187,16 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   ASSIGN_OR_RETURN(const SelectionScope scope, ParseSelectionScope("--scope", args.Get("scope")));
   ASSIGN_OR_RETURN(const LayerCombine combine, ParseLayerCombine("--combine", args.Get("combine")));
-  ASSIGN_OR_RETURN(LoadedStatistic loaded, LoadStatistic(args.Get("stats"), args.Get("dtype")));
+  ASSIGN_OR_RETURN(LoadedStatistic loaded,
+                   args.Given("keys") ? LoadKeys(args.Get("keys"), args.Get("key-score"))
+                                      : LoadStatistic(args.Get("stats"), args.Get("dtype")));
+  if (args.Given("keys")) {  // one row per KV group
+    if (args.Given("kv-heads") && kv_groups != loaded.query_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-heads: ", kv_groups, ", but the keys file has ", loaded.query_heads, " KV groups"));
+    }
+    kv_groups = loaded.query_heads;
+  }
   if (kv_groups <= 0 || loaded.query_heads % kv_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-heads: ", kv_groups,
                                                    " does not divide the ", loaded.query_heads,
@@ -185,10 +245,15 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
 
 int RunSelect(const std::vector<std::string>& argv) {
   ArgParser args("select",
-                 "--stats FILE.npy --kv-heads G --page-size B (--pages K | --budget F) [options]");
+                 "(--stats FILE.npy | --keys FILE.npy) --kv-heads G --page-size B "
+                 "(--pages K | --budget F) [options]");
   args.Option("stats", "", "statistic [H_Q, T] or [L, H_Q, T]: float32, float16, bf16 as uint16");
+  args.Option("keys", "",
+              "instead of --stats: keys [G, T, D] or [L, G, T, D] (float32 or float16), scored "
+              "as the daemon scores a keys statistic, one row per KV group");
+  args.Option("key-score", "keydiff", "with --keys: keydiff or norm");
   args.Option("dtype", "", "set to bf16 to read uint16 data as bfloat16");
-  args.Option("kv-heads", "", "KV heads (groups) G; must divide H_Q");
+  args.Option("kv-heads", "", "KV heads (groups) G; must divide H_Q (with --keys: the file's)");
   args.Option("page-size", "16", "tokens per page B");
   args.Option("pages", "", "pages kept per (layer, group)");
   args.Option("budget", "", "fraction of the sequence to keep, planned per layer (Hamilton)");

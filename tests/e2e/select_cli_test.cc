@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "core/io/npy.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/key_scores.h"
 #include "core/testing/random_rows.h"
 #include "core/util/json.h"
 #include "gmock/gmock.h"
@@ -250,6 +252,50 @@ TEST_F(SelectCliTest, BadInputIsOneLineAndExitCodeTwo) {
     EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
     EXPECT_THAT(run.out, HasSubstr(message)) << arguments;
     EXPECT_EQ(std::count(run.out.begin(), run.out.end(), '\n'), 1) << run.out;
+  }
+}
+
+// --keys scores a keys file as the daemon scores a keys statistic: the decision is the one the
+// same scores given as a statistic get.
+TEST_F(SelectCliTest, KeysDecideAsTheirScoresDo) {
+  constexpr int kLayers = 2, kGroups = 2, kTokens = 64, kDim = 8;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> keys(kLayers * kGroups * kTokens * kDim);
+  for (size_t i = 0; i < keys.size(); ++i) keys[i] = normal(rng) + (i % kDim == 0 ? 2.0F : 0.0F);
+  for (const std::string score : {"keydiff", "norm"}) {
+    std::vector<float> scores(kLayers * kGroups * kTokens);
+    const std::vector<uint8_t> present(kTokens, 1);
+    for (int row = 0; row < kLayers * kGroups; ++row) {
+      ScoreKeys(*ParseKeyScore(score),
+                std::span<const float>(keys.data() + row * kTokens * kDim, kTokens * kDim), kDim,
+                present, std::span<float>(scores.data() + row * kTokens, kTokens));
+    }
+    const std::string keys_path =
+        Write("keys.npy", NpyType::kFloat32, {kLayers, kGroups, kTokens, kDim}, keys.data(),
+              keys.size() * 4);
+    const std::string stats_path =
+        Write("scores.npy", NpyType::kFloat32, {kLayers, kGroups, kTokens}, scores.data(),
+              scores.size() * 4);
+    const std::string rest = " --kv-heads 2 --page-size 16 --pages 2 --policy mean";
+    const CliRun from_keys =
+        RunCli(absl::StrCat("select --keys ", keys_path, " --key-score ", score, rest));
+    const CliRun from_scores = RunCli(absl::StrCat("select --stats ", stats_path, rest));
+    ASSERT_EQ(from_keys.exit_code, 0) << from_keys.out;
+    ASSERT_EQ(from_scores.exit_code, 0) << from_scores.out;
+    EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_scores.out)) << score;
+    EXPECT_THAT(from_keys.out, HasSubstr("\"kept_pages\""));
+  }
+  const std::string keys_path = (dir_ / "keys.npy").string();
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {"select --keys " + keys_path + " --stats " + keys_path + " --kv-heads 2 --pages 1",
+            "exactly one of --stats and --keys"},
+           {"select --keys " + keys_path + " --key-score cosine --kv-heads 2 --pages 1",
+            "\"cosine\""},
+           {"select --keys " + keys_path + " --kv-heads 1 --pages 1", "2 KV groups"}}) {
+    const CliRun run = RunCli(arguments);
+    EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
+    EXPECT_THAT(run.out, HasSubstr(message)) << arguments;
   }
 }
 
