@@ -403,8 +403,9 @@ TEST_F(TensorParallelGroupTest, BadGroupRankRequestsNameTheFieldAndApplyNothing)
   outside.set_rank(2);
   cases.push_back({outside, "rank: 2 is outside [0, 2)"});
   // Every head's rows from one rank.
-  cases.push_back({RankRequest("m", values, 1, 1, budget, v1::SELECTION_SCOPE_GROUP),
-                   "layers[0].statistic.query_heads: 16, rank 1's share has 8"});
+  v1::DecideRequest every_head = RankRequest("m", values, 1, -1, budget, v1::SELECTION_SCOPE_GROUP);
+  every_head.set_rank(1);
+  cases.push_back({every_head, "layers[0].statistic.query_heads: 16, rank 1's share has 8"});
   v1::DecideRequest layer_scope = good;
   layer_scope.mutable_policy()->set_scope(v1::SELECTION_SCOPE_LAYER);
   cases.push_back({layer_scope, "policy.scope"});
