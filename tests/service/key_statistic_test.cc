@@ -217,11 +217,7 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   RegisterLayout("m", v1::FRAME_LAYOUT_GROUP);
   Open("m", "s", 40);
   const v1::DecideRequest good = KeysRequest("m", 1, 40, v1::KEY_SCORE_KEYDIFF);
-  struct Case {
-    v1::DecideRequest request;
-    std::string field;
-  };
-  std::vector<Case> cases;
+  std::vector<BadDecide> cases;
   v1::DecideRequest wide = good;
   wide.mutable_layers(0)->mutable_statistic()->set_dtype(v1::DTYPE_FLOAT32);  // 2-byte pool
   cases.push_back({wide, "layers[0].statistic: dtype"});
@@ -235,14 +231,7 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   v1::DecideRequest heads = good;
   heads.mutable_layers(0)->mutable_statistic()->set_query_heads(kHeads / 2);
   cases.push_back({heads, "layers[0].statistic.query_heads"});
-  const v1::SequenceInfo before = Sequence("m", "s");
-  for (const Case& bad : cases) {
-    v1::DecideResponse response;
-    const grpc::Status status = Decide(bad.request, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.field;
-    EXPECT_THAT(status.error_message(), HasSubstr(bad.field));
-  }
-  EXPECT_EQ(Sequence("m", "s").DebugString(), before.DebugString());
+  ExpectRefusedChangingNothing("m", cases);
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
 }
 

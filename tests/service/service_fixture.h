@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "prometheus/metric_family.h"
 #include "tests/service/test_support.h"
@@ -111,6 +112,26 @@ class ServiceTest : public ::testing::Test {
     absl::StatusOr<std::shared_ptr<Model>> found = server_->service().registry().Find(model);
     ASSERT_TRUE(found.ok());
     EXPECT_TRUE((*found)->state().CheckInvariants().ok()) << (*found)->state().CheckInvariants();
+  }
+  // A Decide that must be refused: INVALID_ARGUMENT whose message names `field`.
+  struct BadDecide {
+    v1::DecideRequest request;
+    std::string field;
+  };
+  // Each request is refused by name, and sequence "s" of `model` and its pool stay as they were.
+  void ExpectRefusedChangingNothing(const std::string& model, const std::vector<BadDecide>& cases) {
+    const v1::SequenceInfo before = Sequence(model, "s");
+    const int64_t evicted = Stats(model).pages_evicted_total();
+    for (const BadDecide& bad : cases) {
+      grpc::ClientContext context;
+      v1::DecideResponse response;
+      const grpc::Status status = stub_->Decide(&context, bad.request, &response);
+      EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.field;
+      EXPECT_THAT(status.error_message(), ::testing::HasSubstr(bad.field));
+    }
+    EXPECT_EQ(Sequence(model, "s").DebugString(), before.DebugString());
+    EXPECT_EQ(Stats(model).pages_evicted_total(), evicted);
+    ExpectInvariants(model);
   }
   v1::DecideRequest DecideAll(const std::string& model, const std::string& sequence, int64_t tokens,
                               int64_t pages, uint32_t seed, v1::DType dtype = v1::DTYPE_BFLOAT16) {

@@ -394,11 +394,7 @@ TEST_F(TensorParallelGroupTest, BadGroupRankRequestsNameTheFieldAndApplyNothing)
   budget.set_pages_per_group(3);
   const std::vector<std::vector<float>> values = Statistics(13);
   const v1::DecideRequest good = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_GROUP);
-  struct Case {
-    v1::DecideRequest request;
-    std::string field;
-  };
-  std::vector<Case> cases;
+  std::vector<BadDecide> cases;
   v1::DecideRequest outside = good;
   outside.set_rank(2);
   cases.push_back({outside, "rank: 2 is outside [0, 2)"});
@@ -412,16 +408,8 @@ TEST_F(TensorParallelGroupTest, BadGroupRankRequestsNameTheFieldAndApplyNothing)
   v1::DecideRequest automatic = good;
   automatic.mutable_budget()->mutable_auto_budget()->set_floor_fraction(0.5);
   cases.push_back({automatic, "budget.auto_budget"});
-  const v1::SequenceInfo before = Sequence("m", "s");
-  for (const Case& bad : cases) {
-    v1::DecideResponse response;
-    const grpc::Status status = Decide(bad.request, &response);
-    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad.field;
-    EXPECT_THAT(status.error_message(), HasSubstr(bad.field));
-  }
-  EXPECT_EQ(Sequence("m", "s").DebugString(), before.DebugString());
+  ExpectRefusedChangingNothing("m", cases);
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
-  ExpectInvariants("m");
 }
 
 }  // namespace
