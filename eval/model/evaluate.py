@@ -63,13 +63,14 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     """"none", or a policy name with optional suffixes: +window (the question-window statistic,
     the mean of the question's query rows, docs/architecture.md §3.1, instead of its default),
     +last or +acc (the accumulated column sums), +keydiff or +knorm (no statistic sent: the
-    daemon scores the keys in its frames, docs/decisions.md), and +nb<k><max|mean>
+    daemon scores the keys in its frames, docs/decisions.md), +winkeys (an experiment of this
+    worker's: the window statistic mixed half and half with keydiff), and +nb<k><max|mean>
     (neighbourhood pooling of width k), e.g. page_entrokv+window+nb7max, mean+keydiff."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
-             "keydiff": "keys_keydiff", "knorm": "keys_norm"}
+             "keydiff": "keys_keydiff", "knorm": "keys_norm", "winkeys": "window_keydiff"}
     statistic, params = None, ()
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
@@ -80,7 +81,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
                       ("neighbourhood_pooling", neighbourhood.group(2)))
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm or +nb<k><max|mean>, at most one of each kind")
+                             f"+keydiff, +knorm, +winkeys or +nb<k><max|mean>, at most one of "
+                             f"each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic, params=params)
 
 

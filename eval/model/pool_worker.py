@@ -53,6 +53,10 @@ KINDS = ("last_row", "window_mean", "accumulated")
 # Statistics the daemon computes itself from the keys in the pool's frames (no question, no
 # attention rows sent; core/scoring/key_scores.h): kind -> the key score.
 KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm"}
+# A development experiment, computed by this worker (not by the daemon): the window statistic,
+# each row scaled to sum 1, mixed half and half with keydiff's scores of the group's keys read
+# back from the pool, scaled to sum 1. Sent as a window_mean statistic.
+MIXED_KINDS = {"window_keydiff": "window_mean"}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -73,8 +77,9 @@ class Policy:
             raise ValueError(f"policy {self.name}: give exactly one of ratio, pages")
         if self.ratio is not None and not 0.0 <= self.ratio < 1.0:
             raise ValueError(f"ratio must be in [0, 1), got {self.ratio}")
-        if self.statistic is not None and self.statistic not in KINDS + tuple(KEY_KINDS):
-            raise ValueError(f"statistic must be one of {', '.join(KINDS + tuple(KEY_KINDS))}")
+        known = KINDS + tuple(KEY_KINDS) + tuple(MIXED_KINDS)
+        if self.statistic is not None and self.statistic not in known:
+            raise ValueError(f"statistic must be one of {', '.join(known)}")
 
     def budget(self) -> Dict[str, object]:
         if self.pages is not None:
@@ -350,6 +355,26 @@ class PoolWorker:
         """What DecideStream carries for a layer's statistic: here the array itself."""
         return statistic
 
+    def _mixed_with_keydiff(self, kv: "PoolKV", layer: int, rows: np.ndarray,
+                            n: int) -> np.ndarray:
+        """MIXED_KINDS: rows [query_heads, n], each scaled to sum 1, half and half with each
+        group's keydiff scores (1 - cos(key, the mean unit key)) scaled to sum 1."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        out = rows / np.maximum(rows.sum(axis=1, keepdims=True), 1e-30)
+        pages = -(-n // self.page_size)
+        for g in range(c.kv_heads):
+            k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
+            k = k[:n].astype(np.float64)
+            unit = k / np.maximum(np.linalg.norm(k, axis=1), 1e-30)[:, None]
+            anchor = unit.mean(axis=0)
+            anchor /= max(float(np.linalg.norm(anchor)), 1e-30)
+            score = 1.0 - unit @ anchor
+            score /= max(float(score.sum()), 1e-30)
+            group = slice(g * per_group, (g + 1) * per_group)
+            out[group] = 0.5 * out[group] + 0.5 * score
+        return out.astype(np.float32)
+
     def _key_statistic(self, kind: str, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
         scores the keys in the sequence's frames."""
@@ -406,19 +431,23 @@ class PoolWorker:
         kv = PoolKV(self, sid, n)
         try:
             self._fetch_tables(kv)
-            rows = {"last_row": 1, "window_mean": window, "accumulated": n}
+            rows = {"last_row": 1, "window_mean": window, "accumulated": n,
+                    "window_keydiff": window}
             windows = sorted({rows[k] for k in measured})
             layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
 
-            def statistic(stat: Dict[int, list], kind: str):
+            def statistic(stat: Dict[int, list], kind: str, layer: int):
                 if kind in KEY_KINDS:  # the daemon reads the keys this layer just wrote
                     return self._key_statistic(kind, n)
                 s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
+                if kind in MIXED_KINDS:
+                    return self._mixed_with_keydiff(kv, layer, s, n)
                 return s * float(n) if kind == "accumulated" else s  # column sums
 
             if not deciding:
                 def keep(layer, stat):
-                    layer_stats[layer] = {k: self._kept(statistic(stat, k)) for k in measured}
+                    layer_stats[layer] = {k: self._kept(statistic(stat, k, layer))
+                                          for k in measured}
                 kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep)
                 kv.stats = {k: np.stack([layer_stats[l][k] for l in sorted(layer_stats)])
                             for k in measured}
@@ -442,7 +471,8 @@ class PoolWorker:
                 kv.prefill_logits = self.model.step(
                     prompt, np.arange(n), kv, windows,
                     lambda layer, stat: outbox.put(
-                        (layer, self._outgoing(kv, layer, statistic(stat, self.kind(policy))))))
+                        (layer, self._outgoing(kv, layer,
+                                               statistic(stat, self.kind(policy), layer)))))
             finally:
                 outbox.put(None)
                 receiver.join()
@@ -477,7 +507,8 @@ class PoolWorker:
         layers decided before a broken stream are applied all the same: every caller rereads
         the block tables after this)."""
         kind = self.kind(policy)
-        arguments = dict(policy=policy.name, kind="last_row" if kind in KEY_KINDS else kind,
+        kind = "last_row" if kind in KEY_KINDS else MIXED_KINDS.get(kind, kind)
+        arguments = dict(policy=policy.name, kind=kind,
                          **policy.budget(), **dict(policy.params))
         if not self.fail_open:
             return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
