@@ -197,7 +197,7 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
   std::vector<float> scores(static_cast<size_t>(tokens));
   for (int g = 0; g < shard.groups; ++g) {
     absl::StatusOr<CacheState::KeyRows> keys =
-        state.ReadKeys(sequence_id, work.layer, shard.first_group + g, 1, work.dtype);
+        state.ReadKeys(sequence_id, work.layer, shard.first_group + g, work.dtype);
     if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(work.field, ".statistic"));
     ScoreKeys(*work.keys, keys->keys, state.geometry().head_dim, keys->present, scores);
     for (int head = g * per_group; head < (g + 1) * per_group; ++head) {
@@ -227,11 +227,7 @@ absl::StatusOr<Shard> ShardOf(const Model& model, std::optional<int> rank) {
   const int ranks = state.ranks();
   Shard whole{.heads = geometry.query_heads, .groups = geometry.kv_groups, .owner = "the model"};
   if (!rank.has_value()) return whole;
-  if (*rank < 0 || *rank >= ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", *rank, " is outside [0, ", ranks,
-                                                   "): model \"", model.id(), "\" has ", ranks,
-                                                   ranks == 1 ? " rank" : " ranks"));
-  }
+  RETURN_IF_ERROR(model.CheckRank(*rank));
   if (ranks == 1 || state.layout() != FrameLayout::kGroup) return whole;
   const int heads = geometry.query_heads / ranks;
   const int groups = geometry.kv_groups / ranks;
@@ -494,13 +490,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     work.live_pages = *std::move(live);
     if (shard.partial(geometry) && !work.live_pages.empty()) {
       // Group-major: the shard's groups are one contiguous run.
-      const size_t pages = work.live_pages.size() / static_cast<size_t>(geometry.kv_groups);
-      work.live_pages.erase(work.live_pages.begin() +
-                                static_cast<ptrdiff_t>(pages * (shard.first_group + shard.groups)),
-                            work.live_pages.end());
-      work.live_pages.erase(
-          work.live_pages.begin(),
-          work.live_pages.begin() + static_cast<ptrdiff_t>(pages * shard.first_group));
+      const auto pages = static_cast<ptrdiff_t>(work.live_pages.size()) / geometry.kv_groups;
+      const auto first = work.live_pages.begin() + pages * shard.first_group;
+      work.live_pages = std::vector<uint8_t>(first, first + pages * shard.groups);
     }
     if (!degrading) {
       LayerRequest request =
@@ -605,11 +597,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     }
     // Cache prefill weights for later decode-time calls (only freshly computed ones).
     if (!work.cached_weights.has_value() && weights.size() == static_cast<size_t>(shard.heads)) {
-      if (shard.partial(geometry)) {
-        model.CacheWeightRows(job.sequence_id, work.layer, shard.first_head, std::move(weights));
-      } else {
-        model.CacheWeights(job.sequence_id, work.layer, std::move(weights));
-      }
+      model.CacheWeightRows(job.sequence_id, work.layer, shard.first_head, std::move(weights));
     }
     RecordDecision(model, decided_by, model.state().layout(), out);
     if (work.degraded) model.metrics().decisions_degraded->Increment();

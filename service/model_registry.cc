@@ -22,13 +22,17 @@ std::optional<std::vector<double>> Model::CachedWeights(absl::string_view sequen
   return *std::move(weights);
 }
 
-void Model::CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights) {
-  // A sequence closed while its decision was being made has nothing left to cache for.
-  state_->SetHeadWeights(sequence_id, layer, std::move(weights)).IgnoreError();
+absl::Status Model::CheckRank(int rank) const {
+  const int ranks = state_->ranks();
+  if (rank >= 0 && rank < ranks) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is outside [0, ", ranks,
+                                                 "): model \"", id_, "\" has ", ranks,
+                                                 ranks == 1 ? " rank" : " ranks"));
 }
 
 void Model::CacheWeightRows(absl::string_view sequence_id, int layer, int first_head,
                             std::vector<double> weights) {
+  // A sequence closed while its decision was being made has nothing left to cache for.
   state_->SetHeadWeightRows(sequence_id, layer, first_head, std::move(weights)).IgnoreError();
 }
 

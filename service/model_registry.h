@@ -48,15 +48,16 @@ class Model {
   [[nodiscard]] Backend backend() const { return backend_; }
   [[nodiscard]] CacheState& state() const { return *state_; }
   [[nodiscard]] PoolMetrics& metrics() const { return *metrics_; }
+  // INVALID_ARGUMENT naming `rank` unless it is one of the pool's tensor-parallel ranks.
+  [[nodiscard]] absl::Status CheckRank(int rank) const;
 
   // The H_Q weights the sequence's pool entry caches for `layer`, if any (forks inherit them;
   // closing the sequence drops them).
   [[nodiscard]] std::optional<std::vector<double>> CachedWeights(absl::string_view sequence_id,
                                                                  int layer) const;
-  // Replaces the cached weights of (sequence, layer); a no-op once the sequence is closed.
-  void CacheWeights(absl::string_view sequence_id, int layer, std::vector<double> weights);
-  // A tensor-parallel rank's rows of them, heads [first_head, first_head + weights.size())
-  // (CacheState::SetHeadWeightRows); the same no-op.
+  // Replaces heads [first_head, first_head + weights.size()) of the cached weights of
+  // (sequence, layer): all of them, or a tensor-parallel rank's rows
+  // (CacheState::SetHeadWeightRows); a no-op once the sequence is closed.
   void CacheWeightRows(absl::string_view sequence_id, int layer, int first_head,
                        std::vector<double> weights);
   // Copies the pool's occupancy into the gauges.

@@ -161,11 +161,7 @@ absl::StatusOr<std::optional<RankGather::Complete>> RankGather::Add(
   const int ranks = model.state().ranks();
   const int query_heads = model.state().geometry().query_heads;
   const int rank = request.rank();
-  if (rank < 0 || rank >= ranks) {
-    return absl::InvalidArgumentError(absl::StrCat("rank: ", rank, " is outside [0, ", ranks,
-                                                   "): model \"", model.id(), "\" has ", ranks,
-                                                   ranks == 1 ? " rank" : " ranks"));
-  }
+  RETURN_IF_ERROR(model.CheckRank(rank));
   RETURN_IF_ERROR(wire::ValidateId("sequence_id", request.sequence_id()));
   ASSIGN_OR_RETURN(const int64_t sequence_tokens,
                    model.state().SequenceLength(request.sequence_id()));

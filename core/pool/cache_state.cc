@@ -751,7 +751,7 @@ ArenaInfo CacheState::arena(int rank) const {
 }
 
 absl::StatusOr<CacheState::KeyRows> CacheState::ReadKeys(absl::string_view sequence_id,
-                                                         int32_t layer, int first_group, int groups,
+                                                         int32_t layer, int group,
                                                          DType dtype) const {
   if (DTypeBytes(dtype) != geometry_.element_bytes) {
     return absl::InvalidArgumentError(absl::StrCat("dtype: keys of ", DTypeName(dtype), " are ",
@@ -767,30 +767,25 @@ absl::StatusOr<CacheState::KeyRows> CacheState::ReadKeys(absl::string_view seque
   if (it == sequences_.end()) return Missing("sequence", sequence_id);
   const Sequence& sequence = it->second;
   RETURN_IF_ERROR(CheckLayer(geometry_, layer));
-  if (first_group < 0 || groups < 1 || first_group + groups > geometry_.kv_groups) {
-    return absl::FailedPreconditionError(absl::StrCat("keys: groups [", first_group, ", ",
-                                                      first_group + groups, ") outside the ",
-                                                      geometry_.kv_groups, " KV groups"));
+  if (group < 0 || group >= geometry_.kv_groups) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("keys: group ", group, " outside the ", geometry_.kv_groups, " KV groups"));
   }
   const int64_t tokens = sequence.length();
   const int64_t page_size = geometry_.page_size;
   const int head_dim = geometry_.head_dim;
   KeyRows rows;
-  rows.keys.assign(static_cast<size_t>(groups * tokens * head_dim), 0.0F);
-  rows.present.assign(static_cast<size_t>(groups * tokens), 0);
-  for (int g = 0; g < groups; ++g) {
-    const std::vector<FrameId>& table = sequence.block_table(layer, first_group + g);
-    for (int64_t page = 0; page < sequence.page_count(); ++page) {
-      if (table[page] == kNoFrame) continue;
-      const auto* block =
-          static_cast<const char*>(pool_->GroupAddress(table[page], first_group + g));
-      for (int64_t slot = 0; slot < page_size && page * page_size + slot < tokens; ++slot) {
-        const int64_t token = page * page_size + slot;
-        float* out = &rows.keys[static_cast<size_t>((g * tokens + token) * head_dim)];
-        const char* in = block + slot * head_dim * geometry_.element_bytes;
-        WidenToFloat(in, dtype, head_dim, out);
-        rows.present[static_cast<size_t>(g * tokens + token)] = 1;
-      }
+  rows.keys.assign(static_cast<size_t>(tokens * head_dim), 0.0F);
+  rows.present.assign(static_cast<size_t>(tokens), 0);
+  const std::vector<FrameId>& table = sequence.block_table(layer, group);
+  for (int64_t page = 0; page < sequence.page_count(); ++page) {
+    if (table[page] == kNoFrame) continue;
+    const auto* block = static_cast<const char*>(pool_->GroupAddress(table[page], group));
+    for (int64_t slot = 0; slot < page_size && page * page_size + slot < tokens; ++slot) {
+      const int64_t token = page * page_size + slot;
+      WidenToFloat(block + slot * head_dim * geometry_.element_bytes, dtype, head_dim,
+                   &rows.keys[static_cast<size_t>(token * head_dim)]);
+      rows.present[static_cast<size_t>(token)] = 1;
     }
   }
   return rows;

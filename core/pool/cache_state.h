@@ -241,19 +241,18 @@ class CacheState {
   // bad layer.
   [[nodiscard]] absl::StatusOr<std::vector<uint8_t>> LivePages(absl::string_view sequence_id,
                                                                int32_t layer) const;
-  // The keys of KV groups [first_group, first_group + groups) of `layer` as the worker wrote
-  // them into the sequence's frames, stored as `dtype`: keys [groups][length][head_dim] as
-  // floats and present [groups][length], 1 where the token's page still has a frame (0: its
-  // key is gone, zeros in keys). For query-agnostic scores the daemon computes itself.
-  // INVALID_ARGUMENT naming `dtype` when its size is not the geometry's element_bytes;
-  // FAILED_PRECONDITION for a pool whose arena is not host memory or a bad layer or group range;
-  // NOT_FOUND unknown id.
+  // The keys of KV group `group` of `layer` as the worker wrote them into the sequence's
+  // frames, stored as `dtype`: keys [length][head_dim] as floats and present [length], 1 where
+  // the token's page still has a frame (0: its key is gone, zeros in keys). For query-agnostic
+  // scores the daemon computes itself. INVALID_ARGUMENT naming `dtype` when its size is not the
+  // geometry's element_bytes; FAILED_PRECONDITION for a pool whose arena is not host memory or
+  // a bad layer or group; NOT_FOUND unknown id.
   struct KeyRows {
     std::vector<float> keys;
     std::vector<uint8_t> present;
   };
   [[nodiscard]] absl::StatusOr<KeyRows> ReadKeys(absl::string_view sequence_id, int32_t layer,
-                                                 int first_group, int groups, DType dtype) const;
+                                                 int group, DType dtype) const;
   // Releases every frame reference of the sequence. NOT_FOUND when unknown or already closed.
   // Closing a sequence marked lost succeeds and forgets it; closing a swapped-out one drops its
   // swapped bytes.
