@@ -14,6 +14,7 @@
 #include "core/scoring/entropy.h"
 #include "core/scoring/fused_scorer.h"
 #include "core/scoring/group_finish.h"
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/weights.h"
 #include "core/util/status_macros.h"
@@ -128,7 +129,11 @@ class DeviceScope {
 bool ScoresOnDevice(const Policy& policy, const PolicyOptions& options,
                     const LayerRequest& request) {
   if (!IsFusedPolicy(policy) || !request.statistic.has_value()) return false;
-  if (options.page_size > kernels::kMaxPageSize || options.neighbourhood_kernel > 1) return false;
+  // Moving group quotas is a pass over the layer's page scores the host path makes.
+  if (options.page_size > kernels::kMaxPageSize || options.neighbourhood_kernel > 1 ||
+      MovesGroupQuotas(options)) {
+    return false;
+  }
   const bool entropy =
       policy.pooling().kind == PoolingKind::kEntropyWeighted && request.cached_weights.empty();
   return !entropy || options.alpha == 2.0 || std::isinf(options.alpha);

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
 #include "core/scoring/weights.h"
@@ -33,6 +34,18 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
     return absl::InvalidArgumentError(
         absl::StrCat("quota_pages: the budget must give at least one page per (layer, group), got ",
                      request.quota_pages));
+  }
+  if (MovesGroupQuotas(options)) {
+    if (request.scope != SelectionScope::kGroup) {
+      return absl::InvalidArgumentError(
+          "group_floor: quotas move between the groups of a layer in group scope only (layer "
+          "scope keeps one set for every group); leave it at 1 there");
+    }
+    if (!policy.ranks_pages()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("group_floor: policy ", policy.name(),
+                       " ranks no pages to move quotas by; leave it at 1"));
+    }
   }
   if (!request.statistic.has_value()) {
     if (policy.needs_statistic()) {
@@ -142,7 +155,9 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
     }
   };
   const bool layer_scope = request.scope == SelectionScope::kLayer;
-  std::vector<std::vector<float>> page_scores;  // per group, kept for layer scope
+  // Layer scope and moving quotas select from every group's page scores once all are known.
+  const bool per_layer = layer_scope || MovesGroupQuotas(options);
+  std::vector<std::vector<float>> page_scores;  // per group, kept for a per-layer selection
   for (int g = 0; g < request.kv_groups; ++g) {
     RETURN_IF_ERROR(CheckCancelled(request, g));
     GroupInput input;
@@ -163,15 +178,15 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
     group.weights = std::move(selection.weights);
     group.entropies = std::move(selection.entropies);
     if (request.page_scores) group.page_scores = selection.page_scores;
-    if (layer_scope && !selection.page_scores.empty()) {
+    if (per_layer && !selection.page_scores.empty()) {
       page_scores.push_back(std::move(selection.page_scores));
     }
-    // Group scope measures now, while the rows are loaded; layer scope once its set is known.
-    if (!layer_scope && request.measure && request.statistic.has_value()) {
+    // Group scope measures now, while the rows are loaded; the others once their sets are known.
+    if (!per_layer && request.measure && request.statistic.has_value()) {
       MeasureGroup(rows, options, request.quota_pages, &group);
     }
   }
-  if (!layer_scope) {
+  if (!per_layer) {
     FinishGroupScope(&decision);
     return decision;
   }
@@ -180,8 +195,13 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
   if (page_scores.size() == decision.groups.size()) {
     score_spans.assign(page_scores.begin(), page_scores.end());
   }
-  ApplyLayerScope(score_spans, request.combine, options, request.tokens,
-                  LayerLivePages(request, decision.page_count), &decision);
+  if (layer_scope) {
+    ApplyLayerScope(score_spans, request.combine, options, request.tokens,
+                    LayerLivePages(request, decision.page_count), &decision);
+  } else {  // moving quotas: validated for a policy that ranks pages
+    ApplyGroupQuotas(score_spans, options, request, &decision);
+    FinishGroupScope(&decision);
+  }
   if (request.measure && request.statistic.has_value()) {
     for (int g = 0; g < request.kv_groups; ++g) {
       load_rows(g);

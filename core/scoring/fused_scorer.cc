@@ -31,6 +31,7 @@
 #include "core/scoring/entropy.h"
 #include "core/scoring/fused_kernels.h"
 #include "core/scoring/group_finish.h"
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
@@ -225,10 +226,11 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
   decision.page_count = PageCount(request.tokens, options_.page_size);
   decision.quota_pages = request.quota_pages;
   decision.groups.resize(static_cast<size_t>(request.kv_groups));
-  const bool layer_scope = request.scope == SelectionScope::kLayer;
+  // Layer scope and moving quotas select from every group's page scores once all are known.
+  const bool per_layer = request.scope == SelectionScope::kLayer || MovesGroupQuotas(options_);
   const auto pages = static_cast<size_t>(decision.page_count);
   const auto groups = static_cast<size_t>(request.kv_groups);
-  if (layer_scope) {
+  if (per_layer) {
     layer_scores_.resize(groups * pages);
     if (request.measure) layer_page_sums_.resize(groups * pages);
   }
@@ -238,7 +240,7 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
       RETURN_IF_ERROR(request.statistic->ValidateValues());
       return absl::InternalError("statistic: fused validation disagrees with ValidateValues");
     }
-    if (layer_scope) {  // the group's page scores (and page sums) outlive the next group
+    if (per_layer) {  // the group's page scores (and page sums) outlive the next group
       const size_t at = static_cast<size_t>(g) * pages;
       std::copy(page_max_.begin(), page_max_.begin() + static_cast<ptrdiff_t>(pages),
                 layer_scores_.begin() + static_cast<ptrdiff_t>(at));

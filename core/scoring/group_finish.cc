@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/radix_select.h"
@@ -72,7 +73,8 @@ void GroupFinisher::Measure(std::span<const float> head_max, int r, int64_t page
 void GroupFinisher::FinishLayer(const PolicyOptions& options, const LayerRequest& request,
                                 std::span<const float> layer_scores,
                                 std::span<const double> layer_page_sums, LayerDecision* decision) {
-  if (request.scope != SelectionScope::kLayer) {
+  const bool layer_scope = request.scope == SelectionScope::kLayer;
+  if (!layer_scope && !MovesGroupQuotas(options)) {
     FinishGroupScope(decision);
     return;
   }
@@ -80,9 +82,14 @@ void GroupFinisher::FinishLayer(const PolicyOptions& options, const LayerRequest
   const auto groups = decision->groups.size();
   std::vector<std::span<const float>> scores(groups);
   for (size_t g = 0; g < groups; ++g) scores[g] = layer_scores.subspan(g * pages, pages);
-  ApplyLayerScope(scores, request.combine, options, request.tokens,
-                  LayerLivePages(request, decision->page_count), decision);
-  if (request.measure) {  // retained mass against the layer's set, as MeasureGroup takes it
+  if (layer_scope) {
+    ApplyLayerScope(scores, request.combine, options, request.tokens,
+                    LayerLivePages(request, decision->page_count), decision);
+  } else {
+    ApplyGroupQuotas(scores, options, request, decision);
+    FinishGroupScope(decision);
+  }
+  if (request.measure) {  // retained mass against the new sets, as MeasureGroup takes it
     for (size_t g = 0; g < groups; ++g) {
       GroupDecision& group = decision->groups[g];
       group.retained_mass =

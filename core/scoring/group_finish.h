@@ -31,9 +31,10 @@ class GroupFinisher {
   void Finish(const PolicyOptions& options, const LayerRequest& request, int group, int r,
               const GroupScores& scores, GroupDecision* decision);
 
-  // After every group is finished: the union (group scope), or the layer scope's one set from
-  // the groups' page maxima `layer_scores` (G * n, group-major) with the retained mass
-  // re-measured from `layer_page_sums` (G * n, request.measure only).
+  // After every group is finished: the union (group scope), or the layer scope's one set (or
+  // the moved group quotas' sets, group_quotas.h) from the groups' page maxima `layer_scores`
+  // (G * n, group-major) with the retained mass re-measured from `layer_page_sums` (G * n,
+  // request.measure only).
   static void FinishLayer(const PolicyOptions& options, const LayerRequest& request,
                           std::span<const float> layer_scores,
                           std::span<const double> layer_page_sums, LayerDecision* decision);

@@ -255,7 +255,13 @@ absl::Status ValidatePolicyOptions(const PolicyOptions& options) {
   }
   RETURN_IF_ERROR(
       ValidateNeighbourhoodKernel("neighbourhood_kernel", options.neighbourhood_kernel));
+  RETURN_IF_ERROR(ValidateGroupFloor("group_floor", options.group_floor));
   return ValidateProtections(options.protections);
+}
+
+absl::Status ValidateGroupFloor(absl::string_view field, double floor) {
+  if (floor >= 0.0 && floor <= 1.0) return absl::OkStatus();  // false for NaN
+  return absl::InvalidArgumentError(absl::StrCat(field, ": must be in [0, 1], got ", floor));
 }
 
 absl::Status ValidateNeighbourhoodKernel(absl::string_view field, int64_t kernel) {

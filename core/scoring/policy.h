@@ -30,6 +30,11 @@ struct PolicyOptions {
   // [1, kMaxNeighbourhoodKernel]; 1 is off. (snapkv has its own, snapkv_kernel.)
   int neighbourhood_kernel = 1;
   NeighbourhoodKind neighbourhood = NeighbourhoodKind::kMax;
+  // Group quotas that move (group_quotas.h): each group of a layer keeps at least this share of
+  // its quota, and the layer's other pages go to the groups whose mass-normalised page scores
+  // are highest, so the layer keeps exactly what fixed quotas keep. In [0, 1]; 1 is fixed quotas.
+  // Group scope and a policy that ranks pages only.
+  double group_floor = 1.0;
   Protections protections;
 };
 
@@ -41,6 +46,9 @@ struct PolicyOptions {
 [[nodiscard]] absl::Status ValidateNeighbourhoodKernel(absl::string_view field, int64_t kernel);
 [[nodiscard]] absl::StatusOr<NeighbourhoodKind> ParseNeighbourhoodKind(absl::string_view field,
                                                                        absl::string_view name);
+
+// A group floor as every interface takes it, errors naming `field`: finite and in [0, 1].
+[[nodiscard]] absl::Status ValidateGroupFloor(absl::string_view field, double floor);
 
 // The pages holding the first min(sink_tokens, T) tokens: ceil(min(s, T) / B), no overflow for
 // any s. REQUIRES: options valid, tokens >= 0.
@@ -109,6 +117,11 @@ class Policy {
   }
   // False only for the union (head_independent), which keeps up to r * K pages.
   [[nodiscard]] bool exact_budget() const { return pooling().kind != PoolingKind::kUnion; }
+  // True when SelectGroup ranks the group's pages by one score each (GroupSelection's
+  // page_scores): every kind but the union and the positional one.
+  [[nodiscard]] bool ranks_pages() const {
+    return pooling().kind != PoolingKind::kUnion && pooling().kind != PoolingKind::kPosition;
+  }
   // REQUIRES: options valid; input consistent (DecideLayer checks both).
   [[nodiscard]] virtual GroupSelection SelectGroup(const GroupInput& input,
                                                    const PolicyOptions& options) const = 0;

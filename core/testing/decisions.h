@@ -135,9 +135,9 @@ struct RandomCase {
     return absl::StrCat(
         "policy ", policy->name(), " B ", options.page_size, " s ", options.sink_tokens, " alpha ",
         options.alpha, " neighbourhood ", options.neighbourhood_kernel,
-        options.neighbourhood == NeighbourhoodKind::kMax ? " max" : " mean", " G ", groups, " r ",
-        heads / groups, " T ", tokens, " dtype ", DTypeName(dtype), " layers ", requests.size(),
-        " scope ",
+        options.neighbourhood == NeighbourhoodKind::kMax ? " max" : " mean", " group_floor ",
+        options.group_floor, " G ", groups, " r ", heads / groups, " T ", tokens, " dtype ",
+        DTypeName(dtype), " layers ", requests.size(), " scope ",
         requests.empty() || requests[0].scope == SelectionScope::kGroup ? "group" : "layer");
   }
 };
@@ -204,6 +204,10 @@ inline std::unique_ptr<RandomCase> MakeRandomCase(std::mt19937_64& rng, int tria
     request.page_scores = page_scores;
     request.scope = scope;
     c->requests.push_back(request);
+  }
+  // Drawn last, so that the draws above are those of the cases before group quotas moved.
+  if (scope == SelectionScope::kGroup && c->policy->ranks_pages() && pick(0, 2) == 0) {
+    options.group_floor = std::vector<double>{0.0, 0.25, 0.6}[static_cast<size_t>(pick(0, 2))];
   }
   return c;
 }
