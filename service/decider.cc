@@ -31,6 +31,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
@@ -535,7 +536,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       request.scope = job.scope;
       request.measure = false;
       request.live_pages = work.live_pages;
-      absl::StatusOr<LayerDecision> decision = scorer.DecideLayer(DegradedPolicy(), request);
+      // By position: no page is ranked, so the groups keep fixed quotas.
+      PolicyOptions by_position = job.policy.options;
+      by_position.group_floor = 1.0;
+      absl::StatusOr<LayerDecision> decision =
+          entrokv::DecideLayer(DegradedPolicy(), by_position, request);
       if (!decision.ok()) return Annotate(decision.status(), work.field);
       work.decision = *std::move(decision);
       work.degraded = true;
@@ -724,6 +729,13 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
     return absl::InvalidArgumentError(absl::StrCat(
         "policy.scope: SELECTION_SCOPE_LAYER pools every KV group of a layer, and ", shard->owner,
         " of a group-layout tensor-parallel model holds only its own; use SELECTION_SCOPE_GROUP"));
+  }
+  RETURN_IF_ERROR(
+      ValidateGroupQuotas("policy.group_floor", *policy->policy, policy->options, *scope));
+  if (MovesGroupQuotas(policy->options) && shard->partial(geometry)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "policy.group_floor: quotas move between every KV group of a layer, and ", shard->owner,
+        " of a group-layout tensor-parallel model holds only its own; leave it at 1"));
   }
   // The pool's quota takes pages by every group's scores; a rank alone has only its own.
   if (auto_floor->has_value() && shard->partial(geometry)) {

@@ -143,6 +143,10 @@ absl::StatusOr<ResolvedPolicy> ResolvePolicy(const v1::PolicyParams& params,
       return InvalidField("policy.neighbourhood_pooling",
                           absl::StrCat("unknown value ", params.neighbourhood_pooling()));
   }
+  if (params.has_group_floor()) {
+    RETURN_IF_ERROR(ValidateGroupFloor("policy.group_floor", params.group_floor()));
+    resolved.options.group_floor = params.group_floor();
+  }
   RETURN_IF_ERROR(Annotate(ValidatePolicyOptions(resolved.options), "policy"));
   return resolved;
 }

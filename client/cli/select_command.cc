@@ -12,6 +12,7 @@
 #include "core/io/npy.h"
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
+#include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
@@ -187,6 +188,9 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   ASSIGN_OR_RETURN(const SelectionScope scope, ParseSelectionScope("--scope", args.Get("scope")));
   ASSIGN_OR_RETURN(const LayerCombine combine, ParseLayerCombine("--combine", args.Get("combine")));
+  ASSIGN_OR_RETURN(options.group_floor, args.GetDouble("group-floor"));
+  RETURN_IF_ERROR(ValidateGroupFloor("--group-floor", options.group_floor));
+  RETURN_IF_ERROR(ValidateGroupQuotas("--group-floor", *policy, options, scope));
   ASSIGN_OR_RETURN(LoadedStatistic loaded,
                    args.Given("keys") ? LoadKeys(args.Get("keys"), args.Get("key-score"))
                                       : LoadStatistic(args.Get("stats"), args.Get("dtype")));
@@ -264,6 +268,9 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("combine", std::string(LayerCombineName(kDefaultLayerCombine)),
               "layer scope: how the groups' page scores combine (mass_max, entropy_weighted, "
               "mass_mean)");
+  args.Option("group-floor", "1",
+              "group scope: the share of its quota each group keeps; the layer's other pages go "
+              "to the groups' best by mass-normalised score (in [0, 1]; 1: fixed quotas)");
   args.Option("tau", "0.5", "head-weight temperature, > 0");
   args.Option("alpha", "2", "Renyi order, > 0 (inf allowed)");
   args.Option("sink-tokens", "4", "leading tokens left out of the entropy");

@@ -35,18 +35,7 @@ absl::Status ValidateLayerRequest(const Policy& policy, const PolicyOptions& opt
         absl::StrCat("quota_pages: the budget must give at least one page per (layer, group), got ",
                      request.quota_pages));
   }
-  if (MovesGroupQuotas(options)) {
-    if (request.scope != SelectionScope::kGroup) {
-      return absl::InvalidArgumentError(
-          "group_floor: quotas move between the groups of a layer in group scope only (layer "
-          "scope keeps one set for every group); leave it at 1 there");
-    }
-    if (!policy.ranks_pages()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("group_floor: policy ", policy.name(),
-                       " ranks no pages to move quotas by; leave it at 1"));
-    }
-  }
+  RETURN_IF_ERROR(ValidateGroupQuotas("group_floor", policy, options, request.scope));
   if (!request.statistic.has_value()) {
     if (policy.needs_statistic()) {
       return absl::InvalidArgumentError(

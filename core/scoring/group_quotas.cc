@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace entrokv {
 namespace {
 
@@ -26,6 +28,22 @@ bool Before(const Candidate& a, const Candidate& b) {
 }  // namespace
 
 bool MovesGroupQuotas(const PolicyOptions& options) { return options.group_floor < 1.0; }
+
+absl::Status ValidateGroupQuotas(absl::string_view field, const Policy& policy,
+                                 const PolicyOptions& options, SelectionScope scope) {
+  if (!MovesGroupQuotas(options)) return absl::OkStatus();
+  if (scope != SelectionScope::kGroup) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field,
+                     ": quotas move between the groups of a layer in group scope only (layer "
+                     "scope keeps one set for every group); leave it at 1"));
+  }
+  if (!policy.ranks_pages()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": policy ", policy.name(), " ranks no pages to move quotas by; leave it at 1"));
+  }
+  return absl::OkStatus();
+}
 
 void ApplyGroupQuotas(std::span<const std::span<const float>> group_scores,
                       const PolicyOptions& options, const LayerRequest& request,
@@ -62,7 +80,8 @@ void ApplyGroupQuotas(std::span<const std::span<const float>> group_scores,
       ranked.push_back({static_cast<double>(scores[static_cast<size_t>(b)]) * inverse, g,
                         static_cast<int32_t>(b)});
     }
-    const auto share = static_cast<int64_t>(std::ceil(options.group_floor * static_cast<double>(quota)));
+    const auto share =
+        static_cast<int64_t>(std::ceil(options.group_floor * static_cast<double>(quota)));
     const int64_t floor =
         std::max(static_cast<int64_t>(protected_pages.size()), std::min(share, quota));
     const auto best = static_cast<ptrdiff_t>(floor - static_cast<int64_t>(protected_pages.size()));

@@ -8,6 +8,8 @@
 
 #include <span>
 
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/policy.h"
 
@@ -16,6 +18,12 @@ namespace entrokv {
 // True when the request's decision moves quotas between groups: options.group_floor < 1 (group
 // scope and a page-ranking policy, which ValidateLayerRequest checks).
 [[nodiscard]] bool MovesGroupQuotas(const PolicyOptions& options);
+
+// Whether the options' group_floor can move quotas in this decision, errors naming `field` (a
+// flag, a wire field): OK when quotas stay fixed (group_floor 1), INVALID_ARGUMENT in layer scope
+// (one set for every group) and for a policy that ranks no pages (head_independent, streaming).
+[[nodiscard]] absl::Status ValidateGroupQuotas(absl::string_view field, const Policy& policy,
+                                               const PolicyOptions& options, SelectionScope scope);
 
 // Replaces every group's kept pages. Group g holds L_g live pages and has the fixed quota
 // q_g = min(K, L_g); the layer keeps sum_g q_g pages. Each group first keeps its protected pages

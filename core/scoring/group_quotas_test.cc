@@ -28,9 +28,8 @@ using ::testing::HasSubstr;
 
 // A decision of `groups` groups over `scores` (one row of n page scores per group), page size 1
 // and one head per group, so that the statistic's rows are the page scores.
-absl::StatusOr<LayerDecision> Decide(const std::vector<std::vector<float>>& scores,
-                                     int64_t quota, double floor,
-                                     std::span<const uint8_t> live = {},
+absl::StatusOr<LayerDecision> Decide(const std::vector<std::vector<float>>& scores, int64_t quota,
+                                     double floor, std::span<const uint8_t> live = {},
                                      const Protections& protections = {}) {
   const auto groups = static_cast<int>(scores.size());
   const auto pages = static_cast<int64_t>(scores.front().size());
@@ -181,9 +180,8 @@ TEST(GroupQuotasTest, BadFloorsAndWhatCannotMoveQuotasAreRefusedByName) {
   }
   const std::vector<float> values(2 * 32, 1.0f);
   ENTROKV_ASSERT_OK_AND_ASSIGN(
-      StatisticView view,
-      StatisticView::Create(reinterpret_cast<const uint8_t*>(values.data()), DType::kFloat32, 2,
-                            32));
+      StatisticView view, StatisticView::Create(reinterpret_cast<const uint8_t*>(values.data()),
+                                                DType::kFloat32, 2, 32));
   options.group_floor = 0.5;
   LayerRequest request = LayerRequestFor(view, 2, 2, 32, 1);
   request.scope = SelectionScope::kLayer;

@@ -554,6 +554,36 @@ class ClientTest(unittest.TestCase):
             self.client.decide("neighbourhood", "s1max", stats, pages=7,
                                neighbourhood_pooling="median")
 
+    def test_group_floor_through_the_daemon_is_the_clis(self):
+        """group_floor reaches the scorer: the daemon keeps the pages entrokv select keeps with
+        the same floor, the groups' counts move, and every layer keeps 2 x 7 pages as with fixed
+        quotas."""
+        self.register("floors")
+        stats = layer_stats(5, 777)
+        kept = {}
+        for floor in (1.0, 0.25):
+            sequence = f"s{floor}"
+            self.client.open_sequence("floors", sequence, initial_tokens=777)
+            decided = self.client.decide("floors", sequence, stats, pages=7, group_floor=floor)
+            kept[floor] = [group.kept_pages.tolist() for layer in decided for group in layer.groups]
+            with tempfile.TemporaryDirectory() as directory:
+                path = os.path.join(directory, "stats.npy")
+                np.save(path, stats)
+                result = subprocess.run(
+                    [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
+                     "--page-size", "16", "--pages", "7", "--protect-tail",
+                     "--group-floor", str(floor)],
+                    capture_output=True, text=True, timeout=60)
+            self.assertEqual(result.returncode, 0, result.stderr)
+            offline = [group["kept_pages"] for layer in json.loads(result.stdout)["layers"]
+                       for group in layer["groups"]]
+            self.assertEqual(offline, kept[floor], floor)
+            self.assertEqual(sum(len(pages) for pages in kept[floor]), len(stats) * 2 * 7)
+        self.assertNotEqual([len(pages) for pages in kept[0.25]], [7] * (len(stats) * 2))
+        with self.assertRaisesRegex(entrokv.InvalidArgumentError, "policy.group_floor"):
+            self.client.decide("floors", "s1.0", stats, pages=7, group_floor=0.5,
+                               policy="head_independent")
+
     def test_layer_layout_keeps_exactly_the_planned_frames(self):
         # A page of the layer layout holds every KV group: layer scope (the default there)
         # keeps one page set per layer, so the pool ends at P = floor(0.2 * 800 * 3 / 16) = 30

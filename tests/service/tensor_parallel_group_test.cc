@@ -408,6 +408,9 @@ TEST_F(TensorParallelGroupTest, BadGroupRankRequestsNameTheFieldAndApplyNothing)
   v1::DecideRequest automatic = good;
   automatic.mutable_budget()->mutable_auto_budget()->set_floor_fraction(0.5);
   cases.push_back({automatic, "budget.auto_budget"});
+  v1::DecideRequest moving = good;  // quotas cannot move to groups the rank does not hold
+  moving.mutable_policy()->set_group_floor(0.5);
+  cases.push_back({moving, "policy.group_floor"});
   ExpectRefusedChangingNothing("m", cases);
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
 }

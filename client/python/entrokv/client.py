@@ -31,7 +31,8 @@ _DTYPES = {
     "bf16": (types.DTYPE_BFLOAT16, np.uint16),
 }
 _POLICY_PARAMS = ("tau", "alpha", "sink_tokens", "protect_tail_page", "protect_sink_pages",
-                  "protect_recent_pages", "neighbourhood_kernel", "neighbourhood_pooling")
+                  "protect_recent_pages", "neighbourhood_kernel", "neighbourhood_pooling",
+                  "group_floor")
 _SERVICE = "entrokv.v1.CacheManager"
 # Retried by the channel on UNAVAILABLE. DecideStream is not: a stream may have applied layers.
 _RETRIED_METHODS = ("RegisterModel", "GetModel", "ListModels", "OpenSequence", "AppendTokens",
