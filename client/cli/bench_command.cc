@@ -161,6 +161,7 @@ Json SetupJson(const ArgParser& parser, const BenchSetup& setup, const Policy& p
               {"policy", std::string(policy.name())},
               {"neighbourhood_kernel", parser.Get("neighbourhood-kernel")},
               {"neighbourhood", parser.Get("neighbourhood")},
+              {"group_floor", parser.Get("group-floor")},
               {"measure", parser.GetFlag("measure")}};
 }
 
@@ -259,6 +260,8 @@ absl::Status Run(const ArgParser& parser) {
   options.alpha = alpha;
   options.protections.tail_page = parser.GetFlag("protect-tail");
   RETURN_IF_ERROR(ParseNeighbourhood(parser, &options));
+  ASSIGN_OR_RETURN(options.group_floor, parser.GetDouble("group-floor"));
+  RETURN_IF_ERROR(ValidateGroupFloor("--group-floor", options.group_floor));
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
   ASSIGN_OR_RETURN(const BudgetPlan plan,
                    PlanBudget(FractionBudget(setup.layers, setup.kv_groups, options.page_size,
@@ -365,6 +368,7 @@ int RunBench(const std::vector<std::string>& args) {
   parser.Option("alpha", "2", "Renyi order");
   parser.Option("neighbourhood-kernel", "1", "neighbourhood pooling width (odd; 1: off)");
   parser.Option("neighbourhood", "max", "neighbourhood pooling: max or mean");
+  parser.Option("group-floor", "1", "share of its quota each group keeps (1: fixed quotas)");
   parser.Option("runs", "7", "timed runs after one warm-up");
   parser.Option("seed", "1", "seed of the generated statistic");
   parser.Option("input", "", "a [L, H_Q, T] .npy statistic instead of the seeded one");

@@ -46,7 +46,8 @@ import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
 RATIOS = (0.25, 0.5, 0.75, 0.875, 0.95)
 FIELDS = ("task", "length", "page_size", "layout", "prompt", "depth", "policy", "ratio",
-          "correct", "kept_frames", "prompt_frames", "freed_frames", "decide_ms", "decode_ms")
+          "correct", "kept_frames", "prompt_frames", "freed_frames", "moved_frames", "decide_ms",
+          "decode_ms")
 
 
 def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
@@ -64,26 +65,32 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     the mean of the question's query rows, docs/architecture.md §3.1, instead of its default),
     +last or +acc (the accumulated column sums), +keydiff or +knorm (no statistic sent: the
     daemon scores the keys in its frames, docs/decisions.md), +winkeys (an experiment of this
-    worker's: the window statistic mixed half and half with keydiff), and +nb<k><max|mean>
-    (neighbourhood pooling of width k), e.g. page_entrokv+window+nb7max, mean+keydiff."""
+    worker's: the window statistic mixed half and half with keydiff), +nb<k><max|mean>
+    (neighbourhood pooling of width k) and +gf<percent> (group quotas that move, each group
+    keeping at least that share of its quota: policy.group_floor), e.g.
+    page_entrokv+window+nb7max, mean+keydiff+gf25."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "winkeys": "window_keydiff"}
-    statistic, params = None, ()
+    statistic, params = None, {}
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
+        floor = re.fullmatch(r"gf(\d+)", suffix)
         if suffix in kinds and statistic is None:
             statistic = kinds[suffix]
-        elif neighbourhood and not params:
-            params = (("neighbourhood_kernel", int(neighbourhood.group(1))),
-                      ("neighbourhood_pooling", neighbourhood.group(2)))
+        elif neighbourhood and "neighbourhood_kernel" not in params:
+            params["neighbourhood_kernel"] = int(neighbourhood.group(1))
+            params["neighbourhood_pooling"] = neighbourhood.group(2)
+        elif floor and "group_floor" not in params and int(floor.group(1)) <= 100:
+            params["group_floor"] = int(floor.group(1)) / 100
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +winkeys or +nb<k><max|mean>, at most one of "
-                             f"each kind")
-    return pool_worker.Policy(base, ratio=ratio, statistic=statistic, params=params)
+                             f"+keydiff, +knorm, +winkeys, +nb<k><max|mean> or +gf<0-100>, at "
+                             f"most one of each kind")
+    return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
+                              params=tuple(params.items()))
 
 
 def mcnemar(better: int, worse: int) -> float:
@@ -124,7 +131,9 @@ def _run(job) -> List[Dict[str, object]]:
                          depth=round(example.depth, 4), policy=name,
                          ratio=ratio, correct=int(result.correct),
                          kept_frames=result.kept_frames, prompt_frames=result.prompt_frames,
-                         freed_frames=result.freed_frames, decide_ms=round(result.decide_ms, 2),
+                         freed_frames=result.freed_frames,
+                         moved_frames=moved_frames(result.decisions),
+                         decide_ms=round(result.decide_ms, 2),
                          decode_ms=round(result.decode_ms, 2)))
     return rows
 
@@ -132,6 +141,13 @@ def _run(job) -> List[Dict[str, object]]:
 def _row_key(task, length, page_size, layout, prompt, policy, ratio) -> tuple:
     return (str(task), int(length), int(page_size), str(layout), int(prompt), str(policy),
             float(ratio))
+
+
+def moved_frames(decisions) -> int:
+    """Frames the groups keep beyond their quota K: what moved between the groups of a layer
+    (policy.group_floor < 1); 0 with fixed quotas."""
+    return sum(max(0, len(group.kept_pages) - decision.quota_pages)
+               for decision in decisions for group in decision.groups)
 
 
 def measured(path: str) -> set:
@@ -143,9 +159,13 @@ def measured(path: str) -> set:
         data = f.read()
         data = data[:data.rfind(b"\n") + 1]
         f.truncate(len(data))
+    reader = csv.DictReader(io.StringIO(data.decode(), newline=""))
+    if reader.fieldnames is not None and tuple(reader.fieldnames) != FIELDS:
+        raise SystemExit(f"{path}: its columns are not this evaluate.py's ({', '.join(FIELDS)}); "
+                         f"run into a new --out instead of resuming or appending")
     return {_row_key(r["task"], r["length"], r["page_size"], r["layout"], r["prompt"],
                      r["policy"], r["ratio"])
-            for r in csv.DictReader(io.StringIO(data.decode(), newline=""))}
+            for r in reader}
 
 
 def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str,
@@ -213,12 +233,15 @@ def summarize(out_dir: str, order: Sequence[str],
         low, high = wilson(correct, n)
         kept = np.mean([int(r["kept_frames"]) for r in group])
         prompt = np.mean([int(r["prompt_frames"]) for r in group])
+        # Reports written before the column existed moved nothing.
+        moved = np.mean([int(r.get("moved_frames") or 0) for r in group])
         summary.append(dict(task=key[0], length=key[1], page_size=key[2], layout=key[3],
                             policy=key[4], ratio=key[5], prompts=n, correct=correct,
                             accuracy=round(correct / n, 4), ci_low=round(low, 4),
                             ci_high=round(high, 4), kept_frames=round(float(kept), 1),
                             prompt_frames=round(float(prompt), 1),
-                            kept_share=round(float(kept / prompt), 4)))
+                            kept_share=round(float(kept / prompt), 4),
+                            moved_share=round(float(moved / kept), 4)))
     with open(os.path.join(out_dir, "summary.csv"), "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
@@ -339,7 +362,29 @@ def tables(summary: List[Dict[str, object]], order: Sequence[str]) -> str:
                               if rows else "")
             if any(shares):
                 out.append(f"| {policy} | " + " | ".join(shares) + " |")
+        out.extend(_moved_table(part, order, ratios))
     return "\n".join(out) + "\n"
+
+
+def _moved_table(part, order: Sequence[str], ratios) -> List[str]:
+    """The frames the groups keep beyond their quota (moved between the groups of a layer by
+    policy.group_floor) as a share of the frames kept, for the policies that moved any."""
+    moving = [p for p in _policies(part, order)
+              if any(s.get("moved_share", 0) > 0 for s in part if s["policy"] == p)]
+    if not moving:
+        return []
+    out = ["\n**Frames kept beyond a group's quota K (moved between the groups of a layer), as a "
+           "share of the frames kept (mean over prompts and tasks)**\n",
+           "| policy | " + " | ".join(f"ratio {r:g}" for r in ratios) + " |",
+           "|---|" + "---|" * len(ratios)]
+    for policy in moving:
+        shares = []
+        for r in ratios:
+            rows = [s for s in part if s["policy"] == policy and s["ratio"] == r]
+            shares.append(f"{100 * np.mean([s['moved_share'] for s in rows]):.1f}%"
+                          if rows else "")
+        out.append(f"| {policy} | " + " | ".join(shares) + " |")
+    return out
 
 
 def _policies(part, order: Sequence[str]) -> List[str]:
@@ -477,6 +522,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.address = args.server or daemon.address
         started = time.time()
         args.measured = measured(results) if args.resume else set()
+        if args.append:
+            measured(results)  # its columns must be this script's
         try:
             with open(results, "a" if args.append or args.resume else "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)

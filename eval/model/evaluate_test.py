@@ -26,11 +26,11 @@ from model_test import random_model  # noqa: E402
 ORDER = ("page_entrokv", "mean", "head_independent", "snapkv")
 
 
-def _rows(policy, ratio, outcomes, kept, prompt_frames=64):
+def _rows(policy, ratio, outcomes, kept, prompt_frames=64, moved=0):
     return [dict(task="single_needle", length=1024, page_size=16, layout="group", prompt=i,
                  depth=0.0, policy=policy, ratio=ratio, correct=c, kept_frames=kept,
-                 prompt_frames=prompt_frames, freed_frames=prompt_frames - kept, decide_ms=1.0,
-                 decode_ms=1.0)
+                 prompt_frames=prompt_frames, freed_frames=prompt_frames - kept,
+                 moved_frames=moved, decide_ms=1.0, decode_ms=1.0)
             for i, c in enumerate(outcomes)]
 
 
@@ -86,6 +86,25 @@ class SummaryTest(unittest.TestCase):
         self.assertIn("(4 prompts; no eviction: 75% [30, 95])", text)
         self.assertIn("| mean | 25% [5, 70] |", text)
         self.assertIn("| head_independent | 62.5% |", text)
+        self.assertNotIn("beyond a group's quota", text)
+
+    def test_frames_moved_between_groups_are_a_share_of_the_frames_kept(self):
+        rows = (_rows("none", 0.0, [1, 1], 64) + _rows("mean", 0.75, [1, 0], 16) +
+                _rows("mean+gf25", 0.75, [1, 1], 16, moved=4))
+        summary, text = self.summarize(rows)
+        cells = {(s["policy"], s["ratio"]): s for s in summary}
+        self.assertEqual(cells[("mean+gf25", 0.75)]["moved_share"], 0.25)
+        self.assertEqual(cells[("mean", 0.75)]["moved_share"], 0.0)
+        self.assertIn("| mean+gf25 | 25.0% |", text)
+        self.assertNotIn("| mean | 0.0% |", text)
+
+    def test_resuming_a_results_file_of_other_columns_stops_with_a_message(self):
+        with tempfile.TemporaryDirectory() as out:
+            path = os.path.join(out, "results.csv")
+            with open(path, "w") as f:
+                f.write("task,length,correct\nsingle_needle,1024,1\n")
+            with self.assertRaisesRegex(SystemExit, "new --out"):
+                evaluate.measured(path)
 
     def test_paired_comparisons_count_discordant_prompts(self):
         rows = (_rows("none", 0.0, [1] * 6, 64) +
@@ -143,6 +162,12 @@ class SummaryTest(unittest.TestCase):
                          ("accumulated", 7))
         with self.assertRaisesRegex(ValueError, r"\+keydiff"):
             evaluate.policy_of("mean+keydiff+window", 0.75)
+        moved = evaluate.policy_of("mean+keydiff+nb7max+gf25", 0.75)
+        self.assertEqual(dict(moved.params)["group_floor"], 0.25)
+        self.assertEqual(dict(moved.params)["neighbourhood_kernel"], 7)
+        for bad in ("mean+gf25+gf50", "mean+gf101"):
+            with self.assertRaisesRegex(ValueError, r"\+gf"):
+                evaluate.policy_of(bad, 0.75)
 
     def test_policies_follow_the_given_order_then_the_variants(self):
         part = [{"policy": p} for p in ("mean+window", "mean", "none", "page_entrokv", "zeta")]

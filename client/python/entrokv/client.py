@@ -444,6 +444,9 @@ class Client:
         ([layers, query_heads / t, tokens]). In the "layer" layout the call returns when every
         rank's has come, with the decision all ranks share; in "group" it decides this rank's
         groups alone, at once (docs/service.md, "Several GPUs and tensor parallelism").
+        `params`: the PolicyParams fields (tau, alpha, ..., neighbourhood_kernel, group_floor:
+        the share of its quota each group keeps while the rest moves to the layer's best pages,
+        docs/service.md, "Group quotas that move").
         """
         request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
                                        token_slots, policy, dtype, scope, kind, accumulate,
