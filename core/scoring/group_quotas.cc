@@ -69,7 +69,8 @@ void ApplyGroupQuotas(std::span<const std::span<const float>> group_scores,
     const double inverse = mass > 0.0 ? 1.0 / mass : 0.0;
     const int64_t quota = std::min(request.quota_pages, live_count);
     layer_total += quota;
-    // The floor: the protected pages, then the group's best, up to ceil(floor * q_g).
+    // The floor: the protected pages, then the group's best, up to ceil(floor * q_g) and at
+    // least one page (as a fixed quota keeps at least one).
     std::fill(kept.begin(), kept.end(), 0);
     const std::vector<int32_t> protected_pages =
         ProtectedPagesOf(options, request.tokens, quota, live);
@@ -82,8 +83,8 @@ void ApplyGroupQuotas(std::span<const std::span<const float>> group_scores,
     }
     const auto share =
         static_cast<int64_t>(std::ceil(options.group_floor * static_cast<double>(quota)));
-    const int64_t floor =
-        std::max(static_cast<int64_t>(protected_pages.size()), std::min(share, quota));
+    const int64_t floor = std::max({static_cast<int64_t>(protected_pages.size()),
+                                    std::min(share, quota), std::min<int64_t>(1, quota)});
     const auto best = static_cast<ptrdiff_t>(floor - static_cast<int64_t>(protected_pages.size()));
     std::partial_sort(ranked.begin(), ranked.begin() + best, ranked.end(), Before);
     for (ptrdiff_t i = 0; i < best; ++i) kept[static_cast<size_t>(ranked[i].page)] = 1;

@@ -27,7 +27,8 @@ namespace entrokv {
 
 // Replaces every group's kept pages. Group g holds L_g live pages and has the fixed quota
 // q_g = min(K, L_g); the layer keeps sum_g q_g pages. Each group first keeps its protected pages
-// and its best pages up to f_g = max(protected, ceil(group_floor * q_g)); the rest of the layer's
+// and its best pages up to f_g = max(protected, ceil(group_floor * q_g), min(1, q_g)) (a group
+// that holds a page keeps one, as with fixed quotas); the rest of the layer's
 // pages go to the remaining live pages of highest normalised score s_g[b] / sum of g's live
 // scores (ties: the lower group, then the lower page). Evicted pages are never kept.
 // `group_scores` holds one span of n page scores per group (the policy's I_g). Measurements are

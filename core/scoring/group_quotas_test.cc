@@ -95,6 +95,10 @@ TEST(GroupQuotasTest, ProtectedPagesStayInTheirGroupWhateverTheFloor) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision moved, Decide(scores, 3, 0.0, {}, tail));
   EXPECT_THAT(moved.groups[0].kept_pages, ElementsAre(5));
   EXPECT_THAT(moved.groups[1].kept_pages, ElementsAre(1, 2, 3, 4, 5));
+  // Without protections it keeps one page all the same, its first (ties to the lower page).
+  ENTROKV_ASSERT_OK_AND_ASSIGN(LayerDecision bare, Decide(scores, 3, 0.0));
+  EXPECT_THAT(bare.groups[0].kept_pages, ElementsAre(0));
+  EXPECT_THAT(bare.groups[1].kept_pages, ElementsAre(1, 2, 3, 4, 5));
 }
 
 TEST(GroupQuotasTest, RandomLayersKeepTheirTotalsFloorsAndTheBestPages) {
@@ -142,7 +146,9 @@ TEST(GroupQuotasTest, RandomLayersKeepTheirTotalsFloorsAndTheBestPages) {
       total += fixed;
       ASSERT_TRUE(std::is_sorted(kept.begin(), kept.end()));
       ASSERT_EQ(std::adjacent_find(kept.begin(), kept.end()), kept.end());
-      const auto floor_pages = static_cast<int64_t>(std::ceil(floor * static_cast<double>(fixed)));
+      const int64_t floor_pages =
+          std::max(static_cast<int64_t>(std::ceil(floor * static_cast<double>(fixed))),
+                   std::min<int64_t>(1, fixed));
       EXPECT_GE(static_cast<int64_t>(kept.size()), floor_pages) << "group " << g;
       for (const int32_t page : kept) EXPECT_TRUE(is_live(page)) << "group " << g;
       // Beyond the floor, a group's kept pages score at least as high as its dropped ones.
