@@ -67,8 +67,14 @@ struct LayerWork {
   // the statistic's device: it then reads device->device_data() in place.
   std::optional<DeviceStatistic> device;
   // A keys statistic: the daemon scores the keys in the sequence's frames just before the layer
-  // is scored (into key_rows, each group's scores on each of its heads).
-  std::optional<KeyScore> keys;
+  // is scored, into key_rows [heads][tokens].
+  struct Keys {
+    std::optional<KeyScore> group_score;  // keydiff, norm: each group's scores on its heads
+    // Expected attention: each head's own row, from the query statistics the worker sent.
+    std::vector<float> query_mean;        // [heads][head_dim]
+    std::vector<float> query_covariance;  // [heads][head_dim][head_dim], or empty
+  };
+  std::optional<Keys> keys;
   std::vector<float> key_rows;
   DType dtype = DType::kFloat32;
   int query_heads = 0;
@@ -194,15 +200,29 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
                          const Shard& shard, int64_t tokens, ServiceMetrics& metrics,
                          LayerWork& work) {
   const int per_group = shard.heads / shard.groups;
+  const int head_dim = state.geometry().head_dim;
+  const LayerWork::Keys& request = *work.keys;
   work.key_rows.assign(static_cast<size_t>(shard.heads * tokens), 0.0F);
   std::vector<float> scores(static_cast<size_t>(tokens));
   for (int g = 0; g < shard.groups; ++g) {
     absl::StatusOr<CacheState::KeyRows> keys =
         state.ReadKeys(sequence_id, work.layer, shard.first_group + g, work.dtype);
     if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(work.field, ".statistic"));
-    ScoreKeys(*work.keys, keys->keys, state.geometry().head_dim, keys->present, scores);
+    if (request.group_score.has_value()) {
+      ScoreKeys(*request.group_score, keys->keys, head_dim, keys->present, scores);
+    }
     for (int head = g * per_group; head < (g + 1) * per_group; ++head) {
-      std::copy(scores.begin(), scores.end(), work.key_rows.begin() + head * tokens);
+      const std::span<float> row(work.key_rows.data() + head * tokens, static_cast<size_t>(tokens));
+      if (request.group_score.has_value()) {
+        std::copy(scores.begin(), scores.end(), row.begin());
+        continue;
+      }
+      const std::span<const float> mean(request.query_mean);
+      const std::span<const float> covariance(request.query_covariance);
+      const auto d = static_cast<size_t>(head_dim);
+      ScoreExpectedAttention(
+          keys->keys, head_dim, keys->present, mean.subspan(head * d, d),
+          covariance.empty() ? covariance : covariance.subspan(head * d * d, d * d), row);
     }
     metrics.AddStatsBytes(StatSource::kPoolKeys,
                           static_cast<int64_t>(keys->keys.size()) * DTypeBytes(work.dtype));
@@ -240,8 +260,65 @@ absl::StatusOr<Shard> ShardOf(const Model& model, std::optional<int> rank) {
                .owner = absl::StrCat("rank ", *rank, "'s share")};
 }
 
+// A keys statistic's score and, for expected attention, the query statistics of `heads` heads:
+// INVALID_ARGUMENT naming the field for an unset score, sizes that are not the heads', values
+// that are not finite, or query statistics with another score.
+absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::KeyStatistic& keys,
+                                            int heads, int head_dim) {
+  LayerWork::Keys out;
+  switch (keys.score()) {
+    case v1::KEY_SCORE_KEYDIFF:
+      out.group_score = KeyScore::kKeyDiff;
+      break;
+    case v1::KEY_SCORE_NORM:
+      out.group_score = KeyScore::kNorm;
+      break;
+    case v1::KEY_SCORE_EXPECTED_ATTENTION:
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          field,
+          ".score: must be KEY_SCORE_KEYDIFF, KEY_SCORE_NORM or KEY_SCORE_EXPECTED_ATTENTION, got ",
+          keys.score()));
+  }
+  if (out.group_score.has_value()) {
+    for (const auto& [name, values] : {std::pair{"query_mean", &keys.query_mean()},
+                                       std::pair{"query_covariance", &keys.query_covariance()}}) {
+      if (!values->empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".", name, ": only for KEY_SCORE_EXPECTED_ATTENTION, got ",
+                         values->size(), " values with ", v1::KeyScore_Name(keys.score())));
+      }
+    }
+    return out;
+  }
+  const int64_t mean_size = int64_t{heads} * head_dim;
+  if (keys.query_mean_size() != mean_size) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ".query_mean: ", keys.query_mean_size(),
+                                                   " values, expected ", heads, " heads x ",
+                                                   head_dim, " (head_dim)"));
+  }
+  if (keys.query_covariance_size() != 0 && keys.query_covariance_size() != mean_size * head_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".query_covariance: ", keys.query_covariance_size(),
+                     " values, expected none or ", heads, " heads x ", head_dim, " x ", head_dim));
+  }
+  for (const auto& [name, values] : {std::pair{"query_mean", &keys.query_mean()},
+                                     std::pair{"query_covariance", &keys.query_covariance()}}) {
+    for (int i = 0; i < values->size(); ++i) {
+      if (!std::isfinite(values->Get(i))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(field, ".", name, "[", i, "]: must be finite, got ", values->Get(i)));
+      }
+    }
+  }
+  out.query_mean.assign(keys.query_mean().begin(), keys.query_mean().end());
+  out.query_covariance.assign(keys.query_covariance().begin(), keys.query_covariance().end());
+  return out;
+}
+
 // Step 1 for one layer's statistic.
-absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shard,
+absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shard, int head_dim,
                               int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
                               HeldSegments& segments, const Readers& readers,
                               ServiceMetrics& metrics, LayerWork& work) {
@@ -286,18 +363,8 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shar
       return absl::InvalidArgumentError(absl::StrCat(
           work.field, ".accumulate: not with a keys statistic (the keys are read whole)"));
     }
-    switch (stat.keys().score()) {
-      case v1::KEY_SCORE_KEYDIFF:
-        work.keys = KeyScore::kKeyDiff;
-        break;
-      case v1::KEY_SCORE_NORM:
-        work.keys = KeyScore::kNorm;
-        break;
-      default:
-        return absl::InvalidArgumentError(
-            absl::StrCat(field, ".keys.score: must be KEY_SCORE_KEYDIFF or KEY_SCORE_NORM, got ",
-                         stat.keys().score()));
-    }
+    ASSIGN_OR_RETURN(work.keys,
+                     ResolveKeys(absl::StrCat(field, ".keys"), stat.keys(), shard.heads, head_dim));
     work.dtype = dtype;
     work.query_heads = stat.query_heads();
     return absl::OkStatus();
@@ -797,8 +864,8 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, const Sha
         "budget's decision); decide chunks with a fixed budget"));
   }
   const Readers readers{.device = device, .model_id = model.id(), .sequence_id = sequence_id};
-  RETURN_IF_ERROR(ResolveStatistic(input, shard, tokens, *policy.policy, shm, segments, readers,
-                                   metrics, work));
+  RETURN_IF_ERROR(ResolveStatistic(input, shard, geometry.head_dim, tokens, *policy.policy, shm,
+                                   segments, readers, metrics, work));
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (work.cached_weights.has_value() && shard.partial(geometry)) {  // the rank's rows

@@ -89,4 +89,36 @@ void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
   }
 }
 
+void ScoreExpectedAttention(std::span<const float> keys, int head_dim,
+                            std::span<const uint8_t> present, std::span<const float> mean,
+                            std::span<const float> covariance, std::span<float> out) {
+  const size_t tokens = out.size();
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  const double half_variance = 0.5 / static_cast<double>(head_dim);
+  std::vector<double> exponents(tokens, 0.0);
+  std::vector<float> projected(static_cast<size_t>(head_dim));  // S k
+  double largest = -INFINITY;
+  for (size_t t = 0; t < tokens; ++t) {
+    if (present[t] == 0) continue;
+    const float* key = &keys[t * static_cast<size_t>(head_dim)];
+    double exponent = scale * Dot(mean.data(), key, head_dim);
+    if (!covariance.empty()) {
+      for (int i = 0; i < head_dim; ++i) {
+        projected[static_cast<size_t>(i)] =
+            Dot(&covariance[static_cast<size_t>(i) * static_cast<size_t>(head_dim)], key, head_dim);
+      }
+      exponent += half_variance * Dot(key, projected.data(), head_dim);
+    }
+    exponents[t] = exponent;
+    largest = std::max(largest, exponent);
+  }
+  double total = 0.0;
+  for (size_t t = 0; t < tokens; ++t) {
+    if (present[t] != 0) total += std::exp(exponents[t] - largest);
+  }
+  for (size_t t = 0; t < tokens; ++t) {
+    out[t] = present[t] != 0 ? static_cast<float>(std::exp(exponents[t] - largest) / total) : 0.0F;
+  }
+}
+
 }  // namespace entrokv

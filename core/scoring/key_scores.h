@@ -8,6 +8,9 @@
 //            score_t = 1 - cos(k_t, a), in [0, 2]; 1 when k_t or a is zero.
 //   norm     keys of small norm are kept (KNorm): score_t = 1 / (1 + |k_t|), in (0, 1].
 //
+// ScoreExpectedAttention, below, scores a group's keys for one query head from the statistics
+// of the queries expected next: query-agnostic too (no question), but one row per query head.
+//
 // Both are non-negative, as a statistic must be, and order tokens as the published scores do
 // (-cos, -|k|), so a pooling policy's page maxima rank pages by them.
 #ifndef ENTROKV_CORE_SCORING_KEY_SCORES_H_
@@ -33,6 +36,18 @@ enum class KeyScore : uint8_t { kKeyDiff, kNorm };
 // REQUIRES: head_dim >= 1, keys.size() == present.size() * head_dim == out.size() * head_dim.
 void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
                std::span<const uint8_t> present, std::span<float> out);
+
+// The attention one query head is expected to pay each of its group's keys (Expected
+// Attention): for queries expected next with mean m and covariance S (RoPE applied as those
+// positions would), E[exp(q . k / sqrt(d))] = exp(m . k / sqrt(d) + k' S k / (2 d)) for Gaussian
+// q; out[t] is that normalised over the tokens present (a softmax of the exponents), 0 for a
+// token whose key is gone. `covariance` empty: the mean alone. Dot products in float, the
+// exponents and the normalisation in double.
+// REQUIRES: head_dim >= 1, keys.size() == present.size() * head_dim == out.size() * head_dim,
+// mean.size() == head_dim, covariance.size() 0 or head_dim * head_dim, every value finite.
+void ScoreExpectedAttention(std::span<const float> keys, int head_dim,
+                            std::span<const uint8_t> present, std::span<const float> mean,
+                            std::span<const float> covariance, std::span<float> out);
 
 }  // namespace entrokv
 

@@ -50,6 +50,35 @@ TEST(KeyScoresTest, NormKeepsSmallKeys) {
               Pointwise(FloatNear(1e-7F), std::vector<float>{1.0F / 6.0F, 1.0F, 0.0F}));
 }
 
+// Head dim 2, mean (2, 0): exponents k_x * 2 / sqrt(2) (+ the covariance's k'Sk / 4), softmax
+// over the tokens present; a token whose key is gone scores 0 and takes no share.
+TEST(KeyScoresTest, ExpectedAttentionIsTheSoftmaxOfTheExpectedExponents) {
+  const std::vector<float> keys = {1, 0, 0, 1, -1, 0, 5, 5};
+  const std::vector<uint8_t> present = {1, 1, 1, 0};
+  const std::vector<float> mean = {2, 0};
+  auto softmax = [](std::vector<double> e) {
+    double total = 0.0;
+    for (double& v : e) total += (v = std::exp(v));
+    std::vector<float> out;
+    for (const double v : e) out.push_back(static_cast<float>(v / total));
+    out.push_back(0.0F);
+    return out;
+  };
+  const double a = 2.0 / std::sqrt(2.0);
+  std::vector<float> out(4, -1.0F);
+  ScoreExpectedAttention(keys, 2, present, mean, {}, out);
+  EXPECT_THAT(out, Pointwise(FloatNear(1e-6F), softmax({a, 0.0, -a})));
+  // Covariance diag(0, 8): k'Sk / (2 d) = 8 k_y^2 / 4 lifts the y key by 2.
+  const std::vector<float> covariance = {0, 0, 0, 8};
+  ScoreExpectedAttention(keys, 2, present, mean, covariance, out);
+  EXPECT_THAT(out, Pointwise(FloatNear(1e-6F), softmax({a, 2.0, -a})));
+  // Large exponents do not overflow: only their differences count.
+  const std::vector<float> far = {1000, 0};
+  ScoreExpectedAttention(keys, 2, present, far, {}, out);
+  EXPECT_NEAR(out[0], 1.0F, 1e-6F);
+  EXPECT_FALSE(std::isnan(out[2]));
+}
+
 TEST(KeyScoresTest, NamesParseAndBadOnesAreRefusedByName) {
   EXPECT_EQ(*ParseKeyScore("keydiff"), KeyScore::kKeyDiff);
   EXPECT_EQ(*ParseKeyScore("norm"), KeyScore::kNorm);

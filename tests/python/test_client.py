@@ -334,8 +334,32 @@ class ClientTest(unittest.TestCase):
             for decision in decisions:
                 for group in decision.groups:
                     self.assertEqual(list(group.kept_pages), [page], score)
+        # Expected attention with queries along dimension 1, page 2's direction, keeps page 2;
+        # along dimension 0 it keeps a page of the others, not page 2.
+        for direction, kept in ((1, [2]), (0, None)):
+            mean = np.zeros((GEOMETRY["query_heads"], 32), np.float32)
+            mean[:, direction] = 4.0
+            covariance = np.tile(np.eye(32, dtype=np.float32), (GEOMETRY["query_heads"], 1, 1))
+            stats = [entrokv.key_statistic(GEOMETRY["query_heads"], 64, "expected_attention",
+                                           dtype="f16", query_mean=mean,
+                                           query_covariance=covariance)
+                     for _ in range(GEOMETRY["layers"])]
+            sequence = f"expected{direction}"
+            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
+            decisions = self.client.decide("keys", sequence, stats, pages=1, policy="mean",
+                                           protect_tail_page=False)
+            for decision in decisions:
+                for group in decision.groups:
+                    if kept is None:
+                        self.assertNotEqual(list(group.kept_pages), [2])
+                    else:
+                        self.assertEqual(list(group.kept_pages), kept)
         with self.assertRaisesRegex(ValueError, "score: 'cosine'"):
             entrokv.key_statistic(6, 64, "cosine")
+        with self.assertRaisesRegex(ValueError, "query_mean"):
+            entrokv.key_statistic(6, 64, "expected_attention")
+        with self.assertRaisesRegex(ValueError, "only for expected_attention"):
+            entrokv.key_statistic(6, 64, "keydiff", query_mean=np.zeros((6, 32)))
 
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)

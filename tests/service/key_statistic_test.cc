@@ -3,7 +3,10 @@
 // (core/scoring/key_scores.h) and decides. The decision must be the one the same scores sent as
 // bytes get, in both frame layouts, at prefill and again once pages are gone.
 #include <cstring>
+#include <functional>
+#include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -71,11 +74,17 @@ class KeyStatisticTest : public ServiceTest {
     }
   }
 
-  // The keys statistic's rows as the test computes them: each group's scores over the keys of
-  // the pages `sequence` still holds, on each of the group's heads.
+  // Fills one layer's rows [heads][tokens] of one group from the keys its frames hold
+  // (`stored`, [tokens][head_dim], 0 where `present` is 0).
+  using RowScorer = std::function<void(int group, const std::vector<float>& stored,
+                                       const std::vector<uint8_t>& present, int64_t tokens,
+                                       std::vector<float>& rows)>;
+
+  // The keys statistic's rows as the test computes them, over the keys of the pages `sequence`
+  // still holds, one [heads][tokens] per layer.
   std::vector<std::vector<float>> ExpectedRows(
       const std::string& model, const std::string& sequence,
-      const std::vector<std::vector<std::vector<float>>>& keys, KeyScore score) {
+      const std::vector<std::vector<std::vector<float>>>& keys, const RowScorer& score) {
     const v1::SequenceInfo info = Sequence(model, sequence);
     const int64_t tokens = info.length_tokens();
     std::vector<std::vector<float>> rows(kLayers,
@@ -93,15 +102,22 @@ class KeyStatisticTest : public ServiceTest {
           stored[at] = Float16ToFloat(FloatToFloat16(key[at]));  // as the frame holds it
         }
       }
+      score(table.group(), stored, present, tokens, rows[static_cast<size_t>(table.layer())]);
+    }
+    return rows;
+  }
+
+  // The group's keydiff or norm scores on each of its heads.
+  static RowScorer GroupScores(KeyScore score) {
+    return [score](int group, const std::vector<float>& stored, const std::vector<uint8_t>& present,
+                   int64_t tokens, std::vector<float>& rows) {
       std::vector<float> scores(static_cast<size_t>(tokens));
       ScoreKeys(score, stored, kHeadDim, present, scores);
       const int per_group = kHeads / kGroups;
-      for (int head = table.group() * per_group; head < (table.group() + 1) * per_group; ++head) {
-        std::copy(scores.begin(), scores.end(),
-                  rows[static_cast<size_t>(table.layer())].begin() + head * tokens);
+      for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
+        std::copy(scores.begin(), scores.end(), rows.begin() + head * tokens);
       }
-    }
-    return rows;
+    };
   }
 
   static v1::DecideRequest Request(const std::string& model, int64_t pages) {
@@ -189,7 +205,8 @@ TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) 
           WriteKeys(pool, "s", keys, kPrompt);
         }
         v1::DecideRequest bytes = Request(sent, tokens == kPrompt ? 4 : 3);
-        const std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, score);
+        const std::vector<std::vector<float>> rows =
+            ExpectedRows(keyed, "s", keys, GroupScores(score));
         for (int layer = 0; layer < kLayers; ++layer) {
           v1::LayerStatistic* in = bytes.add_layers();
           in->set_layer(layer);
@@ -213,6 +230,87 @@ TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) 
   EXPECT_GT(counted->counter.value, 0);
 }
 
+// Expected attention: each head's row from the query statistics sent with the request, over the
+// keys in the frames, in both layouts, at prefill and after eviction; the same decision as those
+// rows sent as bytes. With and without the covariance.
+TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> mean(static_cast<size_t>(kHeads * kHeadDim));
+  for (float& value : mean) value = normal(rng);
+  // S = A A' / head_dim per head: symmetric, positive semi-definite.
+  std::vector<float> covariance(static_cast<size_t>(kHeads * kHeadDim * kHeadDim), 0.0F);
+  for (int head = 0; head < kHeads; ++head) {
+    std::vector<float> a(static_cast<size_t>(kHeadDim * kHeadDim));
+    for (float& value : a) value = normal(rng);
+    for (int i = 0; i < kHeadDim; ++i) {
+      for (int j = 0; j < kHeadDim; ++j) {
+        float sum = 0.0F;
+        for (int k = 0; k < kHeadDim; ++k) sum += a[i * kHeadDim + k] * a[j * kHeadDim + k];
+        covariance[static_cast<size_t>((head * kHeadDim + i) * kHeadDim + j)] = sum / kHeadDim;
+      }
+    }
+  }
+  int index = 0;
+  for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
+    for (const bool with_covariance : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " covariance ", with_covariance));
+      const std::string keyed = absl::StrCat("expected", index);
+      const std::string sent = absl::StrCat("rows", index);
+      ++index;
+      const v1::PoolInfo pool = RegisterLayout(keyed, layout);
+      RegisterLayout(sent, layout);
+      constexpr int64_t kPrompt = 100;
+      const auto keys = RandomKeys(kPrompt, 31 + index);
+      Open(keyed, "s", kPrompt);
+      Open(sent, "s", kPrompt);
+      WriteKeys(pool, "s", keys, 0);
+      const std::vector<float> used = with_covariance ? covariance : std::vector<float>();
+      auto per_head = [&](int group, const std::vector<float>& stored,
+                          const std::vector<uint8_t>& present, int64_t tokens,
+                          std::vector<float>& rows) {
+        const int per_group = kHeads / kGroups;
+        for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
+          const std::span<const float> all(used);
+          ScoreExpectedAttention(
+              stored, kHeadDim, present,
+              std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim), kHeadDim),
+              all.empty() ? all
+                          : all.subspan(static_cast<size_t>(head * kHeadDim * kHeadDim),
+                                        kHeadDim * kHeadDim),
+              std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
+                                             static_cast<size_t>(tokens)));
+        }
+      };
+      for (const int64_t pages : {4, 2}) {  // prefill, then again after eviction
+        v1::DecideRequest request =
+            KeysRequest(keyed, pages, kPrompt, v1::KEY_SCORE_EXPECTED_ATTENTION);
+        for (v1::LayerStatistic& layer : *request.mutable_layers()) {
+          v1::KeyStatistic* statistic = layer.mutable_statistic()->mutable_keys();
+          statistic->mutable_query_mean()->Assign(mean.begin(), mean.end());
+          statistic->mutable_query_covariance()->Assign(used.begin(), used.end());
+        }
+        v1::DecideRequest bytes = Request(sent, pages);
+        const std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, per_head);
+        for (int layer = 0; layer < kLayers; ++layer) {
+          v1::LayerStatistic* in = bytes.add_layers();
+          in->set_layer(layer);
+          *in->mutable_statistic() =
+              BytesStatistic(rows[static_cast<size_t>(layer)], kHeads, kPrompt, v1::DTYPE_FLOAT32);
+        }
+        v1::DecideResponse from_keys;
+        v1::DecideResponse from_bytes;
+        const grpc::Status status = Decide(request, &from_keys);
+        ASSERT_TRUE(status.ok()) << status.error_message();
+        ASSERT_TRUE(Decide(bytes, &from_bytes).ok());
+        ExpectSameDecision(from_keys, from_bytes);
+        EXPECT_EQ(Stats(keyed).used_frames(), Stats(sent).used_frames());
+      }
+      ExpectInvariants(keyed);
+    }
+  }
+}
+
 TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   RegisterLayout("m", v1::FRAME_LAYOUT_GROUP);
   Open("m", "s", 40);
@@ -231,6 +329,29 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   v1::DecideRequest heads = good;
   heads.mutable_layers(0)->mutable_statistic()->set_query_heads(kHeads / 2);
   cases.push_back({heads, "layers[0].statistic.query_heads"});
+  v1::DecideRequest stray = good;  // query statistics with another score
+  stray.mutable_layers(0)->mutable_statistic()->mutable_keys()->add_query_mean(1.0F);
+  cases.push_back({stray, "layers[0].statistic.keys.query_mean"});
+  v1::DecideRequest expected = KeysRequest("m", 1, 40, v1::KEY_SCORE_EXPECTED_ATTENTION);
+  for (v1::LayerStatistic& layer : *expected.mutable_layers()) {
+    for (int i = 0; i < kHeads * kHeadDim; ++i) {
+      layer.mutable_statistic()->mutable_keys()->add_query_mean(0.5F);
+    }
+  }
+  v1::DecideRequest short_mean = expected;
+  short_mean.mutable_layers(1)
+      ->mutable_statistic()
+      ->mutable_keys()
+      ->mutable_query_mean()
+      ->RemoveLast();
+  cases.push_back({short_mean, "layers[1].statistic.keys.query_mean: 31 values, expected 4 heads"});
+  v1::DecideRequest bad_covariance = expected;
+  bad_covariance.mutable_layers(0)->mutable_statistic()->mutable_keys()->add_query_covariance(1.0F);
+  cases.push_back({bad_covariance, "layers[0].statistic.keys.query_covariance"});
+  v1::DecideRequest infinite = expected;
+  infinite.mutable_layers(2)->mutable_statistic()->mutable_keys()->set_query_mean(
+      3, std::numeric_limits<float>::infinity());
+  cases.push_back({infinite, "layers[2].statistic.keys.query_mean[3]: must be finite"});
   ExpectRefusedChangingNothing("m", cases);
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
 }

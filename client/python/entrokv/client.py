@@ -103,21 +103,42 @@ def statistic_message(array: np.ndarray, dtype: Optional[str] = None,
                            kind=wire_kind, data=data.tobytes())
 
 
-KEY_SCORES = {"keydiff": types.KEY_SCORE_KEYDIFF, "norm": types.KEY_SCORE_NORM}
+KEY_SCORES = {"keydiff": types.KEY_SCORE_KEYDIFF, "norm": types.KEY_SCORE_NORM,
+              "expected_attention": types.KEY_SCORE_EXPECTED_ATTENTION}
 
 
 def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
-                  dtype: str = "f32") -> "types.Statistic":
+                  dtype: str = "f32", query_mean: Optional[np.ndarray] = None,
+                  query_covariance: Optional[np.ndarray] = None) -> "types.Statistic":
     """A Statistic with no values: the daemon scores the keys this worker wrote into the
     sequence's frames (query-agnostic; core/scoring/key_scores.h). score: "keydiff" (keys unlike
-    the group's mean direction are kept) or "norm" (small keys are kept); dtype: the keys'
-    element type in the pool ("f32", "f16", "bf16"). query_heads and tokens as for an array
-    (a tensor-parallel rank's own heads). Pass it to decide() or decide_stream() in place of an
+    the group's mean direction are kept), "norm" (small keys are kept) or "expected_attention"
+    (the attention the next queries are expected to pay each key: query_mean [query_heads,
+    head_dim], the mean of the queries expected next with RoPE applied as those positions would,
+    and optionally query_covariance [query_heads, head_dim, head_dim]); dtype: the keys' element
+    type in the pool ("f32", "f16", "bf16"). query_heads and tokens as for an array (a
+    tensor-parallel rank's own heads). Pass it to decide() or decide_stream() in place of an
     array; it works with every pooling policy (mean is the plain choice)."""
     wire_score = _choice("score", score, KEY_SCORES)
     wire_dtype, _ = _choice("dtype", dtype, _DTYPES)
-    return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens,
-                           keys=types.KeyStatistic(score=wire_score))
+    keys = types.KeyStatistic(score=wire_score)
+    if score == "expected_attention":
+        if query_mean is None:
+            raise ValueError("query_mean: expected_attention needs the queries' mean "
+                             "[query_heads, head_dim]")
+        mean = np.asarray(query_mean, np.float32)
+        if mean.ndim != 2 or mean.shape[0] != query_heads:
+            raise ValueError(f"query_mean: shape {mean.shape}, expected [{query_heads}, head_dim]")
+        keys.query_mean.extend(mean.ravel().tolist())
+        if query_covariance is not None:
+            covariance = np.asarray(query_covariance, np.float32)
+            if covariance.shape != mean.shape + mean.shape[1:]:
+                raise ValueError(f"query_covariance: shape {covariance.shape}, expected "
+                                 f"[{query_heads}, {mean.shape[1]}, {mean.shape[1]}]")
+            keys.query_covariance.extend(covariance.ravel().tolist())
+    elif query_mean is not None or query_covariance is not None:
+        raise ValueError(f"query_mean, query_covariance: only for expected_attention, not {score}")
+    return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens, keys=keys)
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
