@@ -63,8 +63,9 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
 def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     """"none", or a policy name with optional suffixes: +window (the question-window statistic,
     the mean of the question's query rows, docs/architecture.md §3.1, instead of its default),
-    +last or +acc (the accumulated column sums), +keydiff or +knorm (no statistic sent: the
-    daemon scores the keys in its frames, docs/decisions.md), +winkeys (an experiment of this
+    +last or +acc (the accumulated column sums), +keydiff, +knorm or +expattn (no statistic sent:
+    the daemon scores the keys in its frames, docs/decisions.md; +expattn with the prompt
+    queries' statistics), +winkeys (an experiment of this
     worker's: the window statistic mixed half and half with keydiff), +nb<k><max|mean>
     (neighbourhood pooling of width k) and +gf<percent> (group quotas that move, each group
     keeping at least that share of its quota: policy.group_floor), e.g.
@@ -73,7 +74,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
-             "keydiff": "keys_keydiff", "knorm": "keys_norm", "winkeys": "window_keydiff"}
+             "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
+             "winkeys": "window_keydiff"}
     statistic, params = None, {}
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
@@ -87,8 +89,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params["group_floor"] = int(floor.group(1)) / 100
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +winkeys, +nb<k><max|mean> or +gf<0-100>, at "
-                             f"most one of each kind")
+                             f"+keydiff, +knorm, +expattn, +winkeys, +nb<k><max|mean> or "
+                             f"+gf<0-100>, at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
                               params=tuple(params.items()))
 

@@ -156,6 +156,7 @@ class SummaryTest(unittest.TestCase):
     def test_policy_suffixes_name_the_statistic_and_the_neighbourhood(self):
         self.assertEqual(evaluate.policy_of("mean+keydiff", 0.75).statistic, "keys_keydiff")
         self.assertEqual(evaluate.policy_of("mean+knorm", 0.75).statistic, "keys_norm")
+        self.assertEqual(evaluate.policy_of("mean+expattn", 0.75).statistic, "keys_expected")
         self.assertEqual(evaluate.policy_of("mean+winkeys", 0.75).statistic, "window_keydiff")
         both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
         self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),

@@ -42,6 +42,31 @@ def random_model(seed=0):
     return numpy_model.Model(c, w)
 
 
+class QueryMomentsTest(unittest.TestCase):
+    def test_one_future_position_rotates_as_rope_does(self):
+        # With one future position the mean is the mean query with RoPE applied there, and the
+        # covariance is that of the rotated queries.
+        rng = np.random.default_rng(3)
+        q = rng.normal(size=(2, 40, 8)).astype(np.float32)
+        mean, covariance = numpy_model.query_moments(q, 17, 1, 4, 10000.0)
+        cos, sin = numpy_model.rope_tables(np.array([17]), 8, 10000.0)
+        rotated = numpy_model.apply_rope(q[:, 4:].astype(np.float64), cos, sin)
+        np.testing.assert_allclose(mean, rotated.mean(axis=1), atol=1e-5)
+        centred = rotated - rotated.mean(axis=1, keepdims=True)
+        np.testing.assert_allclose(covariance,
+                                   np.einsum("hti,htj->hij", centred, centred) / 36, atol=1e-5)
+
+    def test_averaged_rotation_shrinks_the_fast_dimensions(self):
+        # Averaged over many positions the fastest frequency's cos and sin average out: its
+        # pair of dimensions carries little of the mean; the slowest keeps nearly all.
+        q = np.zeros((1, 5, 8), np.float32)
+        q[0, :, 0] = 1.0  # the fastest pair (0, 4)
+        q[0, :, 3] = 1.0  # the slowest pair (3, 7)
+        mean, _ = numpy_model.query_moments(q, 100, 128, 0, 10000.0)
+        self.assertLess(np.hypot(mean[0, 0], mean[0, 4]), 0.1)
+        self.assertGreater(np.hypot(mean[0, 3], mean[0, 7]), 0.99)
+
+
 class TasksTest(unittest.TestCase):
     def test_deterministic_per_seed(self):
         for task in tasks.TASKS:

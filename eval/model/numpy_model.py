@@ -55,6 +55,27 @@ def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
     return np.concatenate([x1 * cos - x2 * sin, x1 * sin + x2 * cos], axis=-1)
 
 
+def query_moments(q: np.ndarray, next_position: int, future: int, sinks: int,
+                  base: float) -> Tuple[np.ndarray, np.ndarray]:
+    """The statistics of the queries expected next, for an expected-attention score: the mean
+    and covariance over the tokens of `q` (before RoPE, [heads, n, head_dim]) past the first
+    `sinks`, each rotated by RoPE's rotation averaged over the `future` positions from
+    `next_position` (rotate-half convention). Returns mean [heads, head_dim] and covariance
+    [heads, head_dim, head_dim], float32."""
+    x = q[:, sinks:] if q.shape[1] > sinks else q
+    x = x.astype(np.float64)
+    mean = x.mean(axis=1)
+    centred = x - mean[:, None, :]
+    covariance = np.einsum("hti,htj->hij", centred, centred) / x.shape[1]
+    d = q.shape[-1]
+    cos, sin = rope_tables(np.arange(next_position, next_position + future), d, base)
+    c, s = np.diag(cos.mean(axis=0).astype(np.float64)), np.diag(sin.mean(axis=0).astype(np.float64))
+    rotation = np.block([[c, -s], [s, c]])  # apply_rope(x) = rotation @ x for one position
+    mean = mean @ rotation.T
+    covariance = rotation @ covariance @ rotation.T
+    return mean.astype(np.float32), covariance.astype(np.float32)
+
+
 def rms_norm(x: np.ndarray, gain: np.ndarray, eps: float) -> np.ndarray:
     scale = 1.0 / np.sqrt(np.mean(x.astype(np.float32) ** 2, axis=-1, keepdims=True) + eps)
     return (x * scale * gain).astype(np.float32)
@@ -118,7 +139,7 @@ class Model:
 
     # ---- one layer over new tokens, attending through the cache -------------------------------
     def _attention(self, layer: int, x: np.ndarray, positions: np.ndarray, kv,
-                   stat_rows: Union[int, Sequence[int]]):
+                   stat_rows: Union[int, Sequence[int]], on_queries=None):
         """x: [n, d] new tokens at `positions` (ascending, after everything cached).
 
         Writes their K/V into `kv`, attends causally over what `kv` holds, and returns the
@@ -134,6 +155,8 @@ class Model:
         q = (h @ self.w[p + "wq.weight"].T).reshape(n, c.query_heads, c.head_dim).transpose(1, 0, 2)
         k = (h @ self.w[p + "wk.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
         v = (h @ self.w[p + "wv.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(1, 0, 2)
+        if on_queries is not None:  # the queries before RoPE, [query_heads, n, head_dim]
+            on_queries(layer, q)
         cos, sin = rope_tables(positions, c.head_dim, c.rope_base)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         kv.write(layer, positions, k.astype(np.float32), v.astype(np.float32))
@@ -177,17 +200,19 @@ class Model:
         return act @ self.w[p + "w2.weight"].T
 
     def step(self, tokens: np.ndarray, positions: np.ndarray, kv,
-             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None) -> np.ndarray:
+             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None,
+             on_queries=None) -> np.ndarray:
         """Runs new tokens through every layer; returns logits [n, vocab].
 
         on_layer(layer, statistic) is called after each layer's attention when stat_rows > 0,
         with the per-group statistics (a list of [r, T_g] arrays; a dict window -> such a list
         when stat_rows is a sequence of windows): the moment a worker sends that layer's
-        statistic and may evict before the next layer runs.
+        statistic and may evict before the next layer runs. on_queries(layer, q), before it,
+        gets the layer's queries before RoPE, [query_heads, n, head_dim].
         """
         x = self.w["embed.weight"][tokens].astype(np.float32)
         for layer in range(self.config.layers):
-            attn, stat = self._attention(layer, x, positions, kv, stat_rows)
+            attn, stat = self._attention(layer, x, positions, kv, stat_rows, on_queries)
             x = x + attn
             x = x + self._mlp(layer, x)
             if on_layer is not None and stat is not None:

@@ -52,7 +52,15 @@ ELEMENTS = {"f32": np.float32, "f16": np.float16}
 KINDS = ("last_row", "window_mean", "accumulated")
 # Statistics the daemon computes itself from the keys in the pool's frames (no question, no
 # attention rows sent; core/scoring/key_scores.h): kind -> the key score.
-KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm"}
+# keys_expected: expected attention, from the statistics of this worker's prompt queries
+# (numpy_model.query_moments) sent with the request.
+KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
+             "keys_expected": "expected_attention"}
+# Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
+# rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
+# answer of the tasks are shorter; kvpress averages over 512).
+EXPECTED_SINKS = 4
+EXPECTED_FUTURE = 128
 # A development experiment, computed by this worker (not by the daemon): the window statistic,
 # each row scaled to sum 1, mixed half and half with keydiff's scores of the group's keys read
 # back from the pool, scaled to sum 1. Sent as a window_mean statistic.
@@ -208,6 +216,8 @@ class PoolKV:
             self.valid[:, :, :valid.shape[2]] = valid[:, :, :self.valid.shape[2]]
         self.frames_seen: set = set()  # every frame id this sequence's tables ever named
         self.stats: Dict[str, np.ndarray] = {}  # kind -> [layers, query_heads, prompt tokens]
+        # layer -> the prompt queries' (mean, covariance) for expected attention
+        self.moments: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
         self.prefill_logits: Optional[np.ndarray] = None  # [prompt tokens, vocab]
 
     def _reserve(self, tokens: int) -> None:
@@ -375,11 +385,23 @@ class PoolWorker:
             out[group] = 0.5 * out[group] + 0.5 * score
         return out.astype(np.float32)
 
-    def _key_statistic(self, kind: str, tokens: int):
+    def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
-        scores the keys in the sequence's frames."""
+        scores the keys in the sequence's frames (expected attention with the layer's query
+        statistics kept on `kv`)."""
+        mean, covariance = kv.moments[layer] if kind == "keys_expected" else (None, None)
         return entrokv.key_statistic(self.model.config.query_heads, tokens,
-                                     score=KEY_KINDS[kind], dtype=self.element)
+                                     score=KEY_KINDS[kind], dtype=self.element,
+                                     query_mean=mean, query_covariance=covariance)
+
+    def _keep_moments(self, kv: "PoolKV", tokens: int):
+        """on_queries for the model: each layer's query statistics into kv.moments."""
+        c = self.model.config
+
+        def keep(layer: int, q: np.ndarray) -> None:
+            kv.moments[layer] = numpy_model.query_moments(q, tokens, EXPECTED_FUTURE,
+                                                          EXPECTED_SINKS, c.rope_base)
+        return keep
 
     def _kept(self, statistic) -> np.ndarray:
         """A statistic kept on the sequence for later decisions, as a host array."""
@@ -434,11 +456,12 @@ class PoolWorker:
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
                     "window_keydiff": window}
             windows = sorted({rows[k] for k in measured})
+            on_queries = self._keep_moments(kv, n) if "keys_expected" in kinds else None
             layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
 
             def statistic(stat: Dict[int, list], kind: str, layer: int):
                 if kind in KEY_KINDS:  # the daemon reads the keys this layer just wrote
-                    return self._key_statistic(kind, n)
+                    return self._key_statistic(kv, kind, layer, n)
                 s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
                 if kind in MIXED_KINDS:
                     return self._mixed_with_keydiff(kv, layer, s, n)
@@ -448,7 +471,8 @@ class PoolWorker:
                 def keep(layer, stat):
                     layer_stats[layer] = {k: self._kept(statistic(stat, k, layer))
                                           for k in measured}
-                kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep)
+                kv.prefill_logits = self.model.step(prompt, np.arange(n), kv, windows, keep,
+                                                    on_queries=on_queries)
                 kv.stats = {k: np.stack([layer_stats[l][k] for l in sorted(layer_stats)])
                             for k in measured}
                 return kv, []
@@ -472,7 +496,8 @@ class PoolWorker:
                     prompt, np.arange(n), kv, windows,
                     lambda layer, stat: outbox.put(
                         (layer, self._outgoing(kv, layer,
-                                               statistic(stat, self.kind(policy), layer)))))
+                                               statistic(stat, self.kind(policy), layer)))),
+                    on_queries=on_queries)
             finally:
                 outbox.put(None)
                 receiver.join()
@@ -495,6 +520,7 @@ class PoolWorker:
                                   parent=parent.sequence_id, prefix_pages=pages)
         kv = PoolKV(self, sid, parent.length, valid=parent.valid)
         kv.stats, kv.prefill_logits = parent.stats, parent.prefill_logits
+        kv.moments = parent.moments
         try:
             self._fetch_tables(kv)
         except BaseException:
@@ -528,8 +554,8 @@ class PoolWorker:
             return []
         kind = self.kind(policy)
         if kind in KEY_KINDS:
-            layers = self.model.config.layers
-            stats = [self._key_statistic(kind, kv.length)] * layers
+            stats = [self._key_statistic(kv, kind, layer, kv.length)
+                     for layer in range(self.model.config.layers)]
         elif kind not in kv.stats:
             raise ValueError(f"sequence {kv.sequence_id} kept no {kind} statistic")
         else:

@@ -236,8 +236,11 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
     def test_forks_share_the_prefill_and_decide_like_unforked_runs(self):
         worker = self.worker("forks", capacity_frames=2048)
         example = tasks.make_example("variable_tracking", 333, 4)  # a partial tail page
+        # The expected-attention decision reads the prompt queries' statistics kept on the
+        # parent (forks) or taken while its prefill runs (alone).
         policies = [Policy("none"), Policy("page_entrokv", ratio=0.75), Policy("h2o", pages=5),
-                    Policy("snapkv", ratio=0.5), Policy("streaming", pages=4)]
+                    Policy("snapkv", ratio=0.5), Policy("streaming", pages=4),
+                    Policy("mean", ratio=0.75, statistic="keys_expected")]
         forked = worker.run_forked(example, policies)
         self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
         self.assertEqual([r.policy for r in forked], [p.label() for p in policies])
