@@ -70,7 +70,8 @@ def main():
     frame_bytes = 2 * page_size * args.head_dim * element
     daemon = pool_worker.LocalDaemon(
         args.entrokvd, f"--pool_capacity_bytes={frames * frame_bytes}",
-        f"--max_message_bytes={args.layers * args.query_heads * args.tokens * 4 + (1 << 20)}")
+        f"--max_message_bytes="
+        f"{args.layers * args.query_heads * (args.tokens + args.head_dim ** 2) * 4 + (1 << 20)}")
     rows = []
     try:
         with entrokv.Client(daemon.address, timeout_s=600) as client:
@@ -84,12 +85,23 @@ def main():
             fill_keys(pool, tables, page_size, args.head_dim, dtype, 1)
             stats = np.random.default_rng(2).random(
                 (args.layers, args.query_heads, args.tokens), dtype=np.float32)
+            # Query statistics of the expected-attention score: a mean and a covariance per head.
+            rng = np.random.default_rng(3)
+            mean = rng.standard_normal((args.query_heads, args.head_dim)).astype(np.float32)
+            factor = rng.standard_normal((args.query_heads, args.head_dim, args.head_dim))
+            covariance = (factor @ factor.transpose(0, 2, 1) / args.head_dim).astype(np.float32)
             settings = {
                 "bytes (float32 statistic)": lambda: stats,
                 "keys keydiff": lambda: [entrokv.key_statistic(
                     args.query_heads, args.tokens, "keydiff", args.dtype)] * args.layers,
                 "keys norm": lambda: [entrokv.key_statistic(
                     args.query_heads, args.tokens, "norm", args.dtype)] * args.layers,
+                "keys expected attention, mean": lambda: [entrokv.key_statistic(
+                    args.query_heads, args.tokens, "expected_attention", args.dtype,
+                    query_mean=mean)] * args.layers,
+                "keys expected attention, mean and covariance": lambda: [entrokv.key_statistic(
+                    args.query_heads, args.tokens, "expected_attention", args.dtype,
+                    query_mean=mean, query_covariance=covariance)] * args.layers,
             }
             keep = max(1, int(args.keep * pages))
             for round_index in range(args.rounds):

@@ -1,5 +1,8 @@
 // entrokv select: the eviction core on a .npy statistic, offline (no daemon).
+#include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -29,6 +32,7 @@ struct LoadedStatistic {
   int layers;
   int query_heads;
   int64_t tokens;
+  int kv_groups = 0;  // a keys file's G; 0: --kv-heads says
 };
 
 absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
@@ -67,11 +71,64 @@ absl::StatusOr<LoadedStatistic> LoadStatistic(const std::string& path,
   return loaded;
 }
 
+// Widens row `row` (T x D elements) of a keys array to float.
+void KeysRow(const NpyArray& array, DType dtype, int64_t row, int64_t tokens, int head_dim,
+             std::vector<float>& keys) {
+  WidenToFloat(array.bytes.data() + row * tokens * head_dim * DTypeBytes(dtype), dtype,
+               tokens * head_dim, keys.data());
+}
+
+// --query-mean / --query-covariance: float32 [H_Q, D...] or [L, H_Q, D...] with `trailing`
+// dimensions of D each, as [L][H_Q][D^trailing] values; `layers` L of the keys.
+absl::StatusOr<std::vector<float>> LoadQueryStatistic(const std::string& flag,
+                                                      const std::string& path, int trailing,
+                                                      int64_t layers, int head_dim,
+                                                      int* query_heads) {
+  ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
+  if (array.type != NpyType::kFloat32) {
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " must be float32"));
+  }
+  const size_t dims = static_cast<size_t>(trailing) + 1;
+  if (array.shape.size() == dims) array.shape.insert(array.shape.begin(), layers);
+  bool fits = array.shape.size() == dims + 1 && array.shape[0] == layers && array.shape[1] > 0;
+  for (size_t d = 2; fits && d < array.shape.size(); ++d) fits = array.shape[d] == head_dim;
+  if (!fits) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, ": ", path, " must be ", trailing == 1 ? "[H_Q, D]" : "[H_Q, D, D]",
+                     " or with the keys' ", layers, " layers first, D = ", head_dim));
+  }
+  *query_heads = static_cast<int>(array.shape[1]);
+  std::vector<float> values(array.bytes.size() / sizeof(float));
+  std::memcpy(values.data(), array.bytes.data(), array.bytes.size());
+  for (const float value : values) {
+    if (!std::isfinite(value)) {
+      return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " holds ", value));
+    }
+  }
+  return values;
+}
+
 // --keys: a [G, T, D] or [L, G, T, D] file of keys (float32 or float16) scored as the daemon
-// scores a keys statistic (core/scoring/key_scores.h), one row per KV group: [L, G, T] float32,
-// with one query head per group (a group's heads carry the same scores in the daemon).
-absl::StatusOr<LoadedStatistic> LoadKeys(const std::string& path, const std::string& score_flag) {
-  ASSIGN_OR_RETURN(const KeyScore score, ParseKeyScore(score_flag));
+// scores a keys statistic (core/scoring/key_scores.h). keydiff and norm: one row per KV group,
+// [L, G, T] float32, with one query head per group (a group's heads carry the same scores in the
+// daemon). expected_attention: one row per query head of --query-mean (and --query-covariance),
+// [L, H_Q, T], the heads of group g being rows [g r, (g + 1) r).
+absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
+  const std::string path = args.Get("keys");
+  const bool expected = args.Get("key-score") == "expected_attention";
+  std::optional<KeyScore> score;
+  if (!expected) {
+    ASSIGN_OR_RETURN(score, ParseKeyScore(args.Get("key-score")));
+    for (const char* flag : {"query-mean", "query-covariance"}) {
+      if (args.Given(flag)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--", flag, ": only with --key-score expected_attention"));
+      }
+    }
+  } else if (!args.Given("query-mean")) {
+    return absl::InvalidArgumentError(
+        "--query-mean: --key-score expected_attention needs the queries' mean [H_Q, D]");
+  }
   ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
   if (array.type == NpyType::kUInt16) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": keys must be float32 or float16"));
@@ -92,20 +149,55 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const std::string& path, const std::str
   const DType dtype = array.type == NpyType::kFloat32 ? DType::kFloat32 : DType::kFloat16;
   std::vector<float> keys(static_cast<size_t>(tokens * head_dim));
   const std::vector<uint8_t> present(static_cast<size_t>(tokens), 1);
-  NpyArray scores{.type = NpyType::kFloat32, .shape = {layers, groups, tokens}, .bytes = {}};
-  scores.bytes.resize(static_cast<size_t>(layers * groups * tokens) * sizeof(float));
+  int heads = static_cast<int>(groups);
+  std::vector<float> mean;
+  std::vector<float> covariance;
+  if (expected) {
+    ASSIGN_OR_RETURN(mean, LoadQueryStatistic("--query-mean", args.Get("query-mean"), 1, layers,
+                                              head_dim, &heads));
+    if (heads % groups != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--query-mean: ", heads, " query heads are not a multiple of the keys' ",
+                       groups, " KV groups"));
+    }
+    if (args.Given("query-covariance")) {
+      int covariance_heads = 0;
+      ASSIGN_OR_RETURN(covariance,
+                       LoadQueryStatistic("--query-covariance", args.Get("query-covariance"), 2,
+                                          layers, head_dim, &covariance_heads));
+      if (covariance_heads != heads) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--query-covariance: ", covariance_heads, " heads, the mean has ", heads));
+      }
+    }
+  }
+  NpyArray scores{.type = NpyType::kFloat32, .shape = {layers, heads, tokens}, .bytes = {}};
+  scores.bytes.resize(static_cast<size_t>(layers * heads * tokens) * sizeof(float));
   auto* out = reinterpret_cast<float*>(scores.bytes.data());
+  const int per_group = heads / static_cast<int>(groups);
+  const auto d = static_cast<size_t>(head_dim);
   for (int64_t row = 0; row < layers * groups; ++row) {
-    WidenToFloat(array.bytes.data() + row * tokens * head_dim * DTypeBytes(dtype), dtype,
-                 tokens * head_dim, keys.data());
-    ScoreKeys(score, keys, head_dim, present,
-              std::span<float>(out + row * tokens, static_cast<size_t>(tokens)));
+    KeysRow(array, dtype, row, tokens, head_dim, keys);
+    if (score.has_value()) {
+      ScoreKeys(*score, keys, head_dim, present,
+                std::span<float>(out + row * tokens, static_cast<size_t>(tokens)));
+      continue;
+    }
+    for (int i = 0; i < per_group; ++i) {
+      const auto head = static_cast<size_t>(row * per_group + i);  // layer-major, then head
+      ScoreExpectedAttention(
+          keys, head_dim, present, std::span<const float>(mean).subspan(head * d, d),
+          covariance.empty() ? std::span<const float>()
+                             : std::span<const float>(covariance).subspan(head * d * d, d * d),
+          std::span<float>(out + static_cast<int64_t>(head) * tokens, static_cast<size_t>(tokens)));
+    }
   }
   return LoadedStatistic{.array = std::move(scores),
                          .dtype = DType::kFloat32,
                          .layers = static_cast<int>(layers),
-                         .query_heads = static_cast<int>(groups),
-                         .tokens = tokens};
+                         .query_heads = heads,
+                         .tokens = tokens,
+                         .kv_groups = static_cast<int>(groups)};
 }
 
 // {"layers":[{"layer":0,"groups":[{"group":0,"kept_pages":[...],"weights":[...],
@@ -191,15 +283,15 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   ASSIGN_OR_RETURN(options.group_floor, args.GetDouble("group-floor"));
   RETURN_IF_ERROR(ValidateGroupFloor("--group-floor", options.group_floor));
   RETURN_IF_ERROR(ValidateGroupQuotas("--group-floor", *policy, options, scope));
-  ASSIGN_OR_RETURN(LoadedStatistic loaded,
-                   args.Given("keys") ? LoadKeys(args.Get("keys"), args.Get("key-score"))
-                                      : LoadStatistic(args.Get("stats"), args.Get("dtype")));
-  if (args.Given("keys")) {  // one row per KV group
-    if (args.Given("kv-heads") && kv_groups != loaded.query_heads) {
+  ASSIGN_OR_RETURN(
+      LoadedStatistic loaded,
+      args.Given("keys") ? LoadKeys(args) : LoadStatistic(args.Get("stats"), args.Get("dtype")));
+  if (args.Given("keys")) {
+    if (args.Given("kv-heads") && kv_groups != loaded.kv_groups) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--kv-heads: ", kv_groups, ", but the keys file has ", loaded.query_heads, " KV groups"));
+          "--kv-heads: ", kv_groups, ", but the keys file has ", loaded.kv_groups, " KV groups"));
     }
-    kv_groups = loaded.query_heads;
+    kv_groups = loaded.kv_groups;
   }
   if (kv_groups <= 0 || loaded.query_heads % kv_groups != 0) {
     return absl::InvalidArgumentError(absl::StrCat("--kv-heads: ", kv_groups,
@@ -255,7 +347,11 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("keys", "",
               "instead of --stats: keys [G, T, D] or [L, G, T, D] (float32 or float16), scored "
               "as the daemon scores a keys statistic, one row per KV group");
-  args.Option("key-score", "keydiff", "with --keys: keydiff or norm");
+  args.Option("key-score", "keydiff", "with --keys: keydiff, norm or expected_attention");
+  args.Option("query-mean", "",
+              "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
+  args.Option("query-covariance", "",
+              "expected_attention: their covariance, float32 [H_Q, D, D] or [L, H_Q, D, D]");
   args.Option("dtype", "", "set to bf16 to read uint16 data as bfloat16");
   args.Option("kv-heads", "", "KV heads (groups) G; must divide H_Q (with --keys: the file's)");
   args.Option("page-size", "16", "tokens per page B");

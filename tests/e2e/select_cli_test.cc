@@ -304,6 +304,66 @@ TEST_F(SelectCliTest, KeysDecideAsTheirScoresDo) {
   }
 }
 
+// Expected attention: one row per query head of --query-mean (and --query-covariance), the
+// decision the same rows given as a statistic get; bad query files are refused by flag.
+TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
+  constexpr int kLayers = 2, kGroups = 2, kHeads = 4, kTokens = 64, kDim = 8;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> keys(kLayers * kGroups * kTokens * kDim);
+  for (float& value : keys) value = normal(rng);
+  std::vector<float> mean(kLayers * kHeads * kDim);
+  for (float& value : mean) value = 2.0F * normal(rng);
+  std::vector<float> covariance(kLayers * kHeads * kDim * kDim, 0.0F);
+  for (int h = 0; h < kLayers * kHeads; ++h) {
+    for (int i = 0; i < kDim; ++i) covariance[(h * kDim + i) * kDim + i] = 1.0F + h % 3;
+  }
+  const std::string keys_path =
+      Write("keys.npy", NpyType::kFloat32, {kLayers, kGroups, kTokens, kDim}, keys.data(),
+            keys.size() * 4);
+  const std::string mean_path =
+      Write("mean.npy", NpyType::kFloat32, {kLayers, kHeads, kDim}, mean.data(), mean.size() * 4);
+  const std::string covariance_path =
+      Write("covariance.npy", NpyType::kFloat32, {kLayers, kHeads, kDim, kDim}, covariance.data(),
+            covariance.size() * 4);
+  const std::vector<uint8_t> present(kTokens, 1);
+  for (const bool with_covariance : {false, true}) {
+    std::vector<float> rows(kLayers * kHeads * kTokens);
+    for (int h = 0; h < kLayers * kHeads; ++h) {
+      const int key_row = h / (kHeads / kGroups);  // (layer, group) of head h
+      ScoreExpectedAttention(
+          std::span<const float>(keys.data() + key_row * kTokens * kDim, kTokens * kDim), kDim,
+          present, std::span<const float>(mean.data() + h * kDim, kDim),
+          with_covariance ? std::span<const float>(covariance.data() + h * kDim * kDim, kDim * kDim)
+                          : std::span<const float>(),
+          std::span<float>(rows.data() + h * kTokens, kTokens));
+    }
+    const std::string stats_path = Write("rows.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
+                                         rows.data(), rows.size() * 4);
+    const std::string rest = " --page-size 16 --pages 2 --policy mean";
+    const CliRun from_keys = RunCli(absl::StrCat(
+        "select --keys ", keys_path, " --key-score expected_attention --query-mean ", mean_path,
+        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
+    const CliRun from_rows =
+        RunCli(absl::StrCat("select --stats ", stats_path, " --kv-heads 2", rest));
+    ASSERT_EQ(from_keys.exit_code, 0) << from_keys.out;
+    ASSERT_EQ(from_rows.exit_code, 0) << from_rows.out;
+    EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_rows.out)) << with_covariance;
+  }
+  const std::string base = "select --keys " + keys_path + " --pages 1 --key-score ";
+  for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
+           {base + "expected_attention", "--query-mean"},
+           {base + "keydiff --query-mean " + mean_path, "--query-mean: only with"},
+           {base + "expected_attention --query-mean " + covariance_path, "--query-mean"},
+           {base + "expected_attention --query-mean " + mean_path + " --query-covariance " +
+                mean_path,
+            "--query-covariance"}}) {
+    const CliRun run = RunCli(arguments);
+    EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
+    EXPECT_THAT(run.out, HasSubstr(message)) << arguments;
+  }
+}
+
 TEST_F(SelectCliTest, HelpListsTheOptions) {
   const CliRun run = RunCli("select --help");
   EXPECT_EQ(run.exit_code, 0);
