@@ -157,6 +157,8 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(evaluate.policy_of("mean+keydiff", 0.75).statistic, "keys_keydiff")
         self.assertEqual(evaluate.policy_of("mean+knorm", 0.75).statistic, "keys_norm")
         self.assertEqual(evaluate.policy_of("mean+expattn", 0.75).statistic, "keys_expected")
+        self.assertEqual(evaluate.policy_of("mean+expattnw", 0.75).statistic,
+                         "keys_expected_window")
         self.assertEqual(evaluate.policy_of("mean+winkeys", 0.75).statistic, "window_keydiff")
         both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
         self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),

@@ -53,9 +53,11 @@ KINDS = ("last_row", "window_mean", "accumulated")
 # Statistics the daemon computes itself from the keys in the pool's frames (no question, no
 # attention rows sent; core/scoring/key_scores.h): kind -> the key score.
 # keys_expected: expected attention, from the statistics of this worker's prompt queries
-# (numpy_model.query_moments) sent with the request.
+# (numpy_model.query_moments) sent with the request; keys_expected_window from those of the
+# observation window's queries alone (the last rows, as snapkv's window statistic).
 KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
-             "keys_expected": "expected_attention"}
+             "keys_expected": "expected_attention", "keys_expected_window": "expected_attention"}
+MOMENT_KINDS = ("keys_expected", "keys_expected_window")
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
 # answer of the tasks are shorter; kvpress averages over 512).
@@ -216,8 +218,8 @@ class PoolKV:
             self.valid[:, :, :valid.shape[2]] = valid[:, :, :self.valid.shape[2]]
         self.frames_seen: set = set()  # every frame id this sequence's tables ever named
         self.stats: Dict[str, np.ndarray] = {}  # kind -> [layers, query_heads, prompt tokens]
-        # layer -> the prompt queries' (mean, covariance) for expected attention
-        self.moments: Dict[int, Tuple[np.ndarray, np.ndarray]] = {}
+        # kind -> layer -> the queries' (mean, covariance) for expected attention
+        self.moments: Dict[str, Dict[int, Tuple[np.ndarray, np.ndarray]]] = {}
         self.prefill_logits: Optional[np.ndarray] = None  # [prompt tokens, vocab]
 
     def _reserve(self, tokens: int) -> None:
@@ -389,18 +391,22 @@ class PoolWorker:
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
         scores the keys in the sequence's frames (expected attention with the layer's query
         statistics kept on `kv`)."""
-        mean, covariance = kv.moments[layer] if kind == "keys_expected" else (None, None)
+        mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
         return entrokv.key_statistic(self.model.config.query_heads, tokens,
                                      score=KEY_KINDS[kind], dtype=self.element,
                                      query_mean=mean, query_covariance=covariance)
 
-    def _keep_moments(self, kv: "PoolKV", tokens: int):
-        """on_queries for the model: each layer's query statistics into kv.moments."""
+    def _keep_moments(self, kv: "PoolKV", kinds: Sequence[str], tokens: int, window: int):
+        """on_queries for the model: each layer's query statistics of each of `kinds` (the
+        prompt's queries past the sinks, or the last `window`) into kv.moments."""
         c = self.model.config
 
         def keep(layer: int, q: np.ndarray) -> None:
-            kv.moments[layer] = numpy_model.query_moments(q, tokens, EXPECTED_FUTURE,
-                                                          EXPECTED_SINKS, c.rope_base)
+            for kind in kinds:
+                rows = q[:, -window:] if kind == "keys_expected_window" else q
+                sinks = 0 if kind == "keys_expected_window" else EXPECTED_SINKS
+                kv.moments.setdefault(kind, {})[layer] = numpy_model.query_moments(
+                    rows, tokens, EXPECTED_FUTURE, sinks, c.rope_base)
         return keep
 
     def _kept(self, statistic) -> np.ndarray:
@@ -456,7 +462,8 @@ class PoolWorker:
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
                     "window_keydiff": window}
             windows = sorted({rows[k] for k in measured})
-            on_queries = self._keep_moments(kv, n) if "keys_expected" in kinds else None
+            moment_kinds = [k for k in kinds if k in MOMENT_KINDS]
+            on_queries = self._keep_moments(kv, moment_kinds, n, window) if moment_kinds else None
             layer_stats: Dict[int, Dict[str, np.ndarray]] = {}
 
             def statistic(stat: Dict[int, list], kind: str, layer: int):

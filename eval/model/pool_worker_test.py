@@ -240,7 +240,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         # parent (forks) or taken while its prefill runs (alone).
         policies = [Policy("none"), Policy("page_entrokv", ratio=0.75), Policy("h2o", pages=5),
                     Policy("snapkv", ratio=0.5), Policy("streaming", pages=4),
-                    Policy("mean", ratio=0.75, statistic="keys_expected")]
+                    Policy("mean", ratio=0.75, statistic="keys_expected"),
+                    Policy("mean", ratio=0.75, statistic="keys_expected_window")]
         forked = worker.run_forked(example, policies)
         self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
         self.assertEqual([r.policy for r in forked], [p.label() for p in policies])
