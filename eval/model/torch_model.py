@@ -60,13 +60,15 @@ class TorchModel:
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
 
     def _attention(self, layer: int, x: torch.Tensor, positions: np.ndarray, kv,
-                   stat_rows: Union[int, Sequence[int]]):
+                   stat_rows: Union[int, Sequence[int]], on_queries=None):
         c, p = self.config, f"layers.{layer}."
         h = self._rms_norm(x, self.w[p + "attn_norm.weight"])
         n = x.shape[0]
         q = (h @ self.w[p + "wq.weight"].T).reshape(n, c.query_heads, c.head_dim).transpose(0, 1)
         k = (h @ self.w[p + "wk.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(0, 1)
         v = (h @ self.w[p + "wv.weight"].T).reshape(n, c.kv_heads, c.head_dim).transpose(0, 1)
+        if on_queries is not None:  # Model.step's: the queries before RoPE, as numpy
+            on_queries(layer, q.float().cpu().numpy())
         cos, sin = (torch.from_numpy(t).to(self.device)
                     for t in rope_tables(positions, c.head_dim, c.rope_base))
         q, k = self._rope(q, cos, sin), self._rope(k, cos, sin)
@@ -112,13 +114,14 @@ class TorchModel:
 
     @torch.no_grad()
     def step(self, tokens: np.ndarray, positions: np.ndarray, kv,
-             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None) -> np.ndarray:
+             stat_rows: Union[int, Sequence[int]] = 0, on_layer=None,
+             on_queries=None) -> np.ndarray:
         """Model.step: new tokens through every layer; logits [n, vocab] as numpy float32."""
         index = torch.from_numpy(np.asarray(tokens, np.int64)).to(self.device)
         x = self.w["embed.weight"][index]
         positions = np.asarray(positions)
         for layer in range(self.config.layers):
-            attn, stat = self._attention(layer, x, positions, kv, stat_rows)
+            attn, stat = self._attention(layer, x, positions, kv, stat_rows, on_queries)
             x = x + attn
             x = x + self._mlp(layer, x)
             if on_layer is not None and stat is not None:
