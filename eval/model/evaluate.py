@@ -61,22 +61,22 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
 
 
 def policy_of(name: str, ratio: float) -> pool_worker.Policy:
-    """"none", or a policy name with optional suffixes: +window (the question-window statistic,
-    the mean of the question's query rows, docs/architecture.md §3.1, instead of its default),
-    +last or +acc (the accumulated column sums), +keydiff, +knorm, +expattn or +expattnw (no
-    statistic sent: the daemon scores the keys in its frames, docs/decisions.md; +expattn with
-    the prompt queries' statistics, +expattnw with the observation window's), +winkeys (an
-    experiment of this worker's: the window statistic mixed half and half with keydiff),
-    +nb<k><max|mean>
-    (neighbourhood pooling of width k) and +gf<percent> (group quotas that move, each group
-    keeping at least that share of its quota: policy.group_floor), e.g.
-    page_entrokv+window+nb7max, mean+keydiff+gf25."""
+    """"none", or a policy name with optional suffixes:
+    +window (the question-window statistic, the mean of the question's query rows,
+    docs/architecture.md §3.1, instead of its default); +last or +acc (the accumulated column
+    sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
+    scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
+    covariance, +expattnm with their mean alone, +expattnw with the observation window's);
+    +winkeys (an experiment of this worker's: the window statistic mixed half and half with
+    keydiff); +nb<k><max|mean> (neighbourhood pooling of width k); +gf<percent> (group quotas
+    that move, each group keeping at least that share of its quota: policy.group_floor).
+    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
-             "expattnw": "keys_expected_window",
+             "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff"}
     statistic, params = None, {}
     for suffix in suffixes:
@@ -91,7 +91,7 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params["group_floor"] = int(floor.group(1)) / 100
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +expattn(w), +winkeys, +nb<k><max|mean> or "
+                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +nb<k><max|mean> or "
                              f"+gf<0-100>, at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
                               params=tuple(params.items()))

@@ -159,6 +159,8 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(evaluate.policy_of("mean+expattn", 0.75).statistic, "keys_expected")
         self.assertEqual(evaluate.policy_of("mean+expattnw", 0.75).statistic,
                          "keys_expected_window")
+        self.assertEqual(evaluate.policy_of("mean+expattnm", 0.75).statistic,
+                         "keys_expected_mean")
         self.assertEqual(evaluate.policy_of("mean+winkeys", 0.75).statistic, "window_keydiff")
         both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
         self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),

@@ -53,11 +53,13 @@ KINDS = ("last_row", "window_mean", "accumulated")
 # Statistics the daemon computes itself from the keys in the pool's frames (no question, no
 # attention rows sent; core/scoring/key_scores.h): kind -> the key score.
 # keys_expected: expected attention, from the statistics of this worker's prompt queries
-# (numpy_model.query_moments) sent with the request; keys_expected_window from those of the
-# observation window's queries alone (the last rows, as snapkv's window statistic).
+# (numpy_model.query_moments) sent with the request; keys_expected_mean with their mean alone;
+# keys_expected_window from those of the observation window's queries alone (the last rows, as
+# snapkv's window statistic).
 KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
-             "keys_expected": "expected_attention", "keys_expected_window": "expected_attention"}
-MOMENT_KINDS = ("keys_expected", "keys_expected_window")
+             "keys_expected": "expected_attention", "keys_expected_window": "expected_attention",
+             "keys_expected_mean": "expected_attention"}
+MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean")
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
 # answer of the tasks are shorter; kvpress averages over 512).
@@ -392,6 +394,8 @@ class PoolWorker:
         scores the keys in the sequence's frames (expected attention with the layer's query
         statistics kept on `kv`)."""
         mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
+        if kind == "keys_expected_mean":  # the mean alone: d, not d^2, per token and head
+            covariance = None
         return entrokv.key_statistic(self.model.config.query_heads, tokens,
                                      score=KEY_KINDS[kind], dtype=self.element,
                                      query_mean=mean, query_covariance=covariance)
