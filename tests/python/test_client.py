@@ -78,6 +78,19 @@ class ClientTest(unittest.TestCase):
         return self.client.register_model(model_id, capacity_bytes=frames * FRAME_BYTES,
                                           **GEOMETRY)
 
+    def select_offline(self, stats: np.ndarray, *flags: str) -> list:
+        """`entrokv select` on `stats` (2 KV heads, pages of 16 tokens) with `flags`: its
+        JSON's layers."""
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "stats.npy")
+            np.save(path, stats)
+            result = subprocess.run(
+                [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
+                 "--page-size", "16", *flags],
+                capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        return json.loads(result.stdout)["layers"]
+
     def assert_pool_consistent(self, model_id: str):
         stats = self.client.pool_stats(model_id)
         self.assertEqual(stats.used_frames + stats.free_frames, stats.capacity_frames)
@@ -530,15 +543,7 @@ class ClientTest(unittest.TestCase):
         self.client.open_sequence("select", "s", initial_tokens=777)
         through_daemon = self.client.decide("select", "s", stats, pages=7, tau=0.7, alpha=1.0,
                                             protect_tail_page=False)
-        with tempfile.TemporaryDirectory() as directory:
-            path = os.path.join(directory, "stats.npy")
-            np.save(path, stats)
-            result = subprocess.run(
-                [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
-                 "--page-size", "16", "--pages", "7", "--tau", "0.7", "--alpha", "1"],
-                capture_output=True, text=True, timeout=60)
-        self.assertEqual(result.returncode, 0, result.stderr)
-        offline = json.loads(result.stdout)["layers"]
+        offline = self.select_offline(stats, "--pages", "7", "--tau", "0.7", "--alpha", "1")
         self.assertEqual(len(offline), len(through_daemon))
         for cli_layer, daemon_layer in zip(offline, through_daemon):
             for cli_group, daemon_group in zip(cli_layer["groups"], daemon_layer.groups):
@@ -560,16 +565,10 @@ class ClientTest(unittest.TestCase):
                                          neighbourhood_pooling=pooling)
             kept[kernel, pooling] = [group.kept_pages.tolist()
                                      for layer in decided for group in layer.groups]
-            with tempfile.TemporaryDirectory() as directory:
-                path = os.path.join(directory, "stats.npy")
-                np.save(path, stats)
-                result = subprocess.run(
-                    [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
-                     "--page-size", "16", "--pages", "7", "--protect-tail",
-                     "--neighbourhood-kernel", str(kernel), "--neighbourhood", pooling],
-                    capture_output=True, text=True, timeout=60)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            offline = [group["kept_pages"] for layer in json.loads(result.stdout)["layers"]
+            offline = [group["kept_pages"]
+                       for layer in self.select_offline(
+                           stats, "--pages", "7", "--protect-tail", "--neighbourhood-kernel",
+                           str(kernel), "--neighbourhood", pooling)
                        for group in layer["groups"]]
             self.assertEqual(offline, kept[kernel, pooling], (kernel, pooling))
         self.assertNotEqual(kept[1, "max"], kept[7, "max"])
@@ -590,16 +589,9 @@ class ClientTest(unittest.TestCase):
             self.client.open_sequence("floors", sequence, initial_tokens=777)
             decided = self.client.decide("floors", sequence, stats, pages=7, group_floor=floor)
             kept[floor] = [group.kept_pages.tolist() for layer in decided for group in layer.groups]
-            with tempfile.TemporaryDirectory() as directory:
-                path = os.path.join(directory, "stats.npy")
-                np.save(path, stats)
-                result = subprocess.run(
-                    [os.environ["ENTROKV_CLI"], "select", "--stats", path, "--kv-heads", "2",
-                     "--page-size", "16", "--pages", "7", "--protect-tail",
-                     "--group-floor", str(floor)],
-                    capture_output=True, text=True, timeout=60)
-            self.assertEqual(result.returncode, 0, result.stderr)
-            offline = [group["kept_pages"] for layer in json.loads(result.stdout)["layers"]
+            offline = [group["kept_pages"]
+                       for layer in self.select_offline(stats, "--pages", "7", "--protect-tail",
+                                                        "--group-floor", str(floor))
                        for group in layer["groups"]]
             self.assertEqual(offline, kept[floor], floor)
             self.assertEqual(sum(len(pages) for pages in kept[floor]), len(stats) * 2 * 7)

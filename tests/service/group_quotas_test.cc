@@ -115,13 +115,8 @@ TEST_F(GroupQuotasTest, BadFloorsAndWhatCannotMoveQuotasAreRefusedWithNothingCha
 TEST_F(GroupQuotasTest, LayersDecidedByPositionKeepFixedQuotas) {
   Register("m");
   Open("m", "s", kTokens);
-  server_->service().decider().SetSecondsPerValueForTest(1.0);  // every layer past its time
-  v1::DecideRequest request = Request(0.25, 4);
-  request.set_degrade_on_deadline(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
   v1::DecideResponse response;
-  const grpc::Status status = stub_->Decide(&context, request, &response);
+  const grpc::Status status = DecideAllDegraded(Request(0.25, 4), &response);
   ASSERT_TRUE(status.ok()) << status.error_message();
   for (const v1::LayerDecision& layer : response.layers()) {
     EXPECT_TRUE(layer.degraded());

@@ -145,6 +145,26 @@ class KeyStatisticTest : public ServiceTest {
     return request;
   }
 
+  // Decides `keys` (on its model) and, on model `sent`, the same `rows` ([layer][heads x
+  // tokens]) sent as bytes with K = `pages`: the same pages kept, the same frames held.
+  void ExpectKeysDecideAsRows(const v1::DecideRequest& keys, const std::string& sent, int64_t pages,
+                              int64_t tokens, const std::vector<std::vector<float>>& rows) {
+    v1::DecideRequest bytes = Request(sent, pages);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      v1::LayerStatistic* in = bytes.add_layers();
+      in->set_layer(layer);
+      *in->mutable_statistic() =
+          BytesStatistic(rows[static_cast<size_t>(layer)], kHeads, tokens, v1::DTYPE_FLOAT32);
+    }
+    v1::DecideResponse from_keys;
+    v1::DecideResponse from_bytes;
+    const grpc::Status status = Decide(keys, &from_keys);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    ASSERT_TRUE(Decide(bytes, &from_bytes).ok());
+    ExpectSameDecision(from_keys, from_bytes);
+    EXPECT_EQ(Stats(keys.model_id()).used_frames(), Stats(sent).used_frames());
+  }
+
   static void ExpectSameDecision(const v1::DecideResponse& keys, const v1::DecideResponse& sent) {
     ASSERT_EQ(keys.layers_size(), sent.layers_size());
     for (int layer = 0; layer < keys.layers_size(); ++layer) {
@@ -204,23 +224,9 @@ TEST_F(KeyStatisticTest, TheDaemonScoresItsOwnFramesAsTheSameScoresSentWouldBe) 
           }
           WriteKeys(pool, "s", keys, kPrompt);
         }
-        v1::DecideRequest bytes = Request(sent, tokens == kPrompt ? 4 : 3);
-        const std::vector<std::vector<float>> rows =
-            ExpectedRows(keyed, "s", keys, GroupScores(score));
-        for (int layer = 0; layer < kLayers; ++layer) {
-          v1::LayerStatistic* in = bytes.add_layers();
-          in->set_layer(layer);
-          *in->mutable_statistic() =
-              BytesStatistic(rows[static_cast<size_t>(layer)], kHeads, tokens, v1::DTYPE_FLOAT32);
-        }
-        v1::DecideResponse from_keys;
-        v1::DecideResponse from_bytes;
-        const grpc::Status status =
-            Decide(KeysRequest(keyed, tokens == kPrompt ? 4 : 3, tokens, wire_score), &from_keys);
-        ASSERT_TRUE(status.ok()) << status.error_message();
-        ASSERT_TRUE(Decide(bytes, &from_bytes).ok());
-        ExpectSameDecision(from_keys, from_bytes);
-        EXPECT_EQ(Stats(keyed).used_frames(), Stats(sent).used_frames());
+        const int64_t pages = tokens == kPrompt ? 4 : 3;
+        ExpectKeysDecideAsRows(KeysRequest(keyed, pages, tokens, wire_score), sent, pages, tokens,
+                               ExpectedRows(keyed, "s", keys, GroupScores(score)));
       }
       ExpectInvariants(keyed);
     }
@@ -290,21 +296,8 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
           statistic->mutable_query_mean()->Assign(mean.begin(), mean.end());
           statistic->mutable_query_covariance()->Assign(used.begin(), used.end());
         }
-        v1::DecideRequest bytes = Request(sent, pages);
-        const std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, per_head);
-        for (int layer = 0; layer < kLayers; ++layer) {
-          v1::LayerStatistic* in = bytes.add_layers();
-          in->set_layer(layer);
-          *in->mutable_statistic() =
-              BytesStatistic(rows[static_cast<size_t>(layer)], kHeads, kPrompt, v1::DTYPE_FLOAT32);
-        }
-        v1::DecideResponse from_keys;
-        v1::DecideResponse from_bytes;
-        const grpc::Status status = Decide(request, &from_keys);
-        ASSERT_TRUE(status.ok()) << status.error_message();
-        ASSERT_TRUE(Decide(bytes, &from_bytes).ok());
-        ExpectSameDecision(from_keys, from_bytes);
-        EXPECT_EQ(Stats(keyed).used_frames(), Stats(sent).used_frames());
+        ExpectKeysDecideAsRows(request, sent, pages, kPrompt,
+                               ExpectedRows(keyed, "s", keys, per_head));
       }
       ExpectInvariants(keyed);
     }

@@ -224,14 +224,10 @@ TEST_F(LifecycleTest, ABadChunkNamesTheFieldAndChangesNothing) {
 // counted. Here the estimate is set high, so every layer degrades at once, deterministically.
 TEST_F(LifecycleTest, LayersThatCannotBeScoredInTimeAreDecidedByPosition) {
   Register("m");
-  Open("m", "s", 1000);                                         // 63 pages
-  server_->service().decider().SetSecondsPerValueForTest(1.0);  // 4 s per token
-  v1::DecideRequest request = DecideAll("m", "s", 1000, 5, 21);
-  request.set_degrade_on_deadline(true);
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  Open("m", "s", 1000);  // 63 pages
+  const v1::DecideRequest request = DecideAll("m", "s", 1000, 5, 21);
   v1::DecideResponse response;
-  const grpc::Status status = stub_->Decide(&context, request, &response);
+  const grpc::Status status = DecideAllDegraded(request, &response);  // 4 s per token
   ASSERT_TRUE(status.ok()) << status.error_message();
   for (const v1::LayerDecision& layer : response.layers()) {
     EXPECT_TRUE(layer.degraded());

@@ -133,6 +133,15 @@ class ServiceTest : public ::testing::Test {
     EXPECT_EQ(Stats(model).pages_evicted_total(), evicted);
     ExpectInvariants(model);
   }
+  // `request` with degrade_on_deadline, on a call that must answer within 20 s, while the
+  // decider estimates every layer past its time: each layer is decided by position.
+  grpc::Status DecideAllDegraded(v1::DecideRequest request, v1::DecideResponse* response) {
+    server_->service().decider().SetSecondsPerValueForTest(1.0);
+    request.set_degrade_on_deadline(true);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+    return stub_->Decide(&context, request, response);
+  }
   v1::DecideRequest DecideAll(const std::string& model, const std::string& sequence, int64_t tokens,
                               int64_t pages, uint32_t seed, v1::DType dtype = v1::DTYPE_BFLOAT16) {
     v1::DecideRequest request;
