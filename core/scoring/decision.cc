@@ -110,6 +110,22 @@ std::vector<uint8_t> LayerLivePages(const LayerRequest& request, int64_t pages) 
   return live;
 }
 
+bool SelectsPerLayer(const PolicyOptions& options, const LayerRequest& request) {
+  return request.scope == SelectionScope::kLayer || MovesGroupQuotas(options);
+}
+
+void SelectPerLayer(std::span<const std::span<const float>> group_scores,
+                    const PolicyOptions& options, const LayerRequest& request,
+                    LayerDecision* decision) {
+  if (request.scope == SelectionScope::kLayer) {
+    ApplyLayerScope(group_scores, request.combine, options, request.tokens,
+                    LayerLivePages(request, decision->page_count), decision);
+    return;
+  }
+  ApplyGroupQuotas(group_scores, options, request, decision);  // validated: it ranks pages
+  FinishGroupScope(decision);
+}
+
 void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,
                   int64_t quota_pages, GroupDecision* decision) {
   std::vector<std::vector<int32_t>> per_head;
@@ -143,9 +159,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
           request.statistic->Row(g * r + i, &scratch[static_cast<size_t>(i)]);
     }
   };
-  const bool layer_scope = request.scope == SelectionScope::kLayer;
-  // Layer scope and moving quotas select from every group's page scores once all are known.
-  const bool per_layer = layer_scope || MovesGroupQuotas(options);
+  const bool per_layer = SelectsPerLayer(options, request);
   std::vector<std::vector<float>> page_scores;  // per group, kept for a per-layer selection
   for (int g = 0; g < request.kv_groups; ++g) {
     RETURN_IF_ERROR(CheckCancelled(request, g));
@@ -184,13 +198,7 @@ absl::StatusOr<LayerDecision> DecideLayer(const Policy& policy, const PolicyOpti
   if (page_scores.size() == decision.groups.size()) {
     score_spans.assign(page_scores.begin(), page_scores.end());
   }
-  if (layer_scope) {
-    ApplyLayerScope(score_spans, request.combine, options, request.tokens,
-                    LayerLivePages(request, decision.page_count), &decision);
-  } else {  // moving quotas: validated for a policy that ranks pages
-    ApplyGroupQuotas(score_spans, options, request, &decision);
-    FinishGroupScope(&decision);
-  }
+  SelectPerLayer(score_spans, options, request, &decision);
   if (request.measure && request.statistic.has_value()) {
     for (int g = 0; g < request.kv_groups; ++g) {
       load_rows(g);

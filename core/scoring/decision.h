@@ -101,6 +101,18 @@ struct LayerDecision {
                                                 const LayerRequest& request,
                                                 bool check_values = true);
 
+// True when the layer's page sets are chosen from every group's page scores once all are
+// known: layer scope, or group quotas that move (group_quotas.h).
+[[nodiscard]] bool SelectsPerLayer(const PolicyOptions& options, const LayerRequest& request);
+
+// That choice, after every group's own selection: the layer scope's one set (ApplyLayerScope;
+// `group_scores` empty for a policy without page scores), or the moved quotas' sets
+// (ApplyGroupQuotas) and their union. Both CPU paths call it on the same page scores.
+// Measurements are left to the caller. REQUIRES: SelectsPerLayer(options, request).
+void SelectPerLayer(std::span<const std::span<const float>> group_scores,
+                    const PolicyOptions& options, const LayerRequest& request,
+                    LayerDecision* decision);
+
 // Fills decision->shadow_uor, disagreement and retained_mass from the group's rows and the
 // decision's kept pages. REQUIRES: rows non-empty, all of the same length.
 void MeasureGroup(std::span<const std::span<const float>> rows, const PolicyOptions& options,

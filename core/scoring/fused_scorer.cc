@@ -31,7 +31,6 @@
 #include "core/scoring/entropy.h"
 #include "core/scoring/fused_kernels.h"
 #include "core/scoring/group_finish.h"
-#include "core/scoring/group_quotas.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/pages.h"
@@ -226,8 +225,7 @@ absl::StatusOr<LayerDecision> FusedScorer::DecideLayer(const Policy& policy,
   decision.page_count = PageCount(request.tokens, options_.page_size);
   decision.quota_pages = request.quota_pages;
   decision.groups.resize(static_cast<size_t>(request.kv_groups));
-  // Layer scope and moving quotas select from every group's page scores once all are known.
-  const bool per_layer = request.scope == SelectionScope::kLayer || MovesGroupQuotas(options_);
+  const bool per_layer = SelectsPerLayer(options_, request);
   const auto pages = static_cast<size_t>(decision.page_count);
   const auto groups = static_cast<size_t>(request.kv_groups);
   if (per_layer) {

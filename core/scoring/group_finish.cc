@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "core/scoring/group_quotas.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/metrics.h"
 #include "core/scoring/radix_select.h"
@@ -73,8 +72,7 @@ void GroupFinisher::Measure(std::span<const float> head_max, int r, int64_t page
 void GroupFinisher::FinishLayer(const PolicyOptions& options, const LayerRequest& request,
                                 std::span<const float> layer_scores,
                                 std::span<const double> layer_page_sums, LayerDecision* decision) {
-  const bool layer_scope = request.scope == SelectionScope::kLayer;
-  if (!layer_scope && !MovesGroupQuotas(options)) {
+  if (!SelectsPerLayer(options, request)) {
     FinishGroupScope(decision);
     return;
   }
@@ -82,13 +80,7 @@ void GroupFinisher::FinishLayer(const PolicyOptions& options, const LayerRequest
   const auto groups = decision->groups.size();
   std::vector<std::span<const float>> scores(groups);
   for (size_t g = 0; g < groups; ++g) scores[g] = layer_scores.subspan(g * pages, pages);
-  if (layer_scope) {
-    ApplyLayerScope(scores, request.combine, options, request.tokens,
-                    LayerLivePages(request, decision->page_count), decision);
-  } else {
-    ApplyGroupQuotas(scores, options, request, decision);
-    FinishGroupScope(decision);
-  }
+  SelectPerLayer(scores, options, request, decision);
   if (request.measure) {  // retained mass against the new sets, as MeasureGroup takes it
     for (size_t g = 0; g < groups; ++g) {
       GroupDecision& group = decision->groups[g];
