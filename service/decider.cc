@@ -195,10 +195,11 @@ struct Readers {
 };
 
 // A keys statistic's rows: each of the shard's KV groups' keys read from the sequence's frames
-// and scored, the group's scores given to each of its query heads; work.view reads them.
+// and scored, the group's scores given to each of its query heads (expected attention: each
+// head's own row); work.view reads them. CANCELLED once `cancelled` says so, polled per head.
 absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id,
                          const Shard& shard, int64_t tokens, ServiceMetrics& metrics,
-                         LayerWork& work) {
+                         const std::function<bool()>& cancelled, LayerWork& work) {
   const int per_group = shard.heads / shard.groups;
   const int head_dim = state.geometry().head_dim;
   const LayerWork::Keys& request = *work.keys;
@@ -216,6 +217,13 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
       if (request.group_score.has_value()) {
         std::copy(scores.begin(), scores.end(), row.begin());
         continue;
+      }
+      // A head's covariance term is head_dim^2 per token: a caller that gave up frees the
+      // thread within one head's work rather than after the layer's.
+      if (cancelled()) {
+        return absl::CancelledError(absl::StrCat(
+            "call cancelled or past its deadline while ", work.field,
+            "'s expected attention was scored (head ", head, "); nothing was applied"));
       }
       const std::span<const float> mean(request.query_mean);
       const std::span<const float> covariance(request.query_covariance);
@@ -522,8 +530,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     const bool in_place = on_device && work.device.has_value() && !work.accumulate &&
                           work.device->device() == scoring_device;
     if (work.keys.has_value() && !degrading) {
-      RETURN_IF_ERROR(
-          ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_, work));
+      RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
+                                  cancelled, work));
     } else if (in_place && !degrading) {
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.device->device_data(), work.dtype,
                                                         work.query_heads, job.tokens));
