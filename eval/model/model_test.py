@@ -241,18 +241,21 @@ class NumpyModelTest(unittest.TestCase):
 
     @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_numpy_matches_pytorch(self):
+        # The shipped geometry (r = 4) and the second model's (16 query heads on 2 KV heads).
         import torch
-        config = numpy_model.Config()
-        torch.manual_seed(0)
-        net = train.Transformer(config).eval()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "w.npz")
-            train.export(net, config, path)
-            model = numpy_model.Model.load(path)
-        tokens = tasks.make_example("variable_tracking", 300, 3).prompt
-        with torch.no_grad():
-            expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
-        np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
+        for config in (numpy_model.Config(), numpy_model.Config(query_heads=16, kv_heads=2)):
+            with self.subTest(group_size=config.group_size):
+                torch.manual_seed(0)
+                net = train.Transformer(config).eval()
+                with tempfile.TemporaryDirectory() as tmp:
+                    path = os.path.join(tmp, "w.npz")
+                    train.export(net, config, path)
+                    model = numpy_model.Model.load(path)
+                self.assertEqual(model.config, config)
+                tokens = tasks.make_example("variable_tracking", 300, 3).prompt
+                with torch.no_grad():
+                    expected = net(torch.from_numpy(tokens[None].astype(np.int64)))[0].numpy()
+                np.testing.assert_allclose(model.forward(tokens), expected, rtol=1e-4, atol=1e-4)
 
     @unittest.skipIf(train is None, "PyTorch is not installed")
     def test_logits_from_a_row_equal_the_full_forward_there(self):

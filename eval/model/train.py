@@ -507,6 +507,10 @@ def main():
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: default)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--layers", type=int, default=numpy_model.Config.layers)
+    ap.add_argument("--query-heads", type=int, default=numpy_model.Config.query_heads,
+                    help="query heads per layer (a multiple of --kv-heads)")
+    ap.add_argument("--kv-heads", type=int, default=numpy_model.Config.kv_heads,
+                    help="KV heads per layer; a group of query-heads / kv-heads heads shares one")
     ap.add_argument("--start-from", help="a model's --checkpoint file or exported .npz weights "
                                          "(the committed ones): a new run (fresh optimizer and "
                                          "schedule) from its weights; a shallower model is grown "
@@ -514,12 +518,16 @@ def main():
     args = ap.parse_args()
     if args.start_from and args.resume:
         ap.error("--start-from starts a new run; --resume continues one")
+    if args.kv_heads < 1 or args.query_heads % args.kv_heads:
+        ap.error(f"--query-heads ({args.query_heads}) must be a multiple of --kv-heads "
+                 f"({args.kv_heads}), which must be at least 1")
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    config = numpy_model.Config(layers=args.layers)
+    config = numpy_model.Config(layers=args.layers, query_heads=args.query_heads,
+                                kv_heads=args.kv_heads)
     model = Transformer(config).to(device)
     if args.start_from:
         start_from(model, saved_weights(args.start_from))
