@@ -67,8 +67,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
     scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
     covariance, +expattnm with their mean alone, +expattnw with the observation window's);
-    +winkeys (an experiment of this worker's: the window statistic mixed half and half with
-    keydiff); +nb<k><max|mean> (neighbourhood pooling of width k); +gf<percent> (group quotas
+    +winkeys or +winexp (experiments of this worker's: the window statistic mixed half and half
+    with keydiff, or with each head's expected attention as +expattn's); +nb<k><max|mean> (neighbourhood pooling of width k); +gf<percent> (group quotas
     that move, each group keeping at least that share of its quota: policy.group_floor).
     E.g. page_entrokv+window+nb7max, mean+keydiff+gf25."""
     if name == "none":
@@ -77,7 +77,7 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
-             "winkeys": "window_keydiff"}
+             "winkeys": "window_keydiff", "winexp": "window_expected"}
     statistic, params = None, {}
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
@@ -91,7 +91,7 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params["group_floor"] = int(floor.group(1)) / 100
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +nb<k><max|mean> or "
+                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean> or "
                              f"+gf<0-100>, at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
                               params=tuple(params.items()))

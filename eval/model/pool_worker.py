@@ -59,16 +59,18 @@ KINDS = ("last_row", "window_mean", "accumulated")
 KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
              "keys_expected": "expected_attention", "keys_expected_window": "expected_attention",
              "keys_expected_mean": "expected_attention"}
-MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean")
+MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected")
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
 # answer of the tasks are shorter; kvpress averages over 512).
 EXPECTED_SINKS = 4
 EXPECTED_FUTURE = 128
-# A development experiment, computed by this worker (not by the daemon): the window statistic,
-# each row scaled to sum 1, mixed half and half with keydiff's scores of the group's keys read
-# back from the pool, scaled to sum 1. Sent as a window_mean statistic.
-MIXED_KINDS = {"window_keydiff": "window_mean"}
+# Development experiments, computed by this worker (not by the daemon): the window statistic,
+# each row scaled to sum 1, mixed half and half with a score of the group's keys read back from
+# the pool, scaled to sum 1: keydiff's (window_keydiff), or each head's expected attention from
+# the prompt queries' mean and covariance (window_expected, as keys_expected). Sent as a
+# window_mean statistic.
+MIXED_KINDS = {"window_keydiff": "window_mean", "window_expected": "window_mean"}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -369,23 +371,34 @@ class PoolWorker:
         """What DecideStream carries for a layer's statistic: here the array itself."""
         return statistic
 
-    def _mixed_with_keydiff(self, kv: "PoolKV", layer: int, rows: np.ndarray,
-                            n: int) -> np.ndarray:
-        """MIXED_KINDS: rows [query_heads, n], each scaled to sum 1, half and half with each
-        group's keydiff scores (1 - cos(key, the mean unit key)) scaled to sum 1."""
+    def _mixed_with_keys(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                         n: int) -> np.ndarray:
+        """MIXED_KINDS: rows [query_heads, n], each scaled to sum 1, half and half with a score
+        of each group's keys scaled to sum 1: keydiff's (1 - cos(key, the mean unit key)), the
+        same for the group's heads, or each head's expected attention (the softmax over the
+        keys of m.k / sqrt(d) + k'Sk / (2d), as the daemon scores keys_expected)."""
         c = self.model.config
         per_group = c.query_heads // c.kv_heads
-        out = rows / np.maximum(rows.sum(axis=1, keepdims=True), 1e-30)
+        out = rows.astype(np.float64)
+        out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
         pages = -(-n // self.page_size)
         for g in range(c.kv_heads):
             k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
             k = k[:n].astype(np.float64)
-            unit = k / np.maximum(np.linalg.norm(k, axis=1), 1e-30)[:, None]
-            anchor = unit.mean(axis=0)
-            anchor /= max(float(np.linalg.norm(anchor)), 1e-30)
-            score = 1.0 - unit @ anchor
-            score /= max(float(score.sum()), 1e-30)
             group = slice(g * per_group, (g + 1) * per_group)
+            if kind == "window_keydiff":
+                unit = k / np.maximum(np.linalg.norm(k, axis=1), 1e-30)[:, None]
+                anchor = unit.mean(axis=0)
+                anchor /= max(float(np.linalg.norm(anchor)), 1e-30)
+                score = 1.0 - unit @ anchor
+                score = score / max(float(score.sum()), 1e-30)
+            else:
+                mean, covariance = kv.moments[kind][layer]
+                m = mean[group].astype(np.float64)
+                s = covariance[group].astype(np.float64)
+                exponent = (m @ k.T) / np.sqrt(c.head_dim)
+                exponent += np.einsum("ti,hij,tj->ht", k, s, k) / (2.0 * c.head_dim)
+                score = numpy_model.softmax(exponent, axis=1)
             out[group] = 0.5 * out[group] + 0.5 * score
         return out.astype(np.float32)
 
@@ -464,7 +477,7 @@ class PoolWorker:
         try:
             self._fetch_tables(kv)
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
-                    "window_keydiff": window}
+                    "window_keydiff": window, "window_expected": window}
             windows = sorted({rows[k] for k in measured})
             moment_kinds = [k for k in kinds if k in MOMENT_KINDS]
             on_queries = self._keep_moments(kv, moment_kinds, n, window) if moment_kinds else None
@@ -475,7 +488,7 @@ class PoolWorker:
                     return self._key_statistic(kv, kind, layer, n)
                 s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
                 if kind in MIXED_KINDS:
-                    return self._mixed_with_keydiff(kv, layer, s, n)
+                    return self._mixed_with_keys(kv, kind, layer, s, n)
                 return s * float(n) if kind == "accumulated" else s  # column sums
 
             if not deciding:

@@ -256,6 +256,26 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
         self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
 
+    def test_the_workers_expected_attention_is_the_daemons(self):
+        # window_expected mixes the window rows with this worker's own expected attention; with
+        # the rows zeroed, what it sends must rank pages as the daemon's keys_expected score does.
+        class KeysOnly(pool_worker.PoolWorker):
+            def _statistic_rows(self, groups):
+                return np.zeros_like(super()._statistic_rows(groups))
+
+        worker = KeysOnly(self.client, self.model, self.registry, model_id="window-expected",
+                          capacity_frames=2048)
+        self.addCleanup(worker.close, unregister=True)
+        example = tasks.make_example("multi_key", 333, 6)
+        kept = {}
+        for statistic in ("window_expected", "keys_expected"):
+            kv, decisions = worker.prefill(example.prompt,
+                                           policy=Policy("mean", ratio=0.75, statistic=statistic))
+            self.assertEqual(len(decisions), self.model.config.layers)
+            kept[statistic] = kv.tables.copy()
+            worker.close_sequence(kv)
+        np.testing.assert_array_equal(kept["window_expected"] >= 0, kept["keys_expected"] >= 0)
+
     def test_question_excluded_decides_the_context_before_the_question(self):
         worker = self.worker("no-question", capacity_frames=2048)
         example = tasks.make_example("multi_key", 333, 6)
