@@ -68,9 +68,11 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
     covariance, +expattnm with their mean alone, +expattnw with the observation window's);
     +winkeys or +winexp (experiments of this worker's: the window statistic mixed half and half
-    with keydiff, or with each head's expected attention as +expattn's); +nb<k><max|mean> (neighbourhood pooling of width k); +gf<percent> (group quotas
-    that move, each group keeping at least that share of its quota: policy.group_floor).
-    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25."""
+    with keydiff, or with each head's expected attention as +expattn's); +nb<k><max|mean>
+    (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
+    at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
+    layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator).
+    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
@@ -78,7 +80,7 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff", "winexp": "window_expected"}
-    statistic, params = None, {}
+    statistic, params, allocator = None, {}, None
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
         floor = re.fullmatch(r"gf(\d+)", suffix)
@@ -89,12 +91,14 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params["neighbourhood_pooling"] = neighbourhood.group(2)
         elif floor and "group_floor" not in params and int(floor.group(1)) <= 100:
             params["group_floor"] = int(floor.group(1)) / 100
+        elif suffix == "pyramid" and allocator is None:
+            allocator = "pyramid"
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean> or "
-                             f"+gf<0-100>, at most one of each kind")
+                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean>, "
+                             f"+gf<0-100> or +pyramid, at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
-                              params=tuple(params.items()))
+                              params=tuple(params.items()), allocator=allocator)
 
 
 def mcnemar(better: int, worse: int) -> float:

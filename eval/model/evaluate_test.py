@@ -162,6 +162,12 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(evaluate.policy_of("mean+expattnm", 0.75).statistic,
                          "keys_expected_mean")
         self.assertEqual(evaluate.policy_of("mean+winkeys", 0.75).statistic, "window_keydiff")
+        self.assertEqual(evaluate.policy_of("mean+winexp", 0.75).statistic, "window_expected")
+        pyramid = evaluate.policy_of("snapkv+pyramid", 0.75)
+        self.assertEqual(pyramid.budget(), {"fraction": 0.25, "allocator": "pyramid"})
+        self.assertEqual(evaluate.policy_of("snapkv", 0.75).budget(), {"fraction": 0.25})
+        with self.assertRaisesRegex(ValueError, r"\+pyramid"):
+            evaluate.policy_of("snapkv+pyramid+pyramid", 0.75)
         both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
         self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),
                          ("accumulated", 7))

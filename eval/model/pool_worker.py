@@ -85,6 +85,7 @@ class Policy:
     statistic: Optional[str] = None  # last_row, window_mean, accumulated, or a KEY_KINDS one;
     # None: the one the registry names for the policy (PoolWorker.kind)
     params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
+    allocator: Optional[str] = None  # how a ratio's budget is spread over the layers (pyramid)
 
     def __post_init__(self):
         if self.name != "none" and (self.ratio is None) == (self.pages is None):
@@ -94,10 +95,15 @@ class Policy:
         known = KINDS + tuple(KEY_KINDS) + tuple(MIXED_KINDS)
         if self.statistic is not None and self.statistic not in known:
             raise ValueError(f"statistic must be one of {', '.join(known)}")
+        if self.allocator is not None and self.ratio is None:
+            raise ValueError(f"policy {self.name}: an allocator spreads a ratio's budget; "
+                             f"pages are every layer's already")
 
     def budget(self) -> Dict[str, object]:
         if self.pages is not None:
             return {"pages": self.pages}
+        if self.allocator is not None:
+            return {"fraction": 1.0 - self.ratio, "allocator": self.allocator}
         return {"fraction": 1.0 - self.ratio}
 
     def label(self) -> str:

@@ -252,6 +252,32 @@ class ClientTest(unittest.TestCase):
                 np.testing.assert_array_equal(ga.kept_pages, gb.kept_pages)
                 np.testing.assert_allclose(ga.weights, gb.weights)
 
+    def test_a_pyramid_budget_keeps_more_pages_in_lower_layers(self):
+        self.register("pyramid")
+        stats = layer_stats(2, 300)
+        quotas = {}
+        for allocator in (None, "uniform", "pyramid"):
+            sequence = f"s-{allocator}"
+            self.client.open_sequence("pyramid", sequence, initial_tokens=300)
+            decisions = list(self.client.decide_stream(
+                "pyramid", sequence, ((layer, stats[layer]) for layer in range(3)),
+                fraction=0.3, allocator=allocator))
+            quotas[allocator] = [d.quota_pages for d in decisions]
+        self.assertEqual(quotas[None], quotas["uniform"])
+        self.assertLessEqual(max(quotas["uniform"]) - min(quotas["uniform"]), 1)  # Hamilton
+        self.assertGreater(quotas["pyramid"][0] - quotas["pyramid"][-1], 1)
+        self.assertEqual(sum(quotas["pyramid"]), sum(quotas["uniform"]))
+        self.assertGreater(quotas["pyramid"][0], quotas["pyramid"][-1])
+        self.assertEqual(quotas["pyramid"], sorted(quotas["pyramid"], reverse=True))
+        self.client.open_sequence("pyramid", "bad", initial_tokens=300)
+        with self.assertRaises(entrokv.InvalidArgumentError) as bad:
+            self.client.decide("pyramid", "bad", stats, fraction=0.3, allocator="triangle")
+        self.assertIn("budget.allocator", str(bad.exception))
+        with self.assertRaises(ValueError):
+            self.client.decide("pyramid", "bad", stats, pages=3, allocator="pyramid")
+        pool = self.client.pool_stats("pyramid")
+        self.assertEqual(pool.used_frames + pool.free_frames, pool.capacity_frames)
+
     def test_half_precision_inputs(self):
         self.register("half")
         stats = layer_stats(3, 200)

@@ -142,17 +142,25 @@ def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
-            token_slots: Optional[int], auto_floor: Optional[float] = None) -> "types.Budget":
+            token_slots: Optional[int], auto_floor: Optional[float] = None,
+            allocator: Optional[str] = None) -> "types.Budget":
     given = [value is not None for value in (pages, fraction, token_slots, auto_floor)]
     if sum(given) != 1:
         raise ValueError("budget: give exactly one of pages, fraction, token_slots, auto_floor")
+    if allocator is not None and fraction is None and token_slots is None:
+        raise ValueError("allocator: only with fraction or token_slots (it spreads them over "
+                         "the layers)")
     if pages is not None:
         return types.Budget(pages_per_group=pages)
-    if fraction is not None:
-        return types.Budget(fraction=fraction)
     if auto_floor is not None:
         return types.Budget(auto_budget=types.AutoBudget(floor_fraction=auto_floor))
-    return types.Budget(token_slots=token_slots)
+    if fraction is not None:
+        budget = types.Budget(fraction=fraction)
+    else:
+        budget = types.Budget(token_slots=token_slots)
+    if allocator is not None:
+        budget.allocator = allocator  # the daemon checks the name (budget.allocator)
+    return budget
 
 
 def _policy(policy: Optional[str], params: dict,
@@ -447,7 +455,7 @@ class Client:
                accumulate: bool = False, use_cached_weights: bool = False,
                degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                auto_floor: Optional[float] = None, rank: int = 0,
-               **params) -> List[LayerDecision]:
+               allocator: Optional[str] = None, **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
@@ -455,7 +463,9 @@ class Client:
         layer, shared by every group) or None (the daemon's: layer for a layer-layout pool).
         `kind`: the statistics' StatisticKind, as in statistic_message. `auto_floor` instead of
         a budget: the daemon's quota decides (pool pressure), never below that floor (not with
-        `accumulate` or `degrade_on_deadline`).
+        `accumulate` or `degrade_on_deadline`). `allocator`: how a fraction or token_slots
+        budget is spread over the layers, "uniform" (the daemon's default) or "pyramid"
+        (linearly more pages in lower layers).
         Lifecycle (docs/integrating.md): `accumulate` adds each layer's statistic, one prefill
         chunk's column sums (kind "accumulated"), to the running sum the daemon keeps and decides
         on that; `use_cached_weights` pools the heads with the weights of the layer's previous
@@ -472,7 +482,8 @@ class Client:
         request = self._decide_request(model_id, sequence_id, stats, layers, pages, fraction,
                                        token_slots, policy, dtype, scope, kind, accumulate,
                                        use_cached_weights, degrade_on_deadline,
-                                       answer_within_ms, auto_floor, params, rank=rank)
+                                       answer_within_ms, auto_floor, params, rank=rank,
+                                       allocator=allocator)
         response = self._call(self._stub.Decide, request)
         return [LayerDecision.from_message(layer) for layer in response.layers]
 
@@ -503,7 +514,8 @@ class Client:
                         accumulate: bool = False, use_cached_weights: bool = False,
                         degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                         auto_floor: Optional[float] = None, params: Optional[dict] = None,
-                        rank: int = 0, **more_params) -> "pb.DecideRequest":
+                        rank: int = 0, allocator: Optional[str] = None,
+                        **more_params) -> "pb.DecideRequest":
         params = dict(params or {}, **more_params)
         if isinstance(stats, types.Statistic):
             stats = [stats]
@@ -522,7 +534,7 @@ class Client:
             model_id=model_id, sequence_id=sequence_id,
             layers=[_layer_statistic((index, stats[i]), dtype, kind, accumulate)
                     for i, index in enumerate(indices)],
-            budget=_budget(pages, fraction, token_slots, auto_floor),
+            budget=_budget(pages, fraction, token_slots, auto_floor, allocator),
             policy=_policy(policy, params, scope), use_cached_weights=use_cached_weights,
             degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms,
             rank=rank)
@@ -536,11 +548,11 @@ class Client:
                       accumulate: bool = False, use_cached_weights: bool = False,
                       degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                       auto_floor: Optional[float] = None, rank: Optional[int] = None,
-                      **params) -> Iterator[LayerDecision]:
+                      allocator: Optional[str] = None, **params) -> Iterator[LayerDecision]:
         """Streams (layer, [query_heads, tokens]) pairs as prefill produces them and yields
         each layer's decision in order. Not retried. `kind`: the statistics' StatisticKind, as
         in statistic_message; `accumulate`, `use_cached_weights`, `degrade_on_deadline`,
-        `auto_floor` and `answer_within_ms` as in decide (answer_within_ms counts from the
+        `auto_floor`, `allocator` and `answer_within_ms` as in decide (answer_within_ms counts from the
         daemon reading each layer).
 
         Tensor parallelism: with `rank` set, each rank streams its own query heads' rows
@@ -557,7 +569,7 @@ class Client:
         requests, failure = self._stream_requests(
             model_id, sequence_id, layer_stats, pages, fraction, token_slots, policy, dtype,
             scope, kind, accumulate, use_cached_weights, degrade_on_deadline, answer_within_ms,
-            auto_floor, params, rank=rank)
+            auto_floor, params, rank=rank, allocator=allocator)
         try:
             for decision in self._stub.DecideStream(requests, timeout=stream_timeout_s,
                                                     metadata=self._metadata):
@@ -635,10 +647,11 @@ class Client:
                          use_cached_weights: bool = False, degrade_on_deadline: bool = False,
                          answer_within_ms: int = 0, auto_floor: Optional[float] = None,
                          params: Optional[dict] = None, rank: Optional[int] = None,
+                         allocator: Optional[str] = None,
                          **more_params) -> Tuple[Iterable, List[BaseException]]:
         """The stream's requests (encoded at once for a list or tuple, lazily for a generator)
         and the list that receives what a lazy generator raised."""
-        budget = _budget(pages, fraction, token_slots, auto_floor)
+        budget = _budget(pages, fraction, token_slots, auto_floor, allocator)
         policy_params = _policy(policy, dict(params or {}, **more_params), scope)
         if rank is not None and (isinstance(rank, bool) or not isinstance(rank, int) or rank < 0):
             raise ValueError(f"rank: must be an int >= 0, got {rank!r}")
