@@ -33,6 +33,7 @@
 #include "core/scoring/fused_scorer.h"
 #include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
+#include "core/scoring/statistic.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
@@ -73,6 +74,9 @@ struct LayerWork {
     // Expected attention: each head's own row, from the query statistics the worker sent.
     std::vector<float> query_mean;        // [heads][head_dim]
     std::vector<float> query_covariance;  // [heads][head_dim][head_dim], or empty
+    DType dtype = DType::kFloat32;        // the keys' element type in the frames
+    // A keys mix: the keys' share of each head's average with the rows sent (MixRows).
+    std::optional<double> mix_weight;
   };
   std::optional<Keys> keys;
   std::vector<float> key_rows;
@@ -196,7 +200,8 @@ struct Readers {
 
 // A keys statistic's rows: each of the shard's KV groups' keys read from the sequence's frames
 // and scored, the group's scores given to each of its query heads (expected attention: each
-// head's own row); work.view reads them. CANCELLED once `cancelled` says so, polled per head.
+// head's own row), averaged with the rows sent in work.view for a keys mix; work.view then reads
+// them. CANCELLED once `cancelled` says so, polled per head.
 absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id,
                          const Shard& shard, int64_t tokens, ServiceMetrics& metrics,
                          const std::function<bool()>& cancelled, LayerWork& work) {
@@ -207,7 +212,7 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
   std::vector<float> scores(static_cast<size_t>(tokens));
   for (int g = 0; g < shard.groups; ++g) {
     absl::StatusOr<CacheState::KeyRows> keys =
-        state.ReadKeys(sequence_id, work.layer, shard.first_group + g, work.dtype);
+        state.ReadKeys(sequence_id, work.layer, shard.first_group + g, request.dtype);
     if (!keys.ok()) return Annotate(keys.status(), absl::StrCat(work.field, ".statistic"));
     if (request.group_score.has_value()) {
       ScoreKeys(*request.group_score, keys->keys, head_dim, keys->present, scores);
@@ -233,7 +238,13 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
           covariance.empty() ? covariance : covariance.subspan(head * d * d, d * d), row);
     }
     metrics.AddStatsBytes(StatSource::kPoolKeys,
-                          static_cast<int64_t>(keys->keys.size()) * DTypeBytes(work.dtype));
+                          static_cast<int64_t>(keys->keys.size()) * DTypeBytes(request.dtype));
+  }
+  if (request.mix_weight.has_value()) {
+    // The rows sent are the view until now: each head's average of the two becomes it.
+    if (absl::Status mixed = MixRows(*work.view, *request.mix_weight, work.key_rows); !mixed.ok()) {
+      return Annotate(mixed, work.field);  // as the scorer names a bad value sent
+    }
   }
   ASSIGN_OR_RETURN(
       work.view, StatisticView::Create(work.key_rows.data(), DType::kFloat32, shard.heads, tokens));
@@ -325,6 +336,31 @@ absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::
   return out;
 }
 
+// A keys mix (Statistic.keys_mix) for `heads` heads: the keys statistic as ResolveKeys checks
+// it, the keys' element type and their weight; INVALID_ARGUMENT naming the field otherwise, or
+// with accumulate (a chunk's column sums are not one row to average).
+absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v1::KeysMix& mix,
+                                               int heads, int head_dim, bool accumulate) {
+  const std::string at = absl::StrCat(field, ".keys_mix");
+  if (accumulate) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, ": not with accumulate (a chunk's column sums are added, not mixed)"));
+  }
+  ASSIGN_OR_RETURN(LayerWork::Keys keys,
+                   ResolveKeys(absl::StrCat(at, ".keys"), mix.keys(), heads, head_dim));
+  ASSIGN_OR_RETURN(keys.dtype, wire::ToDType(absl::StrCat(at, ".keys_dtype"), mix.keys_dtype()));
+  const double weight = mix.keys_weight();
+  if (weight == 0.0) {
+    keys.mix_weight = 0.5;
+  } else if (!(weight > 0.0 && weight < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(at, ".keys_weight: must be in (0, 1) (unset: 0.5), got ", weight));
+  } else {
+    keys.mix_weight = weight;
+  }
+  return keys;
+}
+
 // Step 1 for one layer's statistic.
 absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shard, int head_dim,
                               int64_t sequence_tokens, const Policy& policy, const ShmReader& shm,
@@ -367,15 +403,24 @@ absl::Status ResolveStatistic(const v1::LayerStatistic& input, const Shard& shar
       static_cast<uint64_t>(stat.query_heads()) * stat.tokens() * DTypeBytes(dtype);
   const void* data = nullptr;
   if (stat.source_case() == v1::Statistic::kKeys) {
+    if (stat.has_keys_mix()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".keys_mix: mixes the keys' scores with values sent, and keys sends none"));
+    }
     if (work.accumulate) {
       return absl::InvalidArgumentError(absl::StrCat(
           work.field, ".accumulate: not with a keys statistic (the keys are read whole)"));
     }
     ASSIGN_OR_RETURN(work.keys,
                      ResolveKeys(absl::StrCat(field, ".keys"), stat.keys(), shard.heads, head_dim));
+    work.keys->dtype = dtype;
     work.dtype = dtype;
     work.query_heads = stat.query_heads();
     return absl::OkStatus();
+  }
+  if (stat.has_keys_mix()) {
+    ASSIGN_OR_RETURN(
+        work.keys, ResolveKeysMix(field, stat.keys_mix(), shard.heads, head_dim, work.accumulate));
   }
   if (stat.source_case() == v1::Statistic::kData) {
     if (stat.data().size() != expected) {
@@ -527,9 +572,11 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     // A degraded layer reads no statistic, unless it is a chunk: its columns still go into the
     // running sum, so the next decision of the layer scores every chunk.
     // A device_buffer statistic on the device that scores the pool is read there in place.
+    // A keys mix reads the rows sent on the host.
     const bool in_place = on_device && work.device.has_value() && !work.accumulate &&
-                          work.device->device() == scoring_device;
-    if (work.keys.has_value() && !degrading) {
+                          !work.keys.has_value() && work.device->device() == scoring_device;
+    const bool mixes_keys = work.keys.has_value() && work.keys->mix_weight.has_value();
+    if (work.keys.has_value() && !mixes_keys && !degrading) {
       RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
                                   cancelled, work));
     } else if (in_place && !degrading) {
@@ -546,6 +593,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
           work.device.has_value() ? StatSource::kDeviceBuffer : StatSource::kSharedMemory,
           static_cast<int64_t>(copied.size()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
+    }
+    if (mixes_keys && !degrading) {
+      RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
+                                  cancelled, work));
     }
     if (work.accumulate) {
       absl::StatusOr<std::vector<float>> before =

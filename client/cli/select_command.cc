@@ -19,6 +19,7 @@
 #include "core/scoring/key_scores.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
+#include "core/scoring/statistic.h"
 #include "core/util/dtype.h"
 #include "core/util/json.h"
 #include "core/util/status_macros.h"
@@ -248,9 +249,65 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
   }
 }
 
+// --stats with --keys: each head's row of the statistic and of the keys' scores (`keys`, float32
+// rows as LoadKeys makes them), each scaled to sum 1 and averaged, --keys-weight on the keys'
+// (MixRows, as the daemon mixes a keys mix). Returns the keys' rows, mixed.
+absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const LoadedStatistic& stats,
+                                             LoadedStatistic keys) {
+  if (keys.query_heads == keys.kv_groups && stats.query_heads != keys.query_heads &&
+      stats.query_heads % keys.kv_groups == 0) {
+    // keydiff and norm score one row per KV group: each of the group's heads gets it, as the
+    // daemon gives a group's scores to its heads.
+    const int per_group = stats.query_heads / keys.kv_groups;
+    const auto tokens = static_cast<size_t>(keys.tokens);
+    const auto* groups = reinterpret_cast<const float*>(keys.array.bytes.data());
+    std::vector<uint8_t> heads(static_cast<size_t>(keys.layers) *
+                               static_cast<size_t>(stats.query_heads) * tokens * sizeof(float));
+    auto* out = reinterpret_cast<float*>(heads.data());
+    for (int row = 0; row < keys.layers * keys.kv_groups; ++row) {
+      for (int i = 0; i < per_group; ++i) {
+        std::copy_n(groups + static_cast<size_t>(row) * tokens, tokens,
+                    out + (static_cast<size_t>(row) * per_group + i) * tokens);
+      }
+    }
+    keys.array.bytes = std::move(heads);
+    keys.query_heads = stats.query_heads;
+  }
+  if (stats.layers != keys.layers || stats.query_heads != keys.query_heads ||
+      stats.tokens != keys.tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("--keys: scores ", keys.layers, " layers x ",
+                                                   keys.query_heads, " query heads x ", keys.tokens,
+                                                   " tokens, --stats has ", stats.layers, " x ",
+                                                   stats.query_heads, " x ", stats.tokens));
+  }
+  ASSIGN_OR_RETURN(const double weight, args.GetDouble("keys-weight"));
+  if (!(weight > 0.0 && weight < 1.0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keys-weight: must be in (0, 1), got ", weight));
+  }
+  const int64_t layer_elements = stats.query_heads * stats.tokens;
+  auto* rows = reinterpret_cast<float*>(keys.array.bytes.data());
+  for (int layer = 0; layer < stats.layers; ++layer) {
+    ASSIGN_OR_RETURN(StatisticView view,
+                     StatisticView::Create(stats.array.bytes.data() +
+                                               layer * layer_elements * DTypeBytes(stats.dtype),
+                                           stats.dtype, stats.query_heads, stats.tokens));
+    const std::span<float> mixed(rows + layer * layer_elements,
+                                 static_cast<size_t>(layer_elements));
+    if (absl::Status status = MixRows(view, weight, mixed); !status.ok()) {
+      return absl::Status(status.code(),
+                          absl::StrCat("--stats: layer ", layer, ": ", status.message()));
+    }
+  }
+  return keys;
+}
+
 absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
-  if (args.Given("stats") == args.Given("keys")) {
-    return absl::InvalidArgumentError("give exactly one of --stats and --keys");
+  if (!args.Given("stats") && !args.Given("keys")) {
+    return absl::InvalidArgumentError("give --stats, --keys, or both (a keys mix)");
+  }
+  if (args.Given("keys-weight") && !(args.Given("stats") && args.Given("keys"))) {
+    return absl::InvalidArgumentError("--keys-weight: only with both --stats and --keys");
   }
   if (!args.Given("kv-heads") && !args.Given("keys")) {
     return absl::InvalidArgumentError("--kv-heads is required");
@@ -286,6 +343,11 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   ASSIGN_OR_RETURN(
       LoadedStatistic loaded,
       args.Given("keys") ? LoadKeys(args) : LoadStatistic(args.Get("stats"), args.Get("dtype")));
+  if (args.Given("keys") && args.Given("stats")) {
+    ASSIGN_OR_RETURN(const LoadedStatistic stats,
+                     LoadStatistic(args.Get("stats"), args.Get("dtype")));
+    ASSIGN_OR_RETURN(loaded, MixStatistic(args, stats, std::move(loaded)));
+  }
   if (args.Given("keys")) {
     if (args.Given("kv-heads") && kv_groups != loaded.kv_groups) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -341,13 +403,16 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
 
 int RunSelect(const std::vector<std::string>& argv) {
   ArgParser args("select",
-                 "(--stats FILE.npy | --keys FILE.npy) --kv-heads G --page-size B "
+                 "(--stats FILE.npy | --keys FILE.npy | both) --kv-heads G --page-size B "
                  "(--pages K | --budget F) [options]");
   args.Option("stats", "", "statistic [H_Q, T] or [L, H_Q, T]: float32, float16, bf16 as uint16");
   args.Option("keys", "",
-              "instead of --stats: keys [G, T, D] or [L, G, T, D] (float32 or float16), scored "
+              "keys [G, T, D] or [L, G, T, D] (float32 or float16), scored "
               "as the daemon scores a keys statistic, one row per KV group");
   args.Option("key-score", "keydiff", "with --keys: keydiff, norm or expected_attention");
+  args.Option("keys-weight", "0.5",
+              "--stats with --keys (a keys mix): each head's rows scaled to sum 1 and averaged, "
+              "this share on the keys' scores, in (0, 1)");
   args.Option("query-mean", "",
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",

@@ -71,4 +71,25 @@ absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
   return sum;
 }
 
+absl::Status MixRows(const StatisticView& rows, double keys_weight, std::span<float> key_rows) {
+  if (absl::Status valid = rows.ValidateValues(); !valid.ok()) return valid;
+  const auto tokens = static_cast<size_t>(rows.tokens());
+  std::vector<float> scratch;
+  const auto scale = [](std::span<const float> row, double weight) {
+    double total = 0.0;
+    for (const float value : row) total += value;
+    return total > 0.0 ? weight / total : 0.0;
+  };
+  for (int h = 0; h < rows.query_heads(); ++h) {
+    const std::span<const float> sent = rows.Row(h, &scratch);
+    const std::span<float> keys = key_rows.subspan(static_cast<size_t>(h) * tokens, tokens);
+    const double sent_scale = scale(sent, 1.0 - keys_weight);
+    const double keys_scale = scale(keys, keys_weight);
+    for (size_t t = 0; t < tokens; ++t) {
+      keys[t] = static_cast<float>(keys_scale * keys[t] + sent_scale * sent[t]);
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace entrokv

@@ -57,6 +57,16 @@ class StatisticView {
 [[nodiscard]] absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
                                                           std::span<const float> running);
 
+// Sent rows mixed with the keys' scores (a keys mix): each head's row of `rows` and its row of
+// `key_rows` ([query_heads][tokens] float32), each scaled to sum 1 (in double; a row of zeros
+// adds nothing), averaged with `keys_weight` on the keys' row, written over key_rows.
+// INVALID_ARGUMENT naming the head and token of a sent value that is negative or not finite
+// (ValidateValues), key_rows unchanged.
+// REQUIRES: key_rows.size() == query_heads * tokens, key_rows' values >= 0 and finite,
+// keys_weight in (0, 1).
+[[nodiscard]] absl::Status MixRows(const StatisticView& rows, double keys_weight,
+                                   std::span<float> key_rows);
+
 }  // namespace entrokv
 
 #endif  // ENTROKV_CORE_SCORING_STATISTIC_H_

@@ -97,5 +97,35 @@ TEST(AddChunkTest, BadChunksAndSumsAreRefused) {
               StatusIs(absl::StatusCode::kFailedPrecondition, HasSubstr("3 values")));
 }
 
+// Head 0: sent {1, 3} (1/4, 3/4) and keys {2, 2} (1/2, 1/2); head 1 sends zeros, so its keys'
+// row alone, scaled by its weight, remains. Half-precision rows are widened first.
+TEST(MixRowsTest, EachHeadAveragesItsTwoRowsScaledToSumOne) {
+  const std::vector<float> sent = {1, 3, 0, 0};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
+                               StatisticView::Create(sent.data(), DType::kFloat32, 2, 2));
+  std::vector<float> keys = {2, 2, 1, 3};
+  ASSERT_TRUE(MixRows(view, 0.5, keys).ok());
+  EXPECT_THAT(keys, ::testing::ElementsAre(0.375F, 0.625F, 0.125F, 0.375F));
+  std::vector<float> weighted = {2, 2, 1, 3};
+  ASSERT_TRUE(MixRows(view, 0.25, weighted).ok());
+  EXPECT_THAT(weighted, ::testing::ElementsAre(0.3125F, 0.6875F, 0.0625F, 0.1875F));
+  const std::vector<uint16_t> half = {FloatToFloat16(1), FloatToFloat16(3)};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView half_view,
+                               StatisticView::Create(half.data(), DType::kFloat16, 1, 2));
+  std::vector<float> one = {2, 2};
+  ASSERT_TRUE(MixRows(half_view, 0.5, one).ok());
+  EXPECT_THAT(one, ::testing::ElementsAre(0.375F, 0.625F));
+}
+
+TEST(MixRowsTest, ABadSentValueIsNamedAndTheKeysAreLeft) {
+  const std::vector<float> sent = {1, std::numeric_limits<float>::quiet_NaN()};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
+                               StatisticView::Create(sent.data(), DType::kFloat32, 1, 2));
+  std::vector<float> keys = {2, 2};
+  EXPECT_THAT(MixRows(view, 0.5, keys),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head 0, token 1")));
+  EXPECT_THAT(keys, ::testing::ElementsAre(2, 2));
+}
+
 }  // namespace
 }  // namespace entrokv

@@ -65,12 +65,11 @@ MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean", "
 # answer of the tasks are shorter; kvpress averages over 512).
 EXPECTED_SINKS = 4
 EXPECTED_FUTURE = 128
-# Development experiments, computed by this worker (not by the daemon): the window statistic,
-# each row scaled to sum 1, mixed half and half with a score of the group's keys read back from
-# the pool, scaled to sum 1: keydiff's (window_keydiff), or each head's expected attention from
-# the prompt queries' mean and covariance (window_expected, as keys_expected). Sent as a
-# window_mean statistic.
-MIXED_KINDS = {"window_keydiff": "window_mean", "window_expected": "window_mean"}
+# The window statistic with the daemon's scores of the keys in its frames (a keys mix: each
+# head's two rows scaled to sum 1 and averaged half and half): keydiff's (window_keydiff), or
+# each head's expected attention from the prompt queries' mean and covariance (window_expected,
+# as keys_expected). The rows are sent as a window_mean statistic; the score each mixes in:
+MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention"}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -377,36 +376,12 @@ class PoolWorker:
         """What DecideStream carries for a layer's statistic: here the array itself."""
         return statistic
 
-    def _mixed_with_keys(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
-                         n: int) -> np.ndarray:
-        """MIXED_KINDS: rows [query_heads, n], each scaled to sum 1, half and half with a score
-        of each group's keys scaled to sum 1: keydiff's (1 - cos(key, the mean unit key)), the
-        same for the group's heads, or each head's expected attention (the softmax over the
-        keys of m.k / sqrt(d) + k'Sk / (2d), as the daemon scores keys_expected)."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
-        out = rows.astype(np.float64)
-        out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
-        pages = -(-n // self.page_size)
-        for g in range(c.kv_heads):
-            k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
-            k = k[:n].astype(np.float64)
-            group = slice(g * per_group, (g + 1) * per_group)
-            if kind == "window_keydiff":
-                unit = k / np.maximum(np.linalg.norm(k, axis=1), 1e-30)[:, None]
-                anchor = unit.mean(axis=0)
-                anchor /= max(float(np.linalg.norm(anchor)), 1e-30)
-                score = 1.0 - unit @ anchor
-                score = score / max(float(score.sum()), 1e-30)
-            else:
-                mean, covariance = kv.moments[kind][layer]
-                m = mean[group].astype(np.float64)
-                s = covariance[group].astype(np.float64)
-                exponent = (m @ k.T) / np.sqrt(c.head_dim)
-                exponent += np.einsum("ti,hij,tj->ht", k, s, k) / (2.0 * c.head_dim)
-                score = numpy_model.softmax(exponent, axis=1)
-            out[group] = 0.5 * out[group] + 0.5 * score
-        return out.astype(np.float32)
+    def _mixed(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+               tokens: int) -> "entrokv.types.Statistic":
+        """MIXED_KINDS: the window rows [query_heads, tokens] with the daemon's scores of the
+        keys in the frames, mixed half and half by the daemon (entrokv.mixed_statistic)."""
+        keys = self._key_statistic(kv, kind, layer, tokens)
+        return entrokv.mixed_statistic(rows, keys, kind="window_mean")
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
@@ -415,9 +390,10 @@ class PoolWorker:
         mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
         if kind == "keys_expected_mean":  # the mean alone: d, not d^2, per token and head
             covariance = None
-        return entrokv.key_statistic(self.model.config.query_heads, tokens,
-                                     score=KEY_KINDS[kind], dtype=self.element,
-                                     query_mean=mean, query_covariance=covariance)
+        score = KEY_KINDS[kind] if kind in KEY_KINDS else MIXED_KINDS[kind]
+        return entrokv.key_statistic(self.model.config.query_heads, tokens, score=score,
+                                     dtype=self.element, query_mean=mean,
+                                     query_covariance=covariance)
 
     def _keep_moments(self, kv: "PoolKV", kinds: Sequence[str], tokens: int, window: int):
         """on_queries for the model: each layer's query statistics of each of `kinds` (the
@@ -493,8 +469,8 @@ class PoolWorker:
                 if kind in KEY_KINDS:  # the daemon reads the keys this layer just wrote
                     return self._key_statistic(kv, kind, layer, n)
                 s = self._statistic_rows(stat[rows[kind]])  # [query_heads, n]
-                if kind in MIXED_KINDS:
-                    return self._mixed_with_keys(kv, kind, layer, s, n)
+                if kind in MIXED_KINDS and deciding:  # kept for forks as rows
+                    return self._mixed(kv, kind, layer, s, n)
                 return s * float(n) if kind == "accumulated" else s  # column sums
 
             if not deciding:
@@ -563,7 +539,7 @@ class PoolWorker:
         layers decided before a broken stream are applied all the same: every caller rereads
         the block tables after this)."""
         kind = self.kind(policy)
-        kind = "last_row" if kind in KEY_KINDS else MIXED_KINDS.get(kind, kind)
+        kind = "last_row" if kind in KEY_KINDS else "window_mean" if kind in MIXED_KINDS else kind
         arguments = dict(policy=policy.name, kind=kind,
                          **policy.budget(), **dict(policy.params))
         if not self.fail_open:
@@ -588,6 +564,9 @@ class PoolWorker:
                      for layer in range(self.model.config.layers)]
         elif kind not in kv.stats:
             raise ValueError(f"sequence {kv.sequence_id} kept no {kind} statistic")
+        elif kind in MIXED_KINDS:
+            stats = [self._mixed(kv, kind, layer, kv.stats[kind][layer], kv.length)
+                     for layer in range(self.model.config.layers)]
         else:
             stats = kv.stats[kind]
         decisions = self._decide_stream(kv, policy, [(l, stats[l]) for l in range(len(stats))])

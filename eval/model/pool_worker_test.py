@@ -256,25 +256,53 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
         self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
 
-    def test_the_workers_expected_attention_is_the_daemons(self):
-        # window_expected mixes the window rows with this worker's own expected attention; with
-        # the rows zeroed, what it sends must rank pages as the daemon's keys_expected score does.
-        class KeysOnly(pool_worker.PoolWorker):
-            def _statistic_rows(self, groups):
-                return np.zeros_like(super()._statistic_rows(groups))
+    def test_a_keys_mix_decides_as_its_average_sent_as_rows(self):
+        # window_expected and window_keydiff send the window rows with a keys mix: the daemon
+        # averages them with its scores of the keys in the frames. The same average computed here
+        # from the keys read back (the reference) and sent as rows keeps the same pages.
+        test = self
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
 
-        worker = KeysOnly(self.client, self.model, self.registry, model_id="window-expected",
-                          capacity_frames=2048)
-        self.addCleanup(worker.close, unregister=True)
+        class Reference(pool_worker.PoolWorker):
+            def _mixed(self, kv, kind, layer, rows, tokens):
+                out = rows.astype(np.float64)
+                out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
+                pages = -(-tokens // self.page_size)
+                for g in range(c.kv_heads):
+                    k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
+                    k = k[:tokens].astype(np.float64)
+                    group = slice(g * per_group, (g + 1) * per_group)
+                    if kind == "window_keydiff":
+                        unit = k / np.linalg.norm(k, axis=1)[:, None]
+                        anchor = unit.mean(axis=0)
+                        score = 1.0 - unit @ (anchor / np.linalg.norm(anchor))
+                    else:
+                        mean, covariance = kv.moments[kind][layer]
+                        exponent = (mean[group].astype(np.float64) @ k.T) / np.sqrt(c.head_dim)
+                        exponent += np.einsum("ti,hij,tj->ht", k, covariance[group], k) / (
+                            2.0 * c.head_dim)
+                        score = numpy_model.softmax(exponent, axis=1)
+                    score = score / score.sum(axis=-1, keepdims=True)
+                    out[group] = 0.5 * out[group] + 0.5 * score
+                return out.astype(np.float32)
+
         example = tasks.make_example("multi_key", 333, 6)
-        kept = {}
-        for statistic in ("window_expected", "keys_expected"):
-            kv, decisions = worker.prefill(example.prompt,
-                                           policy=Policy("mean", ratio=0.75, statistic=statistic))
-            self.assertEqual(len(decisions), self.model.config.layers)
-            kept[statistic] = kv.tables.copy()
-            worker.close_sequence(kv)
-        np.testing.assert_array_equal(kept["window_expected"] >= 0, kept["keys_expected"] >= 0)
+        for kind in pool_worker.MIXED_KINDS:
+            with self.subTest(kind=kind):
+                kept = []
+                for worker_class in (pool_worker.PoolWorker, Reference):
+                    worker = worker_class(self.client, self.model, self.registry,
+                                          model_id=f"mixed-{kind}-{worker_class.__name__}",
+                                          capacity_frames=2048)
+                    self.addCleanup(worker.close, unregister=True)
+                    kv, decisions = worker.prefill(
+                        example.prompt, policy=Policy("mean", ratio=0.75, statistic=kind))
+                    test.assertEqual(len(decisions), c.layers)
+                    kept.append(kv.tables >= 0)
+                    worker.close_sequence(kv)
+                self.assertLess(kept[0].mean(), 0.5)  # pages were evicted
+                np.testing.assert_array_equal(kept[0], kept[1])
 
     def test_question_excluded_decides_the_context_before_the_question(self):
         worker = self.worker("no-question", capacity_frames=2048)

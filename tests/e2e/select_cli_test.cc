@@ -14,6 +14,7 @@
 #include "core/io/npy.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/key_scores.h"
+#include "core/scoring/statistic.h"
 #include "core/testing/random_rows.h"
 #include "core/util/json.h"
 #include "gmock/gmock.h"
@@ -290,11 +291,37 @@ TEST_F(SelectCliTest, KeysDecideAsTheirScoresDo) {
     ASSERT_EQ(from_scores.exit_code, 0) << from_scores.out;
     EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_scores.out)) << score;
     EXPECT_THAT(from_keys.out, HasSubstr("\"kept_pages\""));
+    // Mixed with a statistic of 4 query heads: each group's scores go to its 2 heads.
+    std::vector<float> sent(kLayers * 4 * kTokens);
+    for (float& value : sent) value = std::abs(normal(rng));
+    std::vector<float> mixed(sent.size());
+    for (int head = 0; head < kLayers * 4; ++head) {  // (layer, group) of head: head / 2
+      std::copy_n(scores.begin() + head / 2 * kTokens, kTokens, mixed.begin() + head * kTokens);
+    }
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const StatisticView layer_view =
+          *StatisticView::Create(sent.data() + layer * 4 * kTokens, DType::kFloat32, 4, kTokens);
+      ASSERT_TRUE(MixRows(layer_view, 0.5,
+                          std::span<float>(mixed.data() + layer * 4 * kTokens, 4 * kTokens))
+                      .ok());
+    }
+    const CliRun from_mix = RunCli(absl::StrCat(
+        "select --stats ",
+        Write("sent.npy", NpyType::kFloat32, {kLayers, 4, kTokens}, sent.data(), sent.size() * 4),
+        " --keys ", keys_path, " --key-score ", score, rest));
+    const CliRun from_mixed =
+        RunCli(absl::StrCat("select --stats ",
+                            Write("mixed.npy", NpyType::kFloat32, {kLayers, 4, kTokens},
+                                  mixed.data(), mixed.size() * 4),
+                            rest));
+    ASSERT_EQ(from_mix.exit_code, 0) << from_mix.out;
+    EXPECT_EQ(ActualKeptPages(from_mix.out), ActualKeptPages(from_mixed.out)) << score;
   }
   const std::string keys_path = (dir_ / "keys.npy").string();
   for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
-           {"select --keys " + keys_path + " --stats " + keys_path + " --kv-heads 2 --pages 1",
-            "exactly one of --stats and --keys"},
+           {"select --kv-heads 2 --pages 1", "give --stats, --keys, or both"},
+           {"select --keys " + keys_path + " --keys-weight 0.3 --kv-heads 2 --pages 1",
+            "--keys-weight: only with both"},
            {"select --keys " + keys_path + " --key-score cosine --kv-heads 2 --pages 1",
             "\"cosine\""},
            {"select --keys " + keys_path + " --kv-heads 1 --pages 1", "2 KV groups"}}) {
@@ -349,15 +376,50 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     ASSERT_EQ(from_keys.exit_code, 0) << from_keys.out;
     ASSERT_EQ(from_rows.exit_code, 0) << from_rows.out;
     EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_rows.out)) << with_covariance;
+    // A keys mix: a statistic's rows with these, each scaled to sum 1 and averaged (MixRows),
+    // decide as the average given as a statistic.
+    std::vector<float> sent(rows.size());
+    for (float& value : sent) value = std::abs(normal(rng));
+    const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
+                                        sent.data(), sent.size() * 4);
+    for (int layer = 0; layer < kLayers; ++layer) {
+      const StatisticView view = *StatisticView::Create(sent.data() + layer * kHeads * kTokens,
+                                                        DType::kFloat32, kHeads, kTokens);
+      ASSERT_TRUE(
+          MixRows(view, 0.25,
+                  std::span<float>(rows.data() + layer * kHeads * kTokens, kHeads * kTokens))
+              .ok());
+    }
+    const std::string mixed_path = Write("mixed.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
+                                         rows.data(), rows.size() * 4);
+    const CliRun from_mix = RunCli(absl::StrCat(
+        "select --stats ", sent_path, " --keys-weight 0.25 --keys ", keys_path,
+        " --key-score expected_attention --query-mean ", mean_path,
+        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
+    const CliRun from_mixed =
+        RunCli(absl::StrCat("select --stats ", mixed_path, " --kv-heads 2", rest));
+    ASSERT_EQ(from_mix.exit_code, 0) << from_mix.out;
+    ASSERT_EQ(from_mixed.exit_code, 0) << from_mixed.out;
+    EXPECT_EQ(ActualKeptPages(from_mix.out), ActualKeptPages(from_mixed.out)) << with_covariance;
   }
   const std::string base = "select --keys " + keys_path + " --pages 1 --key-score ";
+  const std::vector<float> short_rows(kLayers * kHeads * 32, 1.0F);
+  const std::string short_path = Write("short.npy", NpyType::kFloat32, {kLayers, kHeads, 32},
+                                       short_rows.data(), short_rows.size() * 4);
+  const std::string mix = "select --stats " + (dir_ / "sent.npy").string() + " --keys " +
+                          keys_path + " --pages 1 --key-score expected_attention --query-mean " +
+                          mean_path;
   for (const auto& [arguments, message] : std::vector<std::pair<std::string, std::string>>{
            {base + "expected_attention", "--query-mean"},
            {base + "keydiff --query-mean " + mean_path, "--query-mean: only with"},
            {base + "expected_attention --query-mean " + covariance_path, "--query-mean"},
            {base + "expected_attention --query-mean " + mean_path + " --query-covariance " +
                 mean_path,
-            "--query-covariance"}}) {
+            "--query-covariance"},
+           {mix + " --keys-weight 1", "--keys-weight: must be in (0, 1), got 1"},
+           {"select --stats " + short_path + " --keys " + keys_path +
+                " --pages 1 --key-score keydiff",
+            "--keys: scores 2 layers x 4 query heads x 64 tokens, --stats has 2 x 4 x 32"}}) {
     const CliRun run = RunCli(arguments);
     EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
     EXPECT_THAT(run.out, HasSubstr(message)) << arguments;

@@ -399,6 +399,27 @@ class ClientTest(unittest.TestCase):
             entrokv.key_statistic(6, 64, "expected_attention")
         with self.assertRaisesRegex(ValueError, "only for expected_attention"):
             entrokv.key_statistic(6, 64, "keydiff", query_mean=np.zeros((6, 32)))
+        # A keys mix: rows that favour page 1 alone keep page 1; with keydiff's scores mixed in
+        # at weight 0.9, keydiff's page 2 wins.
+        rows = np.full((GEOMETRY["query_heads"], 64), 1e-3, np.float32)
+        rows[:, 16:32] = 1.0
+        keydiff = entrokv.key_statistic(GEOMETRY["query_heads"], 64, "keydiff", dtype="f16")
+        for weight, page in ((None, 1), (0.9, 2)):
+            sequence = f"mixed{weight}"
+            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
+            stats = [entrokv.mixed_statistic(rows, keydiff, keys_weight=weight)
+                     for _ in range(GEOMETRY["layers"])]
+            decisions = self.client.decide("keys", sequence, stats, pages=1, policy="mean",
+                                           protect_tail_page=False)
+            for decision in decisions:
+                for group in decision.groups:
+                    self.assertEqual(list(group.kept_pages), [page], weight)
+        with self.assertRaisesRegex(ValueError, "keys: a key_statistic"):
+            entrokv.mixed_statistic(rows, entrokv.statistic_message(rows))
+        with self.assertRaisesRegex(ValueError, "keys: .* 32 tokens"):
+            entrokv.mixed_statistic(rows, entrokv.key_statistic(GEOMETRY["query_heads"], 32))
+        with self.assertRaisesRegex(ValueError, "keys_weight"):
+            entrokv.mixed_statistic(rows, keydiff, keys_weight=1.0)
 
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)

@@ -12,6 +12,7 @@
 
 #include "core/pool/arena.h"
 #include "core/scoring/key_scores.h"
+#include "core/scoring/statistic.h"
 #include "core/testing/status_matchers.h"
 #include "core/util/dtype.h"
 #include "gmock/gmock.h"
@@ -345,6 +346,129 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   infinite.mutable_layers(2)->mutable_statistic()->mutable_keys()->set_query_mean(
       3, std::numeric_limits<float>::infinity());
   cases.push_back({infinite, "layers[2].statistic.keys.query_mean[3]: must be finite"});
+  ExpectRefusedChangingNothing("m", cases);
+  EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
+}
+
+// A keys mix: the rows sent and each head's expected attention (or its group's keydiff scores),
+// each scaled to sum 1 and averaged, decide as the test's own average of the same two sent as
+// bytes, in both layouts, at prefill and after eviction, for the default weight and another.
+TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameAverageSentWould) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> normal(0.0F, 1.0F);
+  std::vector<float> mean(static_cast<size_t>(kHeads * kHeadDim));
+  for (float& value : mean) value = normal(rng);
+  int index = 0;
+  for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
+    for (const double weight : {0.0, 0.25}) {  // 0: unset, half and half
+      for (const bool expected_attention : {true, false}) {
+        SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight,
+                                  expected_attention ? " expected attention" : " keydiff"));
+        const std::string keyed = absl::StrCat("mixed", index);
+        const std::string sent = absl::StrCat("averaged", index);
+        ++index;
+        const v1::PoolInfo pool = RegisterLayout(keyed, layout);
+        RegisterLayout(sent, layout);
+        constexpr int64_t kPrompt = 100;
+        const auto keys = RandomKeys(kPrompt, 51 + index);
+        Open(keyed, "s", kPrompt);
+        Open(sent, "s", kPrompt);
+        WriteKeys(pool, "s", keys, 0);
+        const RowScorer score =
+            expected_attention ? RowScorer([&](int group, const std::vector<float>& stored,
+                                               const std::vector<uint8_t>& present, int64_t tokens,
+                                               std::vector<float>& rows) {
+              const int per_group = kHeads / kGroups;
+              for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
+                ScoreExpectedAttention(
+                    stored, kHeadDim, present,
+                    std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim),
+                                                         kHeadDim),
+                    {},
+                    std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
+                                                   static_cast<size_t>(tokens)));
+              }
+            })
+                               : GroupScores(KeyScore::kKeyDiff);
+        for (const int64_t pages : {4, 2}) {  // prefill, then again after eviction
+          std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, score);
+          v1::DecideRequest request = Request(keyed, pages);
+          for (int layer = 0; layer < kLayers; ++layer) {
+            const std::vector<float> values =
+                RandomStatistic(kHeads, kPrompt, 70 + static_cast<uint32_t>(layer));
+            v1::LayerStatistic* in = request.add_layers();
+            in->set_layer(layer);
+            *in->mutable_statistic() = BytesStatistic(values, kHeads, kPrompt, v1::DTYPE_FLOAT32);
+            v1::KeysMix* mix = in->mutable_statistic()->mutable_keys_mix();
+            mix->set_keys_dtype(v1::DTYPE_FLOAT16);
+            mix->set_keys_weight(weight);
+            if (expected_attention) {
+              mix->mutable_keys()->set_score(v1::KEY_SCORE_EXPECTED_ATTENTION);
+              mix->mutable_keys()->mutable_query_mean()->Assign(mean.begin(), mean.end());
+            } else {
+              mix->mutable_keys()->set_score(v1::KEY_SCORE_KEYDIFF);
+            }
+            ENTROKV_ASSERT_OK_AND_ASSIGN(
+                StatisticView view,
+                StatisticView::Create(values.data(), DType::kFloat32, kHeads, kPrompt));
+            ASSERT_TRUE(
+                MixRows(view, weight == 0.0 ? 0.5 : weight, rows[static_cast<size_t>(layer)]).ok());
+          }
+          ExpectKeysDecideAsRows(request, sent, pages, kPrompt, rows);
+        }
+        ExpectInvariants(keyed);
+      }
+    }
+  }
+}
+
+TEST_F(KeyStatisticTest, BadKeysMixesNameTheFieldAndApplyNothing) {
+  RegisterLayout("m", v1::FRAME_LAYOUT_GROUP);
+  Open("m", "s", 40);
+  v1::DecideRequest good = Request("m", 1);
+  for (int layer = 0; layer < kLayers; ++layer) {
+    v1::LayerStatistic* in = good.add_layers();
+    in->set_layer(layer);
+    *in->mutable_statistic() =
+        BytesStatistic(RandomStatistic(kHeads, 40, 3), kHeads, 40, v1::DTYPE_FLOAT32);
+    v1::KeysMix* mix = in->mutable_statistic()->mutable_keys_mix();
+    mix->set_keys_dtype(v1::DTYPE_FLOAT16);
+    mix->mutable_keys()->set_score(v1::KEY_SCORE_KEYDIFF);
+  }
+  std::vector<BadDecide> cases;
+  for (const double weight : {1.0, -0.5, std::numeric_limits<double>::quiet_NaN()}) {
+    v1::DecideRequest heavy = good;
+    heavy.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_keys_weight(weight);
+    cases.push_back({heavy, "layers[1].statistic.keys_mix.keys_weight: must be in (0, 1)"});
+  }
+  v1::DecideRequest untyped = good;
+  untyped.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->clear_keys_dtype();
+  cases.push_back({untyped, "layers[0].statistic.keys_mix.keys_dtype"});
+  v1::DecideRequest wide = good;  // a 2-byte pool's keys are not float32
+  wide.mutable_layers(2)->mutable_statistic()->mutable_keys_mix()->set_keys_dtype(
+      v1::DTYPE_FLOAT32);
+  cases.push_back({wide, "layers[2].statistic: dtype"});
+  v1::DecideRequest unscored = good;
+  unscored.mutable_layers(0)
+      ->mutable_statistic()
+      ->mutable_keys_mix()
+      ->mutable_keys()
+      ->clear_score();
+  cases.push_back({unscored, "layers[0].statistic.keys_mix.keys.score"});
+  v1::DecideRequest keys_only = KeysRequest("m", 1, 40, v1::KEY_SCORE_KEYDIFF);
+  *keys_only.mutable_layers(0)->mutable_statistic()->mutable_keys_mix() =
+      good.layers(0).statistic().keys_mix();
+  cases.push_back({keys_only, "layers[0].statistic.keys_mix: mixes the keys' scores with values"});
+  v1::DecideRequest chunk = good;
+  chunk.mutable_layers(0)->set_accumulate(true);
+  chunk.mutable_layers(0)->mutable_statistic()->set_kind(v1::STATISTIC_KIND_ACCUMULATED);
+  cases.push_back({chunk, "layers[0].statistic.keys_mix: not with accumulate"});
+  v1::DecideRequest negative = good;  // a sent value is checked before it is mixed
+  std::vector<float> values = RandomStatistic(kHeads, 40, 4);
+  values[5] = -1.0F;
+  *negative.mutable_layers(2)->mutable_statistic()->mutable_data() =
+      BytesStatistic(values, kHeads, 40, v1::DTYPE_FLOAT32).data();
+  cases.push_back({negative, "layers[2]: statistic: value at head 0, token 5"});
   ExpectRefusedChangingNothing("m", cases);
   EXPECT_EQ(Stats("m").pages_evicted_total(), 0);
 }

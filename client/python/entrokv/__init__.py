@@ -1,7 +1,7 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
-from entrokv.client import (NO_DECISION_CODES, Client, key_statistic, retry_service_config,
-                            statistic_message)
+from entrokv.client import (NO_DECISION_CODES, Client, key_statistic, mixed_statistic,
+                            retry_service_config, statistic_message)
 from entrokv.daemon import DaemonAddresses, parse_listening_line
 from entrokv.device import DeviceBuffer, device_statistic, map_arena
 from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
@@ -16,7 +16,8 @@ from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision,
 Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
-    "Client", "NO_DECISION_CODES", "key_statistic", "retry_service_config", "statistic_message",
+    "Client", "NO_DECISION_CODES", "key_statistic", "mixed_statistic", "retry_service_config",
+    "statistic_message",
     "DaemonAddresses", "parse_listening_line", "DeviceBuffer", "device_statistic", "map_arena",
     "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",
     "DataLossError", "DeadlineExceededError", "FailedPreconditionError", "InternalError",

@@ -141,6 +141,35 @@ def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
     return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens, keys=keys)
 
 
+def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[float] = None,
+                    dtype: Optional[str] = None, kind: Optional[str] = None) -> "types.Statistic":
+    """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon averages
+    each head's two rows, each scaled to sum 1, keys_weight (in (0, 1); None: 0.5) on the keys'
+    (Statistic.keys_mix). rows: an array [query_heads, tokens] (dtype and kind as in
+    statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
+    key_statistic() of the same heads and tokens. E.g. the question's rows with the keys'
+    expected attention. A host pool only; not with accumulate."""
+    if not isinstance(keys, types.Statistic) or keys.WhichOneof("source") != "keys":
+        raise ValueError("keys: a key_statistic() message")
+    if isinstance(rows, types.Statistic):
+        if rows.WhichOneof("source") in (None, "keys"):
+            raise ValueError("rows: a statistic with values (data, shared_memory, device_buffer)")
+        message = types.Statistic()
+        message.CopyFrom(rows)
+    else:
+        message = statistic_message(np.asarray(rows), dtype, kind)
+    if (message.query_heads, message.tokens) != (keys.query_heads, keys.tokens):
+        raise ValueError(f"keys: {keys.query_heads} heads x {keys.tokens} tokens, the rows have "
+                         f"{message.query_heads} x {message.tokens}")
+    if keys_weight is not None and not 0.0 < keys_weight < 1.0:
+        raise ValueError(f"keys_weight: must be in (0, 1), got {keys_weight}")
+    message.keys_mix.keys.CopyFrom(keys.keys)
+    message.keys_mix.keys_dtype = keys.dtype
+    if keys_weight is not None:
+        message.keys_mix.keys_weight = keys_weight
+    return message
+
+
 def _budget(pages: Optional[int], fraction: Optional[float],
             token_slots: Optional[int], auto_floor: Optional[float] = None,
             allocator: Optional[str] = None) -> "types.Budget":
@@ -684,5 +713,5 @@ class Client:
         return lazily(), failure
 
 
-__all__ = ["Client", "EntrokvError", "NO_DECISION_CODES", "statistic_message",
+__all__ = ["Client", "EntrokvError", "NO_DECISION_CODES", "statistic_message", "mixed_statistic",
            "retry_service_config"]
