@@ -67,8 +67,9 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
     scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
     covariance, +expattnm with their mean alone, +expattnw with the observation window's);
-    +winkeys or +winexp (experiments of this worker's: the window statistic mixed half and half
-    with keydiff, or with each head's expected attention as +expattn's); +nb<k><max|mean>
+    +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
+    and half with keydiff's scores, or with each head's expected attention as +expattn's);
+    +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
     layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator).
