@@ -1,6 +1,7 @@
 #!/usr/bin/python3
-"""What a keys statistic costs a decision: the daemon reading and scoring the keys in its own
-frames against the same decision with the statistic sent as bytes, through a private entrokvd
+"""What a keys statistic (and a keys mix) costs a decision: the daemon reading and scoring the
+keys in its own frames against the same decision with the statistic sent as bytes (for a keys
+mix: the bytes sent as well, averaged with the keys' scores), through a private entrokvd
 on loopback, at one shape. Each round decides every setting in turn on a fresh fork of one
 sequence whose frames hold random keys (so every setting sees the same machine and the same
 pages), with the policy `mean` and a fixed budget. Writes the runs as JSON lines and a markdown
@@ -102,6 +103,16 @@ def main():
                 "keys expected attention, mean and covariance": lambda: [entrokv.key_statistic(
                     args.query_heads, args.tokens, "expected_attention", args.dtype,
                     query_mean=mean, query_covariance=covariance)] * args.layers,
+                # A keys mix: the float32 statistic sent, averaged with the keys' scores.
+                "bytes mixed with expected attention, mean": lambda: [
+                    entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(
+                        args.query_heads, args.tokens, "expected_attention", args.dtype,
+                        query_mean=mean)) for layer in range(args.layers)],
+                "bytes mixed with expected attention, mean and covariance": lambda: [
+                    entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(
+                        args.query_heads, args.tokens, "expected_attention", args.dtype,
+                        query_mean=mean, query_covariance=covariance))
+                    for layer in range(args.layers)],
             }
             keep = max(1, int(args.keep * pages))
             for round_index in range(args.rounds):
@@ -126,7 +137,7 @@ def main():
     with open(args.jsonl, "w") as out:
         for row in rows:
             out.write(json.dumps(row) + "\n")
-    base = {r["round"]: r["ms"] for r in rows if r["setting"].startswith("bytes")}
+    base = {r["round"]: r["ms"] for r in rows if r["setting"] == "bytes (float32 statistic)"}
     lines = [f"One Decide of {args.layers} layers x {args.query_heads} query heads / "
              f"{args.kv_heads} KV heads x head_dim {args.head_dim}, T = {args.tokens}, keys in "
              f"{args.dtype}, policy mean, {keep} of {pages} pages kept per (layer, group), "
