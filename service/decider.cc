@@ -74,7 +74,8 @@ struct LayerWork {
     // Expected attention: each head's own row, from the query statistics the worker sent.
     std::vector<float> query_mean;        // [heads][head_dim]
     std::vector<float> query_covariance;  // [heads][head_dim][head_dim], or empty
-    DType dtype = DType::kFloat32;        // the keys' element type in the frames
+    int factor_rank = 0;            // > 0: query_covariance holds factors [heads][rank][head_dim]
+    DType dtype = DType::kFloat32;  // the keys' element type in the frames
     // A keys mix: the keys' share of each head's average with the rows sent (MixRows).
     std::optional<double> mix_weight;
   };
@@ -233,9 +234,12 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
       const std::span<const float> mean(request.query_mean);
       const std::span<const float> covariance(request.query_covariance);
       const auto d = static_cast<size_t>(head_dim);
+      const size_t matrix =
+          (request.factor_rank > 0 ? static_cast<size_t>(request.factor_rank) : d) * d;
       ScoreExpectedAttention(
           keys->keys, head_dim, keys->present, mean.subspan(head * d, d),
-          covariance.empty() ? covariance : covariance.subspan(head * d * d, d * d), row);
+          covariance.empty() ? covariance : covariance.subspan(head * matrix, matrix), row,
+          request.factor_rank);
     }
     metrics.AddStatsBytes(StatSource::kPoolKeys,
                           static_cast<int64_t>(keys->keys.size()) * DTypeBytes(request.dtype));
@@ -301,8 +305,10 @@ absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::
           keys.score()));
   }
   if (out.group_score.has_value()) {
-    for (const auto& [name, values] : {std::pair{"query_mean", &keys.query_mean()},
-                                       std::pair{"query_covariance", &keys.query_covariance()}}) {
+    for (const auto& [name, values] :
+         {std::pair{"query_mean", &keys.query_mean()},
+          std::pair{"query_covariance", &keys.query_covariance()},
+          std::pair{"query_covariance_factor", &keys.query_covariance_factor()}}) {
       if (!values->empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat(field, ".", name, ": only for KEY_SCORE_EXPECTED_ATTENTION, got ",
@@ -322,8 +328,23 @@ absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::
         absl::StrCat(field, ".query_covariance: ", keys.query_covariance_size(),
                      " values, expected none or ", heads, " heads x ", head_dim, " x ", head_dim));
   }
-  for (const auto& [name, values] : {std::pair{"query_mean", &keys.query_mean()},
-                                     std::pair{"query_covariance", &keys.query_covariance()}}) {
+  const int64_t factor_size = keys.query_covariance_factor_size();
+  if (factor_size != 0) {
+    if (keys.query_covariance_size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".query_covariance_factor: not with query_covariance (send one of the two)"));
+    }
+    if (factor_size % mean_size != 0 || factor_size / mean_size > head_dim) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, ".query_covariance_factor: ", factor_size, " values, expected ", heads,
+          " heads x rank x ", head_dim, " (head_dim), rank in [1, ", head_dim, "]"));
+    }
+    out.factor_rank = static_cast<int>(factor_size / mean_size);
+  }
+  for (const auto& [name, values] :
+       {std::pair{"query_mean", &keys.query_mean()},
+        std::pair{"query_covariance", &keys.query_covariance()},
+        std::pair{"query_covariance_factor", &keys.query_covariance_factor()}}) {
     for (int i = 0; i < values->size(); ++i) {
       if (!std::isfinite(values->Get(i))) {
         return absl::InvalidArgumentError(
@@ -332,7 +353,9 @@ absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::
     }
   }
   out.query_mean.assign(keys.query_mean().begin(), keys.query_mean().end());
-  out.query_covariance.assign(keys.query_covariance().begin(), keys.query_covariance().end());
+  const auto& covariance =
+      out.factor_rank > 0 ? keys.query_covariance_factor() : keys.query_covariance();
+  out.query_covariance.assign(covariance.begin(), covariance.end());
   return out;
 }
 

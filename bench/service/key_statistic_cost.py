@@ -103,6 +103,13 @@ def main():
                 "keys expected attention, mean and covariance": lambda: [entrokv.key_statistic(
                     args.query_heads, args.tokens, "expected_attention", args.dtype,
                     query_mean=mean, query_covariance=covariance)] * args.layers,
+                # The covariance as a factor of rank head_dim / 4 (query_covariance_factor).
+                "keys expected attention, mean and a covariance of rank d/4": lambda: [
+                    entrokv.key_statistic(
+                        args.query_heads, args.tokens, "expected_attention", args.dtype,
+                        query_mean=mean,
+                        query_covariance_factor=factor[:, :args.head_dim // 4] / args.head_dim)]
+                * args.layers,
                 # A keys mix: the float32 statistic sent, averaged with the keys' scores.
                 "bytes mixed with expected attention, mean": lambda: [
                     entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(

@@ -80,11 +80,13 @@ void KeysRow(const NpyArray& array, DType dtype, int64_t row, int64_t tokens, in
 }
 
 // --query-mean / --query-covariance: float32 [H_Q, D...] or [L, H_Q, D...] with `trailing`
-// dimensions of D each, as [L][H_Q][D^trailing] values; `layers` L of the keys.
+// dimensions of D each, as [L][H_Q][D^trailing] values; `layers` L of the keys. With `rank`
+// (--query-covariance-factor, [H_Q, p, D]): the first trailing dimension is any p in [1, D],
+// returned there.
 absl::StatusOr<std::vector<float>> LoadQueryStatistic(const std::string& flag,
                                                       const std::string& path, int trailing,
                                                       int64_t layers, int head_dim,
-                                                      int* query_heads) {
+                                                      int* query_heads, int* rank = nullptr) {
   ASSIGN_OR_RETURN(NpyArray array, ReadNpy(path));
   if (array.type != NpyType::kFloat32) {
     return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " must be float32"));
@@ -92,13 +94,20 @@ absl::StatusOr<std::vector<float>> LoadQueryStatistic(const std::string& flag,
   const size_t dims = static_cast<size_t>(trailing) + 1;
   if (array.shape.size() == dims) array.shape.insert(array.shape.begin(), layers);
   bool fits = array.shape.size() == dims + 1 && array.shape[0] == layers && array.shape[1] > 0;
-  for (size_t d = 2; fits && d < array.shape.size(); ++d) fits = array.shape[d] == head_dim;
+  for (size_t d = 2; fits && d < array.shape.size(); ++d) {
+    fits = array.shape[d] == head_dim ||
+           (rank != nullptr && d == 2 && array.shape[d] >= 1 && array.shape[d] <= head_dim);
+  }
   if (!fits) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, ": ", path, " must be ", trailing == 1 ? "[H_Q, D]" : "[H_Q, D, D]",
-                     " or with the keys' ", layers, " layers first, D = ", head_dim));
+    return absl::InvalidArgumentError(absl::StrCat(flag, ": ", path, " must be ",
+                                                   rank != nullptr ? "[H_Q, p, D] (p in [1, D])"
+                                                   : trailing == 1 ? "[H_Q, D]"
+                                                                   : "[H_Q, D, D]",
+                                                   " or with the keys' ", layers,
+                                                   " layers first, D = ", head_dim));
   }
   *query_heads = static_cast<int>(array.shape[1]);
+  if (rank != nullptr) *rank = static_cast<int>(array.shape[2]);
   std::vector<float> values(array.bytes.size() / sizeof(float));
   std::memcpy(values.data(), array.bytes.data(), array.bytes.size());
   for (const float value : values) {
@@ -120,7 +129,7 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
   std::optional<KeyScore> score;
   if (!expected) {
     ASSIGN_OR_RETURN(score, ParseKeyScore(args.Get("key-score")));
-    for (const char* flag : {"query-mean", "query-covariance"}) {
+    for (const char* flag : {"query-mean", "query-covariance", "query-covariance-factor"}) {
       if (args.Given(flag)) {
         return absl::InvalidArgumentError(
             absl::StrCat("--", flag, ": only with --key-score expected_attention"));
@@ -152,7 +161,8 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
   const std::vector<uint8_t> present(static_cast<size_t>(tokens), 1);
   int heads = static_cast<int>(groups);
   std::vector<float> mean;
-  std::vector<float> covariance;
+  std::vector<float> covariance;  // or a factor of factor_rank rows per head
+  int factor_rank = 0;
   if (expected) {
     ASSIGN_OR_RETURN(mean, LoadQueryStatistic("--query-mean", args.Get("query-mean"), 1, layers,
                                               head_dim, &heads));
@@ -171,6 +181,21 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
             absl::StrCat("--query-covariance: ", covariance_heads, " heads, the mean has ", heads));
       }
     }
+    if (args.Given("query-covariance-factor")) {
+      if (args.Given("query-covariance")) {
+        return absl::InvalidArgumentError(
+            "--query-covariance-factor: not with --query-covariance (give one of the two)");
+      }
+      int factor_heads = 0;
+      ASSIGN_OR_RETURN(
+          covariance,
+          LoadQueryStatistic("--query-covariance-factor", args.Get("query-covariance-factor"), 2,
+                             layers, head_dim, &factor_heads, &factor_rank));
+      if (factor_heads != heads) {
+        return absl::InvalidArgumentError(absl::StrCat("--query-covariance-factor: ", factor_heads,
+                                                       " heads, the mean has ", heads));
+      }
+    }
   }
   NpyArray scores{.type = NpyType::kFloat32, .shape = {layers, heads, tokens}, .bytes = {}};
   scores.bytes.resize(static_cast<size_t>(layers * heads * tokens) * sizeof(float));
@@ -186,11 +211,13 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
     }
     for (int i = 0; i < per_group; ++i) {
       const auto head = static_cast<size_t>(row * per_group + i);  // layer-major, then head
+      const size_t matrix = (factor_rank > 0 ? static_cast<size_t>(factor_rank) : d) * d;
       ScoreExpectedAttention(
           keys, head_dim, present, std::span<const float>(mean).subspan(head * d, d),
           covariance.empty() ? std::span<const float>()
-                             : std::span<const float>(covariance).subspan(head * d * d, d * d),
-          std::span<float>(out + static_cast<int64_t>(head) * tokens, static_cast<size_t>(tokens)));
+                             : std::span<const float>(covariance).subspan(head * matrix, matrix),
+          std::span<float>(out + static_cast<int64_t>(head) * tokens, static_cast<size_t>(tokens)),
+          factor_rank);
     }
   }
   return LoadedStatistic{.array = std::move(scores),
@@ -417,6 +444,9 @@ int RunSelect(const std::vector<std::string>& argv) {
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",
               "expected_attention: their covariance, float32 [H_Q, D, D] or [L, H_Q, D, D]");
+  args.Option("query-covariance-factor", "",
+              "expected_attention, instead of --query-covariance: a factor F of it (S = F'F), "
+              "float32 [H_Q, p, D] or [L, H_Q, p, D], p in [1, D]: p x D per token, not D^2");
   args.Option("dtype", "", "set to bf16 to read uint16 data as bfloat16");
   args.Option("kv-heads", "", "KV heads (groups) G; must divide H_Q (with --keys: the file's)");
   args.Option("page-size", "16", "tokens per page B");

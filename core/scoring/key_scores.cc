@@ -91,23 +91,27 @@ void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
 
 void ScoreExpectedAttention(std::span<const float> keys, int head_dim,
                             std::span<const uint8_t> present, std::span<const float> mean,
-                            std::span<const float> covariance, std::span<float> out) {
+                            std::span<const float> covariance, std::span<float> out,
+                            int factor_rank) {
   const size_t tokens = out.size();
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const double half_variance = 0.5 / static_cast<double>(head_dim);
   std::vector<double> exponents(tokens, 0.0);
-  std::vector<float> projected(static_cast<size_t>(head_dim));  // S k
+  // S k, or F k for a factor: one dot product per row of the matrix sent.
+  const int rows = factor_rank > 0 ? factor_rank : head_dim;
+  std::vector<float> projected(static_cast<size_t>(rows));
   double largest = -INFINITY;
   for (size_t t = 0; t < tokens; ++t) {
     if (present[t] == 0) continue;
     const float* key = &keys[t * static_cast<size_t>(head_dim)];
     double exponent = scale * Dot(mean.data(), key, head_dim);
     if (!covariance.empty()) {
-      for (int i = 0; i < head_dim; ++i) {
+      for (int i = 0; i < rows; ++i) {
         projected[static_cast<size_t>(i)] =
             Dot(&covariance[static_cast<size_t>(i) * static_cast<size_t>(head_dim)], key, head_dim);
       }
-      exponent += half_variance * Dot(key, projected.data(), head_dim);
+      exponent += half_variance * (factor_rank > 0 ? Dot(projected.data(), projected.data(), rows)
+                                                   : Dot(key, projected.data(), head_dim));
     }
     exponents[t] = exponent;
     largest = std::max(largest, exponent);

@@ -41,13 +41,17 @@ void ScoreKeys(KeyScore score, std::span<const float> keys, int head_dim,
 // Attention): for queries expected next with mean m and covariance S (RoPE applied as those
 // positions would), E[exp(q . k / sqrt(d))] = exp(m . k / sqrt(d) + k' S k / (2 d)) for Gaussian
 // q; out[t] is that normalised over the tokens present (a softmax of the exponents), 0 for a
-// token whose key is gone. `covariance` empty: the mean alone. Dot products in float, the
-// exponents and the normalisation in double.
+// token whose key is gone. `covariance` empty: the mean alone. With factor_rank p > 0,
+// `covariance` is a factor F [p][head_dim] of S = F'F instead, and k'Sk = |F k|^2 costs
+// p * head_dim per token rather than head_dim^2 (a low-rank covariance: its p largest
+// directions). Dot products in float, the exponents and the normalisation in double.
 // REQUIRES: head_dim >= 1, keys.size() == present.size() * head_dim == out.size() * head_dim,
-// mean.size() == head_dim, covariance.size() 0 or head_dim * head_dim, every value finite.
+// mean.size() == head_dim, covariance.size() 0 or (factor_rank > 0 ? factor_rank : head_dim) *
+// head_dim, 0 <= factor_rank <= head_dim, every value finite.
 void ScoreExpectedAttention(std::span<const float> keys, int head_dim,
                             std::span<const uint8_t> present, std::span<const float> mean,
-                            std::span<const float> covariance, std::span<float> out);
+                            std::span<const float> covariance, std::span<float> out,
+                            int factor_rank = 0);
 
 }  // namespace entrokv
 

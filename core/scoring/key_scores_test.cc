@@ -72,6 +72,19 @@ TEST(KeyScoresTest, ExpectedAttentionIsTheSoftmaxOfTheExpectedExponents) {
   const std::vector<float> covariance = {0, 0, 0, 8};
   ScoreExpectedAttention(keys, 2, present, mean, covariance, out);
   EXPECT_THAT(out, Pointwise(FloatNear(1e-6F), softmax({a, 2.0, -a})));
+  // The same covariance as a factor F = [0, sqrt(8)] (S = F'F), and as a rank-2 factor of a
+  // full S = A'A: each gives what S itself gives.
+  const std::vector<float> factor = {0, std::sqrt(8.0F)};
+  std::vector<float> from_factor(4, -1.0F);
+  ScoreExpectedAttention(keys, 2, present, mean, factor, from_factor, 1);
+  EXPECT_THAT(from_factor, Pointwise(FloatNear(1e-6F), out));
+  const std::vector<float> f = {1, 2, -0.5F, 1.5F};  // rows of F
+  const std::vector<float> full = {f[0] * f[0] + f[2] * f[2], f[0] * f[1] + f[2] * f[3],
+                                   f[0] * f[1] + f[2] * f[3], f[1] * f[1] + f[3] * f[3]};
+  std::vector<float> from_full(4, -1.0F);
+  ScoreExpectedAttention(keys, 2, present, mean, full, from_full);
+  ScoreExpectedAttention(keys, 2, present, mean, f, from_factor, 2);
+  EXPECT_THAT(from_factor, Pointwise(FloatNear(1e-6F), from_full));
   // Large exponents do not overflow: only their differences count.
   const std::vector<float> far = {1000, 0};
   ScoreExpectedAttention(keys, 2, present, far, {}, out);

@@ -66,7 +66,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     docs/architecture.md §3.1, instead of its default); +last or +acc (the accumulated column
     sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
     scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
-    covariance, +expattnm with their mean alone, +expattnw with the observation window's);
+    covariance, +expattnm with their mean alone, +expattnw with the observation window's,
+    +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
     +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
     and half with keydiff's scores, or with each head's expected attention as +expattn's);
     +nb<k><max|mean>
@@ -80,7 +81,8 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
-             "winkeys": "window_keydiff", "winexp": "window_expected"}
+             "winkeys": "window_keydiff", "winexp": "window_expected",
+             **{f"expattnr{p}": f"keys_expected_r{p}" for p in pool_worker.LOW_RANKS}}
     statistic, params, allocator = None, {}, None
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)

@@ -59,7 +59,12 @@ KINDS = ("last_row", "window_mean", "accumulated")
 KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
              "keys_expected": "expected_attention", "keys_expected_window": "expected_attention",
              "keys_expected_mean": "expected_attention"}
-MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected")
+# keys_expected_r<p>: expected attention with a low-rank covariance, the factor of its p largest
+# directions (query_covariance_factor: p x head_dim per token and head, not head_dim^2).
+LOW_RANKS = (4, 8, 16)
+KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS})
+MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean",
+                "window_expected") + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
 # answer of the tasks are shorter; kvpress averages over 512).
@@ -390,10 +395,18 @@ class PoolWorker:
         mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
         if kind == "keys_expected_mean":  # the mean alone: d, not d^2, per token and head
             covariance = None
+        factor = None
+        if kind.startswith("keys_expected_r"):  # the p largest directions: S ~ F'F
+            rank = int(kind[len("keys_expected_r"):])
+            values, vectors = np.linalg.eigh(covariance.astype(np.float64))
+            values, vectors = values[:, ::-1][:, :rank], vectors[:, :, ::-1][:, :, :rank]
+            factor = (np.sqrt(np.maximum(values, 0.0))[:, :, None]
+                      * vectors.transpose(0, 2, 1)).astype(np.float32)
+            covariance = None
         score = KEY_KINDS[kind] if kind in KEY_KINDS else MIXED_KINDS[kind]
         return entrokv.key_statistic(self.model.config.query_heads, tokens, score=score,
                                      dtype=self.element, query_mean=mean,
-                                     query_covariance=covariance)
+                                     query_covariance=covariance, query_covariance_factor=factor)
 
     def _keep_moments(self, kv: "PoolKV", kinds: Sequence[str], tokens: int, window: int):
         """on_queries for the model: each layer's query statistics of each of `kinds` (the

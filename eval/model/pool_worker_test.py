@@ -241,7 +241,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         policies = [Policy("none"), Policy("page_entrokv", ratio=0.75), Policy("h2o", pages=5),
                     Policy("snapkv", ratio=0.5), Policy("streaming", pages=4),
                     Policy("mean", ratio=0.75, statistic="keys_expected"),
-                    Policy("mean", ratio=0.75, statistic="keys_expected_window")]
+                    Policy("mean", ratio=0.75, statistic="keys_expected_window"),
+                    Policy("mean", ratio=0.75, statistic="keys_expected_r8")]
         forked = worker.run_forked(example, policies)
         self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
         self.assertEqual([r.policy for r in forked], [p.label() for p in policies])
@@ -255,6 +256,26 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         _, want = plain_logits(self.model, example.prompt, forked[0].answer)
         np.testing.assert_allclose(forked[0].logits, want, **TOLERANCE)
         self.assertEqual(forked[0].kept_frames, forked[0].prompt_frames)
+
+    def test_a_low_rank_covariance_is_its_largest_directions(self):
+        # keys_expected_r<p> sends a factor F [heads, p, head_dim] with F'F the covariance's best
+        # rank-p approximation; p = head_dim would be the covariance itself.
+        worker = self.worker("low-rank", capacity_frames=2048)
+        c = self.model.config
+        rng = np.random.default_rng(4)
+        a = rng.standard_normal((c.query_heads, c.head_dim, c.head_dim))
+        covariance = (a @ a.transpose(0, 2, 1) / c.head_dim).astype(np.float32)
+        kv = pool_worker.PoolKV(worker, "unopened", 10)
+        kv.moments = {"keys_expected_r8": {0: (np.zeros((c.query_heads, c.head_dim), np.float32),
+                                               covariance)}}
+        keys = worker._key_statistic(kv, "keys_expected_r8", 0, 10).keys
+        self.assertEqual(len(keys.query_covariance), 0)
+        factor = np.array(keys.query_covariance_factor).reshape(c.query_heads, 8, c.head_dim)
+        values, vectors = np.linalg.eigh(covariance.astype(np.float64))
+        best = np.einsum("hik,hk,hjk->hij", vectors[:, :, -8:], values[:, -8:],
+                         vectors[:, :, -8:])
+        np.testing.assert_allclose(factor.transpose(0, 2, 1) @ factor, best, rtol=1e-4,
+                                   atol=1e-4)
 
     def test_a_keys_mix_decides_as_its_average_sent_as_rows(self):
         # window_expected and window_keydiff send the window rows with a keys mix: the daemon

@@ -402,6 +402,28 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     ASSERT_EQ(from_mixed.exit_code, 0) << from_mixed.out;
     EXPECT_EQ(ActualKeptPages(from_mix.out), ActualKeptPages(from_mixed.out)) << with_covariance;
   }
+  // The covariance as a factor: S = diag(1 + h % 3) is F'F for F = sqrt(S); the same rows.
+  std::vector<float> factor(covariance.size());
+  for (size_t i = 0; i < factor.size(); ++i) factor[i] = std::sqrt(covariance[i]);
+  const std::string factor_path =
+      Write("factor.npy", NpyType::kFloat32, {kLayers, kHeads, kDim, kDim}, factor.data(),
+            factor.size() * 4);
+  const std::string rest = " --page-size 16 --pages 2 --policy mean";
+  const std::string with_mean =
+      "select --keys " + keys_path + " --key-score expected_attention --query-mean " + mean_path;
+  const CliRun from_covariance =
+      RunCli(absl::StrCat(with_mean, " --query-covariance ", covariance_path, rest));
+  const CliRun from_factor =
+      RunCli(absl::StrCat(with_mean, " --query-covariance-factor ", factor_path, rest));
+  ASSERT_EQ(from_factor.exit_code, 0) << from_factor.out;
+  EXPECT_EQ(ActualKeptPages(from_factor.out), ActualKeptPages(from_covariance.out));
+  // A rank-2 factor: two rows per head.
+  const std::string short_factor_path =
+      Write("short_factor.npy", NpyType::kFloat32, {kLayers, kHeads, 2, kDim}, factor.data(),
+            kLayers * kHeads * 2 * kDim * 4);
+  const CliRun from_rank2 =
+      RunCli(absl::StrCat(with_mean, " --query-covariance-factor ", short_factor_path, rest));
+  EXPECT_EQ(from_rank2.exit_code, 0) << from_rank2.out;
   const std::string base = "select --keys " + keys_path + " --pages 1 --key-score ";
   const std::vector<float> short_rows(kLayers * kHeads * 32, 1.0F);
   const std::string short_path = Write("short.npy", NpyType::kFloat32, {kLayers, kHeads, 32},
@@ -417,6 +439,12 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
                 mean_path,
             "--query-covariance"},
            {mix + " --keys-weight 1", "--keys-weight: must be in (0, 1), got 1"},
+           {base + "expected_attention --query-mean " + mean_path + " --query-covariance " +
+                covariance_path + " --query-covariance-factor " + factor_path,
+            "--query-covariance-factor: not with --query-covariance"},
+           {base + "expected_attention --query-mean " + mean_path + " --query-covariance-factor " +
+                keys_path,  // p = 64 > D
+            "[H_Q, p, D] (p in [1, D])"},
            {"select --stats " + short_path + " --keys " + keys_path +
                 " --pages 1 --key-score keydiff",
             "--keys: scores 2 layers x 4 query heads x 64 tokens, --stats has 2 x 4 x 32"}}) {

@@ -399,6 +399,28 @@ class ClientTest(unittest.TestCase):
             entrokv.key_statistic(6, 64, "expected_attention")
         with self.assertRaisesRegex(ValueError, "only for expected_attention"):
             entrokv.key_statistic(6, 64, "keydiff", query_mean=np.zeros((6, 32)))
+        # The covariance as a factor (S = F'F, here rank 1 along dimension 1) keeps what the
+        # covariance diag(0, 16, 0, ...) keeps.
+        mean = np.zeros((GEOMETRY["query_heads"], 32), np.float32)
+        factor = np.zeros((GEOMETRY["query_heads"], 1, 32), np.float32)
+        factor[:, 0, 1] = 4.0
+        covariance = np.zeros((GEOMETRY["query_heads"], 32, 32), np.float32)
+        covariance[:, 1, 1] = 16.0
+        kept = []
+        for name, spread in (("covariance", dict(query_covariance=covariance)),
+                             ("factor", dict(query_covariance_factor=factor))):
+            self.client.open_sequence("keys", name, parent="s", prefix_pages=4)
+            stats = [entrokv.key_statistic(GEOMETRY["query_heads"], 64, "expected_attention",
+                                           dtype="f16", query_mean=mean, **spread)
+                     for _ in range(GEOMETRY["layers"])]
+            kept.append([list(g.kept_pages) for d in self.client.decide(
+                "keys", name, stats, pages=1, policy="mean", protect_tail_page=False)
+                for g in d.groups])
+        self.assertEqual(kept[0], kept[1])
+        self.assertEqual(kept[0][0], [2])
+        with self.assertRaisesRegex(ValueError, "query_covariance_factor: shape"):
+            entrokv.key_statistic(6, 64, "expected_attention", query_mean=np.zeros((6, 32)),
+                                  query_covariance_factor=np.zeros((6, 33, 32)))
         # A keys mix: rows that favour page 1 alone keep page 1; with keydiff's scores mixed in
         # at weight 0.9, keydiff's page 2 wins.
         rows = np.full((GEOMETRY["query_heads"], 64), 1e-3, np.float32)

@@ -258,10 +258,16 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
       }
     }
   }
+  // A rank-3 factor F [3][head_dim] per head (S = F'F): the low-rank covariance.
+  constexpr int kRank = 3;
+  std::vector<float> factor(static_cast<size_t>(kHeads * kRank * kHeadDim));
+  for (float& value : factor) value = normal(rng) / 2;
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
-    for (const bool with_covariance : {false, true}) {
-      SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " covariance ", with_covariance));
+    for (const int spread : {0, 1, 2}) {  // the mean alone, the covariance, a factor
+      const bool with_covariance = spread == 1;
+      const int rank = spread == 2 ? kRank : 0;
+      SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " spread ", spread));
       const std::string keyed = absl::StrCat("expected", index);
       const std::string sent = absl::StrCat("rows", index);
       ++index;
@@ -272,7 +278,10 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
       Open(keyed, "s", kPrompt);
       Open(sent, "s", kPrompt);
       WriteKeys(pool, "s", keys, 0);
-      const std::vector<float> used = with_covariance ? covariance : std::vector<float>();
+      const std::vector<float> used = with_covariance ? covariance
+                                      : rank > 0      ? factor
+                                                      : std::vector<float>();
+      const size_t matrix = static_cast<size_t>((rank > 0 ? rank : kHeadDim) * kHeadDim);
       auto per_head = [&](int group, const std::vector<float>& stored,
                           const std::vector<uint8_t>& present, int64_t tokens,
                           std::vector<float>& rows) {
@@ -282,11 +291,10 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
           ScoreExpectedAttention(
               stored, kHeadDim, present,
               std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim), kHeadDim),
-              all.empty() ? all
-                          : all.subspan(static_cast<size_t>(head * kHeadDim * kHeadDim),
-                                        kHeadDim * kHeadDim),
+              all.empty() ? all : all.subspan(static_cast<size_t>(head) * matrix, matrix),
               std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
-                                             static_cast<size_t>(tokens)));
+                                             static_cast<size_t>(tokens)),
+              rank);
         }
       };
       for (const int64_t pages : {4, 2}) {  // prefill, then again after eviction
@@ -295,7 +303,9 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
         for (v1::LayerStatistic& layer : *request.mutable_layers()) {
           v1::KeyStatistic* statistic = layer.mutable_statistic()->mutable_keys();
           statistic->mutable_query_mean()->Assign(mean.begin(), mean.end());
-          statistic->mutable_query_covariance()->Assign(used.begin(), used.end());
+          (rank > 0 ? statistic->mutable_query_covariance_factor()
+                    : statistic->mutable_query_covariance())
+              ->Assign(used.begin(), used.end());
         }
         ExpectKeysDecideAsRows(request, sent, pages, kPrompt,
                                ExpectedRows(keyed, "s", keys, per_head));
@@ -342,6 +352,31 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
   v1::DecideRequest bad_covariance = expected;
   bad_covariance.mutable_layers(0)->mutable_statistic()->mutable_keys()->add_query_covariance(1.0F);
   cases.push_back({bad_covariance, "layers[0].statistic.keys.query_covariance"});
+  v1::DecideRequest both = expected;  // a covariance and a factor
+  for (int i = 0; i < kHeads * kHeadDim * kHeadDim; ++i) {
+    both.mutable_layers(0)->mutable_statistic()->mutable_keys()->add_query_covariance(0.0F);
+  }
+  for (int i = 0; i < kHeads * kHeadDim; ++i) {
+    both.mutable_layers(0)->mutable_statistic()->mutable_keys()->add_query_covariance_factor(0.0F);
+  }
+  cases.push_back({both, "layers[0].statistic.keys.query_covariance_factor: not with"});
+  v1::DecideRequest ragged = expected;  // not whole rows of head_dim per head
+  for (int i = 0; i < kHeads * kHeadDim + 1; ++i) {
+    ragged.mutable_layers(1)->mutable_statistic()->mutable_keys()->add_query_covariance_factor(
+        1.0F);
+  }
+  cases.push_back({ragged, "layers[1].statistic.keys.query_covariance_factor: 33 values"});
+  v1::DecideRequest tall = expected;  // rank head_dim + 1
+  for (int i = 0; i < kHeads * (kHeadDim + 1) * kHeadDim; ++i) {
+    tall.mutable_layers(1)->mutable_statistic()->mutable_keys()->add_query_covariance_factor(1.0F);
+  }
+  cases.push_back({tall, "rank in [1, 8]"});
+  v1::DecideRequest keydiff_factor = good;
+  keydiff_factor.mutable_layers(0)
+      ->mutable_statistic()
+      ->mutable_keys()
+      ->add_query_covariance_factor(1.0F);
+  cases.push_back({keydiff_factor, "layers[0].statistic.keys.query_covariance_factor: only for"});
   v1::DecideRequest infinite = expected;
   infinite.mutable_layers(2)->mutable_statistic()->mutable_keys()->set_query_mean(
       3, std::numeric_limits<float>::infinity());

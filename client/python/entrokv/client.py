@@ -109,13 +109,16 @@ KEY_SCORES = {"keydiff": types.KEY_SCORE_KEYDIFF, "norm": types.KEY_SCORE_NORM,
 
 def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
                   dtype: str = "f32", query_mean: Optional[np.ndarray] = None,
-                  query_covariance: Optional[np.ndarray] = None) -> "types.Statistic":
+                  query_covariance: Optional[np.ndarray] = None,
+                  query_covariance_factor: Optional[np.ndarray] = None) -> "types.Statistic":
     """A Statistic with no values: the daemon scores the keys this worker wrote into the
     sequence's frames (query-agnostic; core/scoring/key_scores.h). score: "keydiff" (keys unlike
     the group's mean direction are kept), "norm" (small keys are kept) or "expected_attention"
     (the attention the next queries are expected to pay each key: query_mean [query_heads,
     head_dim], the mean of the queries expected next with RoPE applied as those positions would,
-    and optionally query_covariance [query_heads, head_dim, head_dim]); dtype: the keys' element
+    and optionally query_covariance [query_heads, head_dim, head_dim], or instead a factor F of
+    it, query_covariance_factor [query_heads, rank, head_dim] with S = F'F: rank x head_dim per
+    token rather than head_dim^2); dtype: the keys' element
     type in the pool ("f32", "f16", "bf16"). query_heads and tokens as for an array (a
     tensor-parallel rank's own heads). Pass it to decide() or decide_stream() in place of an
     array; it works with every pooling policy (mean is the plain choice)."""
@@ -136,8 +139,21 @@ def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
                 raise ValueError(f"query_covariance: shape {covariance.shape}, expected "
                                  f"[{query_heads}, {mean.shape[1]}, {mean.shape[1]}]")
             keys.query_covariance.extend(covariance.ravel().tolist())
-    elif query_mean is not None or query_covariance is not None:
-        raise ValueError(f"query_mean, query_covariance: only for expected_attention, not {score}")
+        if query_covariance_factor is not None:
+            if query_covariance is not None:
+                raise ValueError("query_covariance_factor: not with query_covariance")
+            factor = np.asarray(query_covariance_factor, np.float32)
+            if (factor.ndim != 3 or factor.shape[0] != query_heads
+                    or factor.shape[2] != mean.shape[1]
+                    or not 1 <= factor.shape[1] <= mean.shape[1]):
+                raise ValueError(f"query_covariance_factor: shape {factor.shape}, expected "
+                                 f"[{query_heads}, rank in [1, {mean.shape[1]}], "
+                                 f"{mean.shape[1]}]")
+            keys.query_covariance_factor.extend(factor.ravel().tolist())
+    elif (query_mean is not None or query_covariance is not None
+          or query_covariance_factor is not None):
+        raise ValueError(f"query_mean, query_covariance, query_covariance_factor: only for "
+                         f"expected_attention, not {score}")
     return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens, keys=keys)
 
 
