@@ -598,11 +598,7 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     // A keys mix reads the rows sent on the host.
     const bool in_place = on_device && work.device.has_value() && !work.accumulate &&
                           !work.keys.has_value() && work.device->device() == scoring_device;
-    const bool mixes_keys = work.keys.has_value() && work.keys->mix_weight.has_value();
-    if (work.keys.has_value() && !mixes_keys && !degrading) {
-      RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
-                                  cancelled, work));
-    } else if (in_place && !degrading) {
+    if (in_place && !degrading) {
       ASSIGN_OR_RETURN(work.view, StatisticView::Create(work.device->device_data(), work.dtype,
                                                         work.query_heads, job.tokens));
       metrics_->AddStatsBytes(StatSource::kDeviceBuffer,
@@ -617,7 +613,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
           static_cast<int64_t>(copied.size()));
       metrics_->ObservePhase(Phase::kDecode, SecondsSince(start));
     }
-    if (mixes_keys && !degrading) {
+    // The keys are scored once the rows sent are on the host (a keys mix averages the two).
+    if (work.keys.has_value() && !degrading) {
       RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
                                   cancelled, work));
     }
