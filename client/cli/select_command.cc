@@ -281,7 +281,7 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
 // (MixRows, as the daemon mixes a keys mix). Returns the keys' rows, mixed.
 absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const LoadedStatistic& stats,
                                              LoadedStatistic keys) {
-  if (keys.query_heads == keys.kv_groups && stats.query_heads != keys.query_heads &&
+  if (args.Get("key-score") != "expected_attention" && stats.query_heads != keys.query_heads &&
       stats.query_heads % keys.kv_groups == 0) {
     // keydiff and norm score one row per KV group: each of the group's heads gets it, as the
     // daemon gives a group's scores to its heads.

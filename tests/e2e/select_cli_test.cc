@@ -425,6 +425,9 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
       RunCli(absl::StrCat(with_mean, " --query-covariance-factor ", short_factor_path, rest));
   EXPECT_EQ(from_rank2.exit_code, 0) << from_rank2.out;
   const std::string base = "select --keys " + keys_path + " --pages 1 --key-score ";
+  const std::string group_mean_path =
+      Write("group_mean.npy", NpyType::kFloat32, {kLayers, kGroups, kDim}, mean.data(),
+            kLayers * kGroups * kDim * 4);
   const std::vector<float> short_rows(kLayers * kHeads * 32, 1.0F);
   const std::string short_path = Write("short.npy", NpyType::kFloat32, {kLayers, kHeads, 32},
                                        short_rows.data(), short_rows.size() * 4);
@@ -447,7 +450,12 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
             "[H_Q, p, D] (p in [1, D])"},
            {"select --stats " + short_path + " --keys " + keys_path +
                 " --pages 1 --key-score keydiff",
-            "--keys: scores 2 layers x 4 query heads x 64 tokens, --stats has 2 x 4 x 32"}}) {
+            "--keys: scores 2 layers x 4 query heads x 64 tokens, --stats has 2 x 4 x 32"},
+           // Expected attention scores one row per head of its mean: 2 heads (one per group)
+           // are not the statistic's 4, and no group's row is copied to heads.
+           {"select --stats " + (dir_ / "sent.npy").string() + " --keys " + keys_path +
+                " --pages 1 --key-score expected_attention --query-mean " + group_mean_path,
+            "--keys: scores 2 layers x 2 query heads x 64 tokens, --stats has 2 x 4 x 64"}}) {
     const CliRun run = RunCli(arguments);
     EXPECT_EQ(run.exit_code, 2) << arguments << "\n" << run.out;
     EXPECT_THAT(run.out, HasSubstr(message)) << arguments;
