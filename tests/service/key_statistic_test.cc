@@ -121,6 +121,28 @@ class KeyStatisticTest : public ServiceTest {
     };
   }
 
+  // Each head's expected attention from `mean` [heads][head_dim] and `spread`: empty (the mean
+  // alone), a covariance per head, or with `rank` > 0 a factor of that many rows per head.
+  static RowScorer ExpectedAttentionScores(std::vector<float> mean, std::vector<float> spread,
+                                           int rank = 0) {
+    return [mean = std::move(mean), spread = std::move(spread), rank](
+               int group, const std::vector<float>& stored, const std::vector<uint8_t>& present,
+               int64_t tokens, std::vector<float>& rows) {
+      const size_t matrix = static_cast<size_t>((rank > 0 ? rank : kHeadDim) * kHeadDim);
+      const std::span<const float> all(spread);
+      const int per_group = kHeads / kGroups;
+      for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
+        ScoreExpectedAttention(
+            stored, kHeadDim, present,
+            std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim), kHeadDim),
+            all.empty() ? all : all.subspan(static_cast<size_t>(head) * matrix, matrix),
+            std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
+                                           static_cast<size_t>(tokens)),
+            rank);
+      }
+    };
+  }
+
   static v1::DecideRequest Request(const std::string& model, int64_t pages) {
     v1::DecideRequest request;
     request.set_model_id(model);
@@ -281,22 +303,7 @@ TEST_F(KeyStatisticTest, ExpectedAttentionScoresEachHeadAsTheSameRowsSentWouldBe
       const std::vector<float> used = with_covariance ? covariance
                                       : rank > 0      ? factor
                                                       : std::vector<float>();
-      const size_t matrix = static_cast<size_t>((rank > 0 ? rank : kHeadDim) * kHeadDim);
-      auto per_head = [&](int group, const std::vector<float>& stored,
-                          const std::vector<uint8_t>& present, int64_t tokens,
-                          std::vector<float>& rows) {
-        const int per_group = kHeads / kGroups;
-        for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
-          const std::span<const float> all(used);
-          ScoreExpectedAttention(
-              stored, kHeadDim, present,
-              std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim), kHeadDim),
-              all.empty() ? all : all.subspan(static_cast<size_t>(head) * matrix, matrix),
-              std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
-                                             static_cast<size_t>(tokens)),
-              rank);
-        }
-      };
+      const RowScorer per_head = ExpectedAttentionScores(mean, used, rank);
       for (const int64_t pages : {4, 2}) {  // prefill, then again after eviction
         v1::DecideRequest request =
             KeysRequest(keyed, pages, kPrompt, v1::KEY_SCORE_EXPECTED_ATTENTION);
@@ -409,22 +416,8 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameAverageSentWould) {
         Open(keyed, "s", kPrompt);
         Open(sent, "s", kPrompt);
         WriteKeys(pool, "s", keys, 0);
-        const RowScorer score =
-            expected_attention ? RowScorer([&](int group, const std::vector<float>& stored,
-                                               const std::vector<uint8_t>& present, int64_t tokens,
-                                               std::vector<float>& rows) {
-              const int per_group = kHeads / kGroups;
-              for (int head = group * per_group; head < (group + 1) * per_group; ++head) {
-                ScoreExpectedAttention(
-                    stored, kHeadDim, present,
-                    std::span<const float>(mean).subspan(static_cast<size_t>(head * kHeadDim),
-                                                         kHeadDim),
-                    {},
-                    std::span<float>(rows).subspan(static_cast<size_t>(head * tokens),
-                                                   static_cast<size_t>(tokens)));
-              }
-            })
-                               : GroupScores(KeyScore::kKeyDiff);
+        const RowScorer score = expected_attention ? ExpectedAttentionScores(mean, {})
+                                                   : GroupScores(KeyScore::kKeyDiff);
         for (const int64_t pages : {4, 2}) {  // prefill, then again after eviction
           std::vector<std::vector<float>> rows = ExpectedRows(keyed, "s", keys, score);
           v1::DecideRequest request = Request(keyed, pages);
