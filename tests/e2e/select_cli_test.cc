@@ -64,6 +64,18 @@ std::string ExpectedKeptPages(const std::vector<LayerDecision>& decisions) {
   return absl::StrJoin(parts, "|");
 }
 
+// A keys mix as entrokv select makes one: MixRows on each layer of `rows` ([layers][heads][T]
+// key scores, overwritten) with the same layer of `sent`.
+void MixEachLayer(const std::vector<float>& sent, int heads, int tokens, double weight,
+                  std::vector<float>& rows) {
+  const size_t layer = static_cast<size_t>(heads) * static_cast<size_t>(tokens);
+  for (size_t at = 0; at < rows.size(); at += layer) {
+    const StatisticView view =
+        *StatisticView::Create(sent.data() + at, DType::kFloat32, heads, tokens);
+    ASSERT_TRUE(MixRows(view, weight, std::span<float>(rows.data() + at, layer)).ok());
+  }
+}
+
 std::string ActualKeptPages(const std::string& json) {
   std::vector<std::string> parts;
   for (size_t at = json.find("\"kept_pages\""); at != std::string::npos;
@@ -298,13 +310,7 @@ TEST_F(SelectCliTest, KeysDecideAsTheirScoresDo) {
     for (int head = 0; head < kLayers * 4; ++head) {  // (layer, group) of head: head / 2
       std::copy_n(scores.begin() + head / 2 * kTokens, kTokens, mixed.begin() + head * kTokens);
     }
-    for (int layer = 0; layer < kLayers; ++layer) {
-      const StatisticView layer_view =
-          *StatisticView::Create(sent.data() + layer * 4 * kTokens, DType::kFloat32, 4, kTokens);
-      ASSERT_TRUE(MixRows(layer_view, 0.5,
-                          std::span<float>(mixed.data() + layer * 4 * kTokens, 4 * kTokens))
-                      .ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, 4, kTokens, 0.5, mixed));
     const CliRun from_mix = RunCli(absl::StrCat(
         "select --stats ",
         Write("sent.npy", NpyType::kFloat32, {kLayers, 4, kTokens}, sent.data(), sent.size() * 4),
@@ -382,14 +388,7 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     for (float& value : sent) value = std::abs(normal(rng));
     const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                         sent.data(), sent.size() * 4);
-    for (int layer = 0; layer < kLayers; ++layer) {
-      const StatisticView view = *StatisticView::Create(sent.data() + layer * kHeads * kTokens,
-                                                        DType::kFloat32, kHeads, kTokens);
-      ASSERT_TRUE(
-          MixRows(view, 0.25,
-                  std::span<float>(rows.data() + layer * kHeads * kTokens, kHeads * kTokens))
-              .ok());
-    }
+    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rows));
     const std::string mixed_path = Write("mixed.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                          rows.data(), rows.size() * 4);
     const CliRun from_mix = RunCli(absl::StrCat(
