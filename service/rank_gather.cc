@@ -37,6 +37,13 @@ absl::StatusOr<std::string> RankRows(const v1::LayerStatistic& layer, int index,
         "rows each sends; keys are the daemon's to read: send them once, on a DecideStream "
         "whose messages leave rank unset"));
   }
+  if (stat.has_keys_mix()) {  // the gathered rows carry values only: refused, never dropped
+    return absl::InvalidArgumentError(absl::StrCat(
+        field,
+        ".keys_mix: the ranks of a LAYER-layout tensor-parallel model decide together from "
+        "rows each sends; a keys mix is the daemon's to score: send it once, on a DecideStream "
+        "whose messages leave rank unset"));
+  }
   ASSIGN_OR_RETURN(const DType dtype, wire::ToDType(absl::StrCat(field, ".dtype"), stat.dtype()));
   if (stat.query_heads() != query_heads / ranks) {
     return absl::InvalidArgumentError(absl::StrCat(

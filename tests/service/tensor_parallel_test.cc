@@ -284,6 +284,11 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
   v1::DecideRequest nobody = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
   nobody.set_sequence_id("nobody");
   expect(nobody, grpc::StatusCode::NOT_FOUND, "nobody");
+  // A keys mix from a rank: the gathered rows could not carry it, so it is refused.
+  v1::DecideRequest mixed = RankRequest("m", values, 2, 1, budget, v1::SELECTION_SCOPE_LAYER);
+  mixed.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->mutable_keys()->set_score(
+      v1::KEY_SCORE_KEYDIFF);
+  expect(mixed, grpc::StatusCode::INVALID_ARGUMENT, "layers[0].statistic.keys_mix");
   // Every query head from one rank: not its share.
   v1::DecideRequest all_heads = RankRequest("m", values, 1, -1, budget, v1::SELECTION_SCOPE_LAYER);
   all_heads.set_rank(1);
