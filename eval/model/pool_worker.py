@@ -106,9 +106,10 @@ class Policy:
     def budget(self) -> Dict[str, object]:
         if self.pages is not None:
             return {"pages": self.pages}
+        budget: Dict[str, object] = {"fraction": 1.0 - self.ratio}
         if self.allocator is not None:
-            return {"fraction": 1.0 - self.ratio, "allocator": self.allocator}
-        return {"fraction": 1.0 - self.ratio}
+            budget["allocator"] = self.allocator
+        return budget
 
     def label(self) -> str:
         if self.name == "none":
