@@ -33,7 +33,9 @@
 #include "core/scoring/fused_scorer.h"
 #include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
+#include "core/scoring/layer_quotas.h"
 #include "core/scoring/statistic.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
@@ -186,6 +188,7 @@ struct Decider::Job {
   bool degrade = false;
   Clock::duration reserve{};
   std::optional<double> auto_floor;  // budget.auto_budget: the pool's quota decides
+  std::optional<double> mass_floor;  // allocator "mass": the layers' quotas move (this floor)
   PressureReport pressure;           // after the decision
 };
 
@@ -517,6 +520,31 @@ void RecordDecision(Model& model, const Policy& policy, FrameLayout layout,
 
 }  // namespace
 
+namespace {
+
+// Budget allocator "mass": the layers scored (every page kept and ranked) share the pages the
+// uniform plan gives them (MoveLayerQuotas); a degraded layer keeps its uniform quota, decided
+// by position.
+void MoveLayerQuotas(std::vector<LayerWork>& layers, const Shard& shard, int64_t tokens,
+                     SelectionScope scope, const PolicyOptions& options, double floor) {
+  std::vector<LayerRequest> requests;
+  std::vector<LayerDecision*> decisions;
+  int64_t total = 0;
+  for (LayerWork& work : layers) {
+    if (work.degraded) continue;
+    LayerRequest request =
+        LayerRequestFor(std::nullopt, shard.heads, shard.groups, tokens, work.quota_pages);
+    request.scope = scope;
+    request.live_pages = work.live_pages;
+    requests.push_back(std::move(request));
+    decisions.push_back(&work.decision);
+    total += work.quota_pages;
+  }
+  entrokv::MoveLayerQuotas(options, requests, decisions, total, floor);
+}
+
+}  // namespace
+
 void Decider::SetBeforeApplyHookForTest(BeforeApplyHook hook) {
   absl::MutexLock lock(&hook_mu_);
   before_apply_hook_ = std::move(hook);
@@ -642,13 +670,18 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       work.live_pages = std::vector<uint8_t>(first, first + pages * shard.groups);
     }
     if (!degrading) {
+      // A server-chosen budget and the "mass" allocator rank every page here and choose the
+      // quota later.
+      const bool quota_later = job.auto_floor.has_value() || job.mass_floor.has_value();
       LayerRequest request =
-          LayerRequestFor(work.view, shard.heads, shard.groups, job.tokens, work.quota_pages);
+          LayerRequestFor(work.view, shard.heads, shard.groups, job.tokens,
+                          job.mass_floor.has_value() ? PageCount(job.tokens, geometry.page_size)
+                                                     : work.quota_pages);
       request.scope = job.scope;
-      request.page_scores = job.auto_floor.has_value();
-      // Measured against what the scorer keeps, which for a server-chosen budget is every page
-      // (the quota decides later): not measured there rather than measured wrong.
-      if (job.auto_floor.has_value()) request.measure = false;
+      request.page_scores = quota_later;
+      // Measured against what the scorer keeps, which is then every page: not measured there
+      // rather than measured wrong.
+      if (quota_later) request.measure = false;
       // Polled between the layer's groups too: a call that gave up, or a layer still running at
       // the moment it must be done by, stops there.
       request.cancelled = [&cancelled, &out_of_time] { return cancelled() || out_of_time(); };
@@ -692,6 +725,9 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
       work.degraded = true;
     }
     if (work.shm != nullptr || work.device.has_value()) work.view.reset();  // into `copied`
+  }
+  if (job.mass_floor.has_value()) {
+    MoveLayerQuotas(job.layers, shard, job.tokens, job.scope, job.policy.options, *job.mass_floor);
   }
   BeforeApplyHook hook;
   {
@@ -890,6 +926,19 @@ absl::Status PrepareJob(Model& model, const Request& request, const wire::Defaul
         " of a group-layout tensor-parallel model (each rank decides alone, and the pool's quota "
         "needs every group's scores); use a fixed budget"));
   }
+  if (quotas->mass_floor.has_value()) {
+    if (!policy->policy->ranks_pages()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("budget.allocator: 'mass' moves pages to the layers whose scores need them, "
+                       "and policy ",
+                       policy->policy->name(), " ranks no pages; use uniform or pyramid"));
+    }
+    if (shard->partial(geometry)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "budget.allocator: 'mass' moves pages by every KV group's scores, and ", shard->owner,
+          " of a group-layout tensor-parallel model holds only its own; use uniform or pyramid"));
+    }
+  }
   // A layer decided by position ranks no pages, so the pool would have no shares to take by.
   if (auto_floor->has_value() && request.degrade_on_deadline()) {
     return absl::InvalidArgumentError(
@@ -976,6 +1025,7 @@ absl::Status Decider::Decide(Model& model, const v1::DecideRequest& request,
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.shard, &job.tokens,
                              &job.policy, &job.scope, &quotas, &job.auto_floor));
+  job.mass_floor = quotas.mass_floor;
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   if (request.layers().empty()) {
@@ -1012,6 +1062,12 @@ absl::Status Decider::DecideLayer(Model& model, const v1::DecideLayerRequest& re
   ResolvedBudget quotas;
   RETURN_IF_ERROR(PrepareJob(model, request, defaults_, &job.sequence_id, &job.shard, &job.tokens,
                              &job.policy, &job.scope, &quotas, &job.auto_floor));
+  if (quotas.mass_floor.has_value()) {
+    return absl::InvalidArgumentError(
+        "budget.allocator: 'mass' moves pages between the layers of one Decide call, and "
+        "DecideStream decides one layer at a time; send the layers in one Decide call, or use "
+        "uniform or pyramid");
+  }
   PrepareDeadline(request, timing, &job.deadline, &job.deadline_is_answer_within, &job.degrade,
                   &job.reserve);
   job.layers.resize(1);

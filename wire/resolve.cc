@@ -10,6 +10,7 @@
 #include "core/pool/geometry_bounds.h"
 #include "core/pool/pressure.h"
 #include "core/scoring/budget.h"
+#include "core/scoring/layer_quotas.h"
 #include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
@@ -164,6 +165,18 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
     return InvalidField("budget",
                         "one of pages_per_group, fraction, token_slots, auto_budget must be set");
   }
+  const bool planned =
+      budget.kind_case() == v1::Budget::kFraction || budget.kind_case() == v1::Budget::kTokenSlots;
+  if (!budget.allocator().empty() && !planned) {
+    return InvalidField("budget.allocator",
+                        "only with fraction or token_slots (it spreads them over the layers)");
+  }
+  if (budget.has_layer_floor()) {
+    RETURN_IF_ERROR(ValidateLayerFloor("budget.layer_floor", budget.layer_floor()));
+    if (budget.allocator() != "mass") {
+      return InvalidField("budget.layer_floor", "only with allocator \"mass\"");
+    }
+  }
   ResolvedBudget resolved;
   if (budget.kind_case() == v1::Budget::kAutoBudget) {
     RETURN_IF_ERROR(
@@ -207,6 +220,9 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
   absl::StatusOr<BudgetPlan> plan = PlanBudget(request);
   if (!plan.ok()) return Annotate(plan.status(), "budget");
   resolved.pages_per_layer = std::move(plan->pages_per_layer);
+  if (allocator == LayerAllocator::kMass) {
+    resolved.mass_floor = budget.has_layer_floor() ? budget.layer_floor() : kDefaultLayerFloor;
+  }
   return resolved;
 }
 

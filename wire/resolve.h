@@ -63,6 +63,9 @@ struct ResolvedBudget {
   std::vector<int64_t> pages_per_layer;  // K_l, indexed by layer (every page for auto_budget)
   // budget.auto_budget: the daemon chooses (pool pressure), with this floor.
   std::optional<double> auto_floor;
+  // allocator "mass": the decision moves pages_per_layer's pages between the layers it decides,
+  // each keeping at least this share of their mean (budget.layer_floor, default 0.5).
+  std::optional<double> mass_floor;
 };
 [[nodiscard]] absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget,
                                                            bool has_budget,

@@ -14,6 +14,7 @@ namespace {
 using ::entrokv::testing::StatusIs;
 using ::testing::Eq;
 using ::testing::HasSubstr;
+using ::testing::Optional;
 
 // Defaults as entrokvd fills them from its flags' defaults.
 Defaults DaemonLikeDefaults() {
@@ -211,6 +212,45 @@ TEST(ResolveBudgetTest, ExplicitAndPlanned) {
   budget.set_allocator("zigzag");
   EXPECT_THAT(ResolveBudget(budget, true, geometry, 1024),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("budget.allocator")));
+}
+
+TEST(ResolveBudgetTest, MassPlansTheUniformPagesAndMovesThemWithAFloor) {
+  ModelGeometry geometry{.layers = 4,
+                         .query_heads = 4,
+                         .kv_groups = 2,
+                         .head_dim = 8,
+                         .page_size = 16,
+                         .element_bytes = 2};
+  v1::Budget budget;
+  budget.set_fraction(0.25);
+  budget.set_allocator("mass");
+  ENTROKV_ASSERT_OK_AND_ASSIGN(ResolvedBudget quotas, ResolveBudget(budget, true, geometry, 1024));
+  EXPECT_EQ(quotas.pages_per_layer, std::vector<int64_t>(4, 16));  // the decision moves them
+  EXPECT_THAT(quotas.mass_floor, Optional(0.5));
+  budget.set_layer_floor(0.2);
+  ENTROKV_ASSERT_OK_AND_ASSIGN(quotas, ResolveBudget(budget, true, geometry, 1024));
+  EXPECT_THAT(quotas.mass_floor, Optional(0.2));
+  budget.set_allocator("uniform");  // a floor without the allocator it is for
+  EXPECT_THAT(ResolveBudget(budget, true, geometry, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("budget.layer_floor")));
+  budget.clear_layer_floor();
+  ENTROKV_ASSERT_OK_AND_ASSIGN(quotas, ResolveBudget(budget, true, geometry, 1024));
+  EXPECT_EQ(quotas.mass_floor, std::nullopt);
+  budget.set_layer_floor(0.2);
+  budget.set_allocator("");
+  EXPECT_THAT(ResolveBudget(budget, true, geometry, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       Eq("budget.layer_floor: only with allocator \"mass\"")));
+  budget.set_allocator("mass");
+  budget.set_layer_floor(1.5);
+  EXPECT_THAT(ResolveBudget(budget, true, geometry, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       Eq("budget.layer_floor: must be in [0, 1], got 1.5")));
+  budget.clear_layer_floor();
+  budget.set_pages_per_group(3);  // an allocator spreads a fraction or token slots only
+  EXPECT_THAT(ResolveBudget(budget, true, geometry, 1024),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       HasSubstr("budget.allocator: only with fraction or token_slots")));
 }
 
 TEST(ResolveScopeTest, RequestThenDefaultThenThePoolsLayout) {

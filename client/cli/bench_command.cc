@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,9 +20,11 @@
 #include "core/scoring/budget.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
+#include "core/scoring/layer_quotas.h"
 #include "core/scoring/policy.h"
 #include "core/util/dtype.h"
 #include "core/util/json.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 #if defined(ENTROKV_HAVE_CUDA)
@@ -162,6 +165,7 @@ Json SetupJson(const ArgParser& parser, const BenchSetup& setup, const Policy& p
               {"neighbourhood_kernel", parser.Get("neighbourhood-kernel")},
               {"neighbourhood", parser.Get("neighbourhood")},
               {"group_floor", parser.Get("group-floor")},
+              {"layer_floor", parser.Get("layer-floor")},
               {"measure", parser.GetFlag("measure")}};
 }
 
@@ -263,6 +267,12 @@ absl::Status Run(const ArgParser& parser) {
   ASSIGN_OR_RETURN(options.group_floor, parser.GetDouble("group-floor"));
   RETURN_IF_ERROR(ValidateGroupFloor("--group-floor", options.group_floor));
   RETURN_IF_ERROR(ValidatePolicyOptions(options));
+  // --layer-floor: the "mass" allocator (every page scored, then the layers' quotas moved).
+  std::optional<double> layer_floor;
+  if (parser.Given("layer-floor")) {
+    ASSIGN_OR_RETURN(layer_floor, parser.GetDouble("layer-floor"));
+    RETURN_IF_ERROR(ValidateLayerFloor("--layer-floor", *layer_floor));
+  }
   ASSIGN_OR_RETURN(const BudgetPlan plan,
                    PlanBudget(FractionBudget(setup.layers, setup.kv_groups, options.page_size,
                                              setup.tokens, budget)));
@@ -279,8 +289,16 @@ absl::Status Run(const ArgParser& parser) {
     request = LayerRequestFor(view, setup.query_heads, setup.kv_groups, setup.tokens,
                               plan.pages_per_layer[static_cast<size_t>(l)]);
     request.measure = parser.GetFlag("measure");
+    if (layer_floor.has_value()) {
+      request.quota_pages = PageCount(setup.tokens, options.page_size);
+      request.page_scores = true;
+      request.measure = false;
+    }
   }
   const std::string scorer = parser.Get("scorer");
+  if (scorer == "cuda" && layer_floor.has_value()) {
+    return absl::InvalidArgumentError("--layer-floor: on the CPU scorer only");
+  }
   if (scorer == "cuda") {
     return RunCuda(parser, setup, *policy, options, std::move(requests), runs, budget, page_size);
   }
@@ -295,8 +313,13 @@ absl::Status Run(const ArgParser& parser) {
         DecideModel(*policy, options, requests, static_cast<int>(threads));
     if (!result.ok()) {
       status = result.status();
-    } else {
-      decisions = *std::move(result);
+      return;
+    }
+    decisions = *std::move(result);
+    if (layer_floor.has_value()) {
+      std::vector<LayerDecision*> moved;
+      for (LayerDecision& decision : decisions) moved.push_back(&decision);
+      MoveLayerQuotas(options, requests, moved, plan.layer_pages, *layer_floor);
     }
   };
   volatile float sink = 0.0f;
@@ -369,6 +392,9 @@ int RunBench(const std::vector<std::string>& args) {
   parser.Option("neighbourhood-kernel", "1", "neighbourhood pooling width (odd; 1: off)");
   parser.Option("neighbourhood", "max", "neighbourhood pooling: max or mean");
   parser.Option("group-floor", "1", "share of its quota each group keeps (1: fixed quotas)");
+  parser.Option("layer-floor", "",
+                "the \"mass\" layer allocator, each layer keeping at least this share of the "
+                "mean (unset: the plan's quotas)");
   parser.Option("runs", "7", "timed runs after one warm-up");
   parser.Option("seed", "1", "seed of the generated statistic");
   parser.Option("input", "", "a [L, H_Q, T] .npy statistic instead of the seeded one");

@@ -132,8 +132,9 @@ absl::Status ValidateBudgetFraction(absl::string_view field, double fraction) {
 absl::StatusOr<LayerAllocator> ParseLayerAllocator(absl::string_view name) {
   if (name == "uniform") return LayerAllocator::kUniform;
   if (name == "pyramid") return LayerAllocator::kPyramid;
+  if (name == "mass") return LayerAllocator::kMass;
   return absl::InvalidArgumentError(
-      absl::StrCat("allocator: '", name, "' is not one of uniform, pyramid"));
+      absl::StrCat("allocator: '", name, "' is not one of uniform, pyramid, mass"));
 }
 
 absl::StatusOr<BudgetPlan> PlanBudget(const BudgetRequest& request) {

@@ -16,6 +16,9 @@ namespace entrokv {
 enum class LayerAllocator : uint8_t {
   kUniform,  // every layer the same share
   kPyramid,  // linearly more pages in lower layers (PyramidKV's shape)
+  // Planned as uniform; the decision then moves the layers' pages to where they keep the most
+  // of each group's score mass (layer_quotas.h), the same total.
+  kMass,
 };
 [[nodiscard]] absl::StatusOr<LayerAllocator> ParseLayerAllocator(absl::string_view name);
 

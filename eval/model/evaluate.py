@@ -73,8 +73,10 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
-    layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator).
-    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid."""
+    layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator);
+    +mass or +mass<percent> (the layers' pages move to the layers whose scores need them, each
+    keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor).
+    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid, mean+expattn+mass25."""
     if name == "none":
         return pool_worker.Policy("none")
     base, *suffixes = name.split("+")
@@ -83,10 +85,11 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff", "winexp": "window_expected",
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in pool_worker.LOW_RANKS}}
-    statistic, params, allocator = None, {}, None
+    statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
         floor = re.fullmatch(r"gf(\d+)", suffix)
+        mass = re.fullmatch(r"mass(\d*)", suffix)
         if suffix in kinds and statistic is None:
             statistic = kinds[suffix]
         elif neighbourhood and "neighbourhood_kernel" not in params:
@@ -96,12 +99,16 @@ def policy_of(name: str, ratio: float) -> pool_worker.Policy:
             params["group_floor"] = int(floor.group(1)) / 100
         elif suffix == "pyramid" and allocator is None:
             allocator = "pyramid"
+        elif mass and allocator is None and (not mass.group(1) or int(mass.group(1)) <= 100):
+            allocator = "mass"
+            layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
                              f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean>, "
-                             f"+gf<0-100> or +pyramid, at most one of each kind")
+                             f"+gf<0-100>, +pyramid or +mass[<0-100>], at most one of each kind")
     return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
-                              params=tuple(params.items()), allocator=allocator)
+                              params=tuple(params.items()), allocator=allocator,
+                              layer_floor=layer_floor)
 
 
 def mcnemar(better: int, worse: int) -> float:

@@ -169,6 +169,13 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(evaluate.policy_of("snapkv", 0.75).budget(), {"fraction": 0.25})
         with self.assertRaisesRegex(ValueError, r"\+pyramid"):
             evaluate.policy_of("snapkv+pyramid+pyramid", 0.75)
+        self.assertEqual(evaluate.policy_of("mean+mass", 0.75).budget(),
+                         {"fraction": 0.25, "allocator": "mass"})
+        self.assertEqual(evaluate.policy_of("mean+mass25", 0.75).budget(),
+                         {"fraction": 0.25, "allocator": "mass", "layer_floor": 0.25})
+        for bad in ("mean+mass+pyramid", "mean+mass101", "mean+massive"):
+            with self.assertRaisesRegex(ValueError, r"\+mass"):
+                evaluate.policy_of(bad, 0.75)
         both = evaluate.policy_of("page_entrokv+acc+nb7max", 0.5)
         self.assertEqual((both.statistic, dict(both.params)["neighbourhood_kernel"]),
                          ("accumulated", 7))

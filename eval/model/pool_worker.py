@@ -90,6 +90,7 @@ class Policy:
     # None: the one the registry names for the policy (PoolWorker.kind)
     params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
     allocator: Optional[str] = None  # how a ratio's budget is spread over the layers (pyramid)
+    layer_floor: Optional[float] = None  # allocator "mass": each layer's least share of the mean
 
     def __post_init__(self):
         if self.name != "none" and (self.ratio is None) == (self.pages is None):
@@ -109,6 +110,8 @@ class Policy:
         budget: Dict[str, object] = {"fraction": 1.0 - self.ratio}
         if self.allocator is not None:
             budget["allocator"] = self.allocator
+        if self.layer_floor is not None:
+            budget["layer_floor"] = self.layer_floor
         return budget
 
     def label(self) -> str:
@@ -556,11 +559,18 @@ class PoolWorker:
         kind = "last_row" if kind in KEY_KINDS else "window_mean" if kind in MIXED_KINDS else kind
         arguments = dict(policy=policy.name, kind=kind,
                          **policy.budget(), **dict(policy.params))
-        if not self.fail_open:
+        if policy.allocator == "mass":
+            # Pages move between the layers of one Decide call: every layer goes in one.
+            items = list(layer_stats)
+            call = self.client.try_decide if self.fail_open else self.client.decide
+            decisions = call(self.model_id, kv.sequence_id, [stat for _, stat in items],
+                             layers=[layer for layer, _ in items], **arguments)
+        elif not self.fail_open:
             return list(self.client.decide_stream(self.model_id, kv.sequence_id, layer_stats,
                                                   **arguments))
-        decisions = self.client.try_decide_stream(self.model_id, kv.sequence_id, layer_stats,
-                                                  **arguments)
+        else:
+            decisions = self.client.try_decide_stream(self.model_id, kv.sequence_id, layer_stats,
+                                                      **arguments)
         if decisions is None:
             with self._lock:
                 self.no_decisions += 1

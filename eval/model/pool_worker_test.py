@@ -160,10 +160,12 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         pages = -(-400 // 16)
         for layout, policy in (("group", Policy("page_entrokv", pages=6)),
                                ("group", Policy("mean", ratio=0.5)),
+                               ("group", Policy("mean", ratio=0.5, allocator="mass",
+                                                layer_floor=0.25)),
                                ("layer", Policy("page_entrokv", pages=6))):
             with self.subTest(layout=layout, policy=policy.label()):
-                worker = self.worker(f"budget-{layout}-{policy.name}-{policy.pages}",
-                                     frame_layout=layout, capacity_frames=1024)
+                name = f"budget-{layout}-{policy.name}-{policy.pages}-{policy.allocator}"
+                worker = self.worker(name, frame_layout=layout, capacity_frames=1024)
                 seen = {}
 
                 def check(kv, decisions):
@@ -175,6 +177,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 quota = sum(result.quota_pages)
                 if policy.pages is not None:
                     self.assertEqual(result.quota_pages, [6] * LAYERS)
+                else:  # a half of the sequence, however the allocator spreads it
+                    self.assertEqual(quota, LAYERS * 400 // 2 // 16)
                 self.assertEqual(result.kept_frames, per_frame * quota)  # G * K per layer
                 self.assertEqual(result.prompt_frames, LAYERS * per_frame * pages)
                 self.assertEqual(result.freed_frames, result.prompt_frames - result.kept_frames)
@@ -242,7 +246,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                     Policy("snapkv", ratio=0.5), Policy("streaming", pages=4),
                     Policy("mean", ratio=0.75, statistic="keys_expected"),
                     Policy("mean", ratio=0.75, statistic="keys_expected_window"),
-                    Policy("mean", ratio=0.75, statistic="keys_expected_r8")]
+                    Policy("mean", ratio=0.75, statistic="keys_expected_r8"),
+                    Policy("snapkv", ratio=0.75, allocator="mass")]
         forked = worker.run_forked(example, policies)
         self.assertEqual(self.assert_pool_consistent(worker).used_frames, 0)
         self.assertEqual([r.policy for r in forked], [p.label() for p in policies])

@@ -225,6 +225,8 @@ def request_seeds():
         "decide-shm": [("DecideRequest", decide_text(shm_stat))],
         "decide-fraction-pyramid": [("DecideRequest",
                                      decide_text(bytes_stat, 'fraction: 0.5 allocator: "pyramid"'))],
+        "decide-fraction-mass": [("DecideRequest", decide_text(
+            bytes_stat, 'fraction: 0.5 allocator: "mass" layer_floor: 0.25'))],
         "decide-token-slots-max": [("DecideRequest",
                                     decide_text(bytes_stat, "token_slots: 9223372036854775807"))],
         "decide-sink-max": [("DecideRequest", decide_text(

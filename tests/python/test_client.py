@@ -278,6 +278,38 @@ class ClientTest(unittest.TestCase):
         pool = self.client.pool_stats("pyramid")
         self.assertEqual(pool.used_frames + pool.free_frames, pool.capacity_frames)
 
+    def test_a_mass_budget_moves_pages_to_the_layers_that_spread_their_attention(self):
+        self.register("mass")
+        stats = np.zeros((GEOMETRY["layers"], GEOMETRY["query_heads"], 320), dtype=np.float32)
+        stats[0, :, 5] = 1.0  # layer 0 attends to one token
+        stats[1:] = 1.0 / 320  # the others spread evenly
+        quotas = {}
+        for allocator, floor in ((None, None), ("mass", 0.25), ("mass", None)):
+            sequence = f"s-{allocator}-{floor}"
+            self.client.open_sequence("mass", sequence, initial_tokens=320)
+            decisions = self.client.decide("mass", sequence, stats, fraction=0.3,
+                                           allocator=allocator, layer_floor=floor,
+                                           protect_tail_page=False)
+            quotas[(allocator, floor)] = [d.quota_pages for d in decisions]
+        uniform, moved, default = quotas[(None, None)], quotas[("mass", 0.25)], quotas[("mass", None)]
+        self.assertEqual(sum(moved), sum(uniform))
+        self.assertEqual(sum(default), sum(uniform))
+        self.assertEqual(moved[0], 1)  # a quarter of the mean, then nothing more to keep there
+        self.assertLess(moved[0], default[0])  # the default floor keeps half the mean
+        self.assertGreater(min(moved[1:]), max(uniform))
+        with self.assertRaises(ValueError):
+            self.client.decide("mass", "s-None-None", stats, fraction=0.3, layer_floor=0.5)
+        with self.assertRaises(entrokv.InvalidArgumentError) as bad:
+            self.client.decide("mass", "s-None-None", stats, fraction=0.3, allocator="mass",
+                               layer_floor=2.0)
+        self.assertIn("budget.layer_floor", str(bad.exception))
+        with self.assertRaises(entrokv.InvalidArgumentError) as stream:
+            list(self.client.decide_stream("mass", "s-None-None", ((0, stats[0]),),
+                                           fraction=0.3, allocator="mass"))
+        self.assertIn("DecideStream", str(stream.exception))
+        pool = self.client.pool_stats("mass")
+        self.assertEqual(pool.used_frames + pool.free_frames, pool.capacity_frames)
+
     def test_half_precision_inputs(self):
         self.register("half")
         stats = layer_stats(3, 200)

@@ -275,7 +275,8 @@ TEST_F(HardeningTest, AnUnknownAllocatorIsEchoedWithinTheLimit) {
   request.mutable_budget()->set_allocator("adaptive");
   grpc::ClientContext short_context;
   const grpc::Status unknown = stub_->Decide(&short_context, request, &response);
-  EXPECT_THAT(unknown.error_message(), HasSubstr("'adaptive' is not one of uniform, pyramid"));
+  EXPECT_THAT(unknown.error_message(),
+              HasSubstr("'adaptive' is not one of uniform, pyramid, mass"));
   request.mutable_budget()->set_allocator("pyramid");
   grpc::ClientContext known_context;
   const grpc::Status known = stub_->Decide(&known_context, request, &response);

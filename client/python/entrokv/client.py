@@ -188,13 +188,16 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
 
 def _budget(pages: Optional[int], fraction: Optional[float],
             token_slots: Optional[int], auto_floor: Optional[float] = None,
-            allocator: Optional[str] = None) -> "types.Budget":
+            allocator: Optional[str] = None,
+            layer_floor: Optional[float] = None) -> "types.Budget":
     given = [value is not None for value in (pages, fraction, token_slots, auto_floor)]
     if sum(given) != 1:
         raise ValueError("budget: give exactly one of pages, fraction, token_slots, auto_floor")
     if allocator is not None and fraction is None and token_slots is None:
         raise ValueError("allocator: only with fraction or token_slots (it spreads them over "
                          "the layers)")
+    if layer_floor is not None and allocator is None:
+        raise ValueError('layer_floor: only with allocator="mass"')
     if pages is not None:
         return types.Budget(pages_per_group=pages)
     if auto_floor is not None:
@@ -205,6 +208,8 @@ def _budget(pages: Optional[int], fraction: Optional[float],
         budget = types.Budget(token_slots=token_slots)
     if allocator is not None:
         budget.allocator = allocator  # the daemon checks the name (budget.allocator)
+    if layer_floor is not None:
+        budget.layer_floor = layer_floor  # the daemon checks it (budget.layer_floor)
     return budget
 
 
@@ -500,7 +505,8 @@ class Client:
                accumulate: bool = False, use_cached_weights: bool = False,
                degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                auto_floor: Optional[float] = None, rank: int = 0,
-               allocator: Optional[str] = None, **params) -> List[LayerDecision]:
+               allocator: Optional[str] = None, layer_floor: Optional[float] = None,
+               **params) -> List[LayerDecision]:
         """Decides (and applies) eviction for several layers in one call.
 
         `stats` is [layers, query_heads, tokens]; `layers` names the layer index of each slice
@@ -509,8 +515,11 @@ class Client:
         `kind`: the statistics' StatisticKind, as in statistic_message. `auto_floor` instead of
         a budget: the daemon's quota decides (pool pressure), never below that floor (not with
         `accumulate` or `degrade_on_deadline`). `allocator`: how a fraction or token_slots
-        budget is spread over the layers, "uniform" (the daemon's default) or "pyramid"
-        (linearly more pages in lower layers).
+        budget is spread over the layers, "uniform" (the daemon's default), "pyramid"
+        (linearly more pages in lower layers) or "mass" (the layers of this call share the
+        uniform plan's pages, each next page to the layer where it keeps the most of its
+        groups' score mass, every layer at least `layer_floor` of the mean, default 0.5; not
+        on decide_stream).
         Lifecycle (docs/integrating.md): `accumulate` adds each layer's statistic, one prefill
         chunk's column sums (kind "accumulated"), to the running sum the daemon keeps and decides
         on that; `use_cached_weights` pools the heads with the weights of the layer's previous
@@ -528,7 +537,7 @@ class Client:
                                        token_slots, policy, dtype, scope, kind, accumulate,
                                        use_cached_weights, degrade_on_deadline,
                                        answer_within_ms, auto_floor, params, rank=rank,
-                                       allocator=allocator)
+                                       allocator=allocator, layer_floor=layer_floor)
         response = self._call(self._stub.Decide, request)
         return [LayerDecision.from_message(layer) for layer in response.layers]
 
@@ -560,6 +569,7 @@ class Client:
                         degrade_on_deadline: bool = False, answer_within_ms: int = 0,
                         auto_floor: Optional[float] = None, params: Optional[dict] = None,
                         rank: int = 0, allocator: Optional[str] = None,
+                        layer_floor: Optional[float] = None,
                         **more_params) -> "pb.DecideRequest":
         params = dict(params or {}, **more_params)
         if isinstance(stats, types.Statistic):
@@ -579,7 +589,7 @@ class Client:
             model_id=model_id, sequence_id=sequence_id,
             layers=[_layer_statistic((index, stats[i]), dtype, kind, accumulate)
                     for i, index in enumerate(indices)],
-            budget=_budget(pages, fraction, token_slots, auto_floor, allocator),
+            budget=_budget(pages, fraction, token_slots, auto_floor, allocator, layer_floor),
             policy=_policy(policy, params, scope), use_cached_weights=use_cached_weights,
             degrade_on_deadline=degrade_on_deadline, answer_within_ms=answer_within_ms,
             rank=rank)
