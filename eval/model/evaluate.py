@@ -25,7 +25,6 @@ import gzip
 import io
 import math
 import os
-import re
 import sys
 import time
 from typing import Dict, List, Sequence, Tuple
@@ -60,55 +59,8 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     return (max(0.0, centre - half), min(1.0, centre + half))
 
 
-def policy_of(name: str, ratio: float) -> pool_worker.Policy:
-    """"none", or a policy name with optional suffixes:
-    +window (the question-window statistic, the mean of the question's query rows,
-    docs/architecture.md §3.1, instead of its default); +last or +acc (the accumulated column
-    sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
-    scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
-    covariance, +expattnm with their mean alone, +expattnw with the observation window's,
-    +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
-    +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
-    and half with keydiff's scores, or with each head's expected attention as +expattn's);
-    +nb<k><max|mean>
-    (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
-    at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
-    layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator);
-    +mass or +mass<percent> (the layers' pages move to the layers whose scores need them, each
-    keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor).
-    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid, mean+expattn+mass25."""
-    if name == "none":
-        return pool_worker.Policy("none")
-    base, *suffixes = name.split("+")
-    kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
-             "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
-             "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
-             "winkeys": "window_keydiff", "winexp": "window_expected",
-             **{f"expattnr{p}": f"keys_expected_r{p}" for p in pool_worker.LOW_RANKS}}
-    statistic, params, allocator, layer_floor = None, {}, None, None
-    for suffix in suffixes:
-        neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
-        floor = re.fullmatch(r"gf(\d+)", suffix)
-        mass = re.fullmatch(r"mass(\d*)", suffix)
-        if suffix in kinds and statistic is None:
-            statistic = kinds[suffix]
-        elif neighbourhood and "neighbourhood_kernel" not in params:
-            params["neighbourhood_kernel"] = int(neighbourhood.group(1))
-            params["neighbourhood_pooling"] = neighbourhood.group(2)
-        elif floor and "group_floor" not in params and int(floor.group(1)) <= 100:
-            params["group_floor"] = int(floor.group(1)) / 100
-        elif suffix == "pyramid" and allocator is None:
-            allocator = "pyramid"
-        elif mass and allocator is None and (not mass.group(1) or int(mass.group(1)) <= 100):
-            allocator = "mass"
-            layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
-        else:
-            raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean>, "
-                             f"+gf<0-100>, +pyramid or +mass[<0-100>], at most one of each kind")
-    return pool_worker.Policy(base, ratio=ratio, statistic=statistic,
-                              params=tuple(params.items()), allocator=allocator,
-                              layer_floor=layer_floor)
+# The policy grammar (+window, +expattn, +nb7max, +pyramid, +mass25, ...) is the worker's.
+policy_of = pool_worker.policy_of
 
 
 def mcnemar(better: int, worse: int) -> float:

@@ -32,6 +32,7 @@ import itertools
 import mmap
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -91,6 +92,7 @@ class Policy:
     params: Tuple[Tuple[str, object], ...] = ()  # daemon policy parameters (tau, alpha, ...)
     allocator: Optional[str] = None  # how a ratio's budget is spread over the layers (pyramid)
     layer_floor: Optional[float] = None  # allocator "mass": each layer's least share of the mean
+    spelling: str = ""  # the name with its suffixes as written (policy_of), for labels
 
     def __post_init__(self):
         if self.name != "none" and (self.ratio is None) == (self.pages is None):
@@ -117,7 +119,59 @@ class Policy:
     def label(self) -> str:
         if self.name == "none":
             return "none"
-        return f"{self.name}@{self.ratio}" if self.pages is None else f"{self.name}@K={self.pages}"
+        name = self.spelling or self.name
+        return f"{name}@{self.ratio}" if self.pages is None else f"{name}@K={self.pages}"
+
+
+def policy_of(name: str, ratio: float) -> Policy:
+    """"none", or a policy name with optional suffixes:
+    +window (the question-window statistic, the mean of the question's query rows,
+    docs/architecture.md §3.1, instead of its default); +last or +acc (the accumulated column
+    sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
+    scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
+    covariance, +expattnm with their mean alone, +expattnw with the observation window's,
+    +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
+    +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
+    and half with keydiff's scores, or with each head's expected attention as +expattn's);
+    +nb<k><max|mean>
+    (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
+    at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
+    layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator);
+    +mass or +mass<percent> (the layers' pages move to the layers whose scores need them, each
+    keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor).
+    E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid, mean+expattn+mass25."""
+    if name == "none":
+        return Policy("none")
+    base, *suffixes = name.split("+")
+    kinds = {"window": "window_mean", "last": "last_row", "acc": "accumulated",
+             "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
+             "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
+             "winkeys": "window_keydiff", "winexp": "window_expected",
+             **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
+    statistic, params, allocator, layer_floor = None, {}, None, None
+    for suffix in suffixes:
+        neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
+        floor = re.fullmatch(r"gf(\d+)", suffix)
+        mass = re.fullmatch(r"mass(\d*)", suffix)
+        if suffix in kinds and statistic is None:
+            statistic = kinds[suffix]
+        elif neighbourhood and "neighbourhood_kernel" not in params:
+            params["neighbourhood_kernel"] = int(neighbourhood.group(1))
+            params["neighbourhood_pooling"] = neighbourhood.group(2)
+        elif floor and "group_floor" not in params and int(floor.group(1)) <= 100:
+            params["group_floor"] = int(floor.group(1)) / 100
+        elif suffix == "pyramid" and allocator is None:
+            allocator = "pyramid"
+        elif mass and allocator is None and (not mass.group(1) or int(mass.group(1)) <= 100):
+            allocator = "mass"
+            layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
+        else:
+            raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
+                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean>, "
+                             f"+gf<0-100>, +pyramid or +mass[<0-100>], at most one of each kind")
+    return Policy(base, ratio=ratio, statistic=statistic,
+                  params=tuple(params.items()), allocator=allocator, layer_floor=layer_floor,
+                  spelling=name)
 
 
 def question_window(prompt: np.ndarray) -> int:
@@ -746,8 +800,7 @@ class LocalDaemon:
 
 # ---- the command line: the main job's demonstration --------------------------------------------
 def parse_policies(text: str, ratio: float) -> List[Policy]:
-    return [Policy("none") if name == "none" else Policy(name, ratio=ratio)
-            for name in (part.strip() for part in text.split(",")) if name]
+    return [policy_of(name, ratio) for name in (part.strip() for part in text.split(",")) if name]
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -811,7 +864,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if daemon is not None:
             daemon.stop()
     elapsed = time.perf_counter() - started
-    print(f"{'policy':<22} {'accuracy':>9} {'frames kept':>12} {'of prompt':>10} "
+    width = max(22, *(len(p.label()) for p in policies))
+    print(f"{'policy':<{width}} {'accuracy':>9} {'frames kept':>12} {'of prompt':>10} "
           f"{'decode ms/token':>16}")
     for i, policy in enumerate(policies):
         results = [run[i] for run in runs]
@@ -820,7 +874,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         share = kept / np.mean([r.prompt_frames for r in results])
         tokens = sum(r.decode_tokens for r in results)
         ms = sum(r.decode_ms for r in results) / max(tokens, 1)
-        print(f"{policy.label():<22} {correct:>4}/{len(results):<4} {kept:>12.0f} "
+        print(f"{policy.label():<{width}} {correct:>4}/{len(results):<4} {kept:>12.0f} "
               f"{100 * share:>9.1f}% {ms:>16.1f}")
     prefill = np.mean([run[0].prefill_ms for run in runs])
     cycle = np.mean([r.cycle_ms for run in runs for r in run[1:]] or [0.0])

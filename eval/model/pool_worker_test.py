@@ -465,10 +465,12 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 code = pool_worker.main(["--server", self.daemon.address, "--weights", weights,
                                          "--entrokv", os.environ["ENTROKV_CLI"], "--prompts", "3",
                                          "--length", "200", "--tasks", "single_needle,multi_key",
-                                         "--ratio", "0.5"])
+                                         "--ratio", "0.5", "--policies",
+                                         "page_entrokv,mean,mean+expattn+nb3max+pyramid"])
         self.assertEqual(code, 0)
         text = out.getvalue()
-        for label in ("none", "page_entrokv@0.5", "mean@0.5"):
+        for label in ("none", "page_entrokv@0.5", "mean@0.5",
+                      r"mean\+expattn\+nb3max\+pyramid@0.5"):
             self.assertRegex(text, rf"\n{label} +\d+/3 +\d+ +[\d.]+%")
         self.assertRegex(text, r"pool after every close: 0 used \+ \d+ free = \d+ frames")
 
