@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "core/scoring/fused_kernels.h"
 
 namespace entrokv {
 namespace {
@@ -29,6 +31,64 @@ float Dot(const float* a, const float* b, int head_dim) {
 
 // A key's norm: its squares summed in float (a head_dim of at most a few hundred).
 float Norm(const float* key, int head_dim) { return std::sqrt(Dot(key, key, head_dim)); }
+
+// The quadratic term of kBlock tokens at once: k'Mk (M: head_dim x head_dim, upper
+// triangular) or |F k|^2 (F: rows x head_dim, `factor`). `block` holds the tokens' keys transposed, [head_dim][kBlock], so
+// the tokens lie across the lanes of one vector: every entry of the matrix is loaded once per
+// block and multiplies all eight keys in one operation (one AVX2 operation, or two SSE ones),
+// and no sum crosses lanes. Each token's sums run over the rows in order and over head_dim in
+// order, so its result does not depend on the block it is in, and both builds below (no fused
+// multiply-add in either) give the same bits.
+constexpr int kBlock = 8;
+using Lanes = float __attribute__((vector_size(kBlock * sizeof(float))));
+
+// Four rows of the matrix at a time: four independent sums per key load, so the additions
+// do not wait on each other (one sum at a time is bound by the latency of an add).
+constexpr int kRowsAtOnce = 4;
+
+inline void QuadraticBlockBody(const float* block, int head_dim, const float* matrix, int rows,
+                               bool factor, float* forms) {
+  Lanes total = {};
+  Lanes keys;  // loaded by memcpy: `block` need not be aligned to a vector
+  const auto width = static_cast<size_t>(head_dim);
+  // Adds rows [i, i + count)'s products (M k)_i, or (F k)_i, into `total`, in row order.
+  const auto add_rows = [&](int i, int count) {
+    Lanes product[kRowsAtOnce] = {};
+    const float* row = matrix + static_cast<size_t>(i) * width;
+    // An upper-triangular M is zero left of row i's diagonal.
+    for (size_t d = factor ? 0 : static_cast<size_t>(i); d < width; ++d) {
+      std::memcpy(&keys, block + d * kBlock, sizeof(keys));
+      for (int r = 0; r < count; ++r) product[r] += row[static_cast<size_t>(r) * width + d] * keys;
+    }
+    for (int r = 0; r < count; ++r) {
+      if (!factor) std::memcpy(&keys, block + static_cast<size_t>(i + r) * kBlock, sizeof(keys));
+      total += (factor ? product[r] : keys) * product[r];
+    }
+  };
+  int i = 0;
+  for (; i + kRowsAtOnce <= rows; i += kRowsAtOnce) add_rows(i, kRowsAtOnce);
+  if (i < rows) add_rows(i, rows - i);
+  std::memcpy(forms, &total, sizeof(total));
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx2"))) void QuadraticBlockAvx2(const float* block, int head_dim,
+                                                        const float* matrix, int rows, bool factor,
+                                                        float* forms) {
+  QuadraticBlockBody(block, head_dim, matrix, rows, factor, forms);
+}
+#endif
+
+void QuadraticBlock(const float* block, int head_dim, const float* matrix, int rows, bool factor,
+                    float* forms) {
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (fused::HaveAvx2()) {
+    QuadraticBlockAvx2(block, head_dim, matrix, rows, factor, forms);
+    return;
+  }
+#endif
+  QuadraticBlockBody(block, head_dim, matrix, rows, factor, forms);
+}
 
 }  // namespace
 
@@ -94,27 +154,48 @@ void ScoreExpectedAttention(std::span<const float> keys, int head_dim,
                             std::span<const float> covariance, std::span<float> out,
                             int factor_rank) {
   const size_t tokens = out.size();
+  const auto width = static_cast<size_t>(head_dim);
   const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const double half_variance = 0.5 / static_cast<double>(head_dim);
   std::vector<double> exponents(tokens, 0.0);
-  // S k, or F k for a factor: one dot product per row of the matrix sent.
+  // k'Sk, or |F k|^2 for a factor, kBlock tokens at a time. k'Sk depends on S's symmetric part
+  // alone, so it is taken as k'Uk with U upper triangular (U_ii = S_ii, U_ij = S_ij + S_ji):
+  // half the products.
   const int rows = factor_rank > 0 ? factor_rank : head_dim;
-  std::vector<float> projected(static_cast<size_t>(rows));
-  double largest = -INFINITY;
-  for (size_t t = 0; t < tokens; ++t) {
-    if (present[t] == 0) continue;
-    const float* key = &keys[t * static_cast<size_t>(head_dim)];
-    double exponent = scale * Dot(mean.data(), key, head_dim);
-    if (!covariance.empty()) {
-      for (int i = 0; i < rows; ++i) {
-        projected[static_cast<size_t>(i)] =
-            Dot(&covariance[static_cast<size_t>(i) * static_cast<size_t>(head_dim)], key, head_dim);
+  std::vector<float> upper;
+  std::span<const float> matrix = covariance;
+  if (factor_rank == 0 && !covariance.empty()) {
+    upper.assign(width * width, 0.0F);
+    for (size_t i = 0; i < width; ++i) {
+      upper[i * width + i] = covariance[i * width + i];
+      for (size_t j = i + 1; j < width; ++j) {
+        upper[i * width + j] = covariance[i * width + j] + covariance[j * width + i];
       }
-      exponent += half_variance * (factor_rank > 0 ? Dot(projected.data(), projected.data(), rows)
-                                                   : Dot(key, projected.data(), head_dim));
     }
-    exponents[t] = exponent;
-    largest = std::max(largest, exponent);
+    matrix = upper;
+  }
+  std::vector<float> block(width * kBlock);
+  float forms[kBlock] = {};
+  double largest = -INFINITY;
+  for (size_t first = 0; first < tokens; first += kBlock) {
+    const size_t count = std::min<size_t>(kBlock, tokens - first);
+    if (!covariance.empty()) {
+      std::fill(block.begin(), block.end(), 0.0F);
+      for (size_t j = 0; j < count; ++j) {
+        if (present[first + j] == 0) continue;  // its lane stays 0
+        const float* key = &keys[(first + j) * width];
+        for (size_t d = 0; d < width; ++d) block[d * kBlock + j] = key[d];
+      }
+      QuadraticBlock(block.data(), head_dim, matrix.data(), rows, factor_rank > 0, forms);
+    }
+    for (size_t j = 0; j < count; ++j) {
+      const size_t t = first + j;
+      if (present[t] == 0) continue;
+      double exponent = scale * Dot(mean.data(), &keys[t * width], head_dim);
+      if (!covariance.empty()) exponent += half_variance * forms[j];
+      exponents[t] = exponent;
+      largest = std::max(largest, exponent);
+    }
   }
   double total = 0.0;
   for (size_t t = 0; t < tokens; ++t) {

@@ -1,6 +1,8 @@
 #include "core/scoring/key_scores.h"
 
+#include <algorithm>
 #include <cmath>
+#include <random>
 #include <vector>
 
 #include "core/testing/status_matchers.h"
@@ -90,6 +92,57 @@ TEST(KeyScoresTest, ExpectedAttentionIsTheSoftmaxOfTheExpectedExponents) {
   ScoreExpectedAttention(keys, 2, present, far, {}, out);
   EXPECT_NEAR(out[0], 1.0F, 1e-6F);
   EXPECT_FALSE(std::isnan(out[2]));
+}
+
+// Many tokens (not a multiple of the 8 scored at once), a wider head, random keys, covariance
+// and factor, some keys gone: the scores are the double-precision formula's. A gone key full of
+// NaN changes nobody's score.
+TEST(KeyScoresTest, ExpectedAttentionOfManyTokensIsTheFormulasInDouble) {
+  std::mt19937_64 rng(11);
+  std::uniform_real_distribution<float> value(-1.0F, 1.0F);
+  for (const int head_dim : {1, 5, 24}) {
+    const size_t tokens = 37;
+    std::vector<float> keys(tokens * head_dim);
+    for (float& v : keys) v = value(rng);
+    std::vector<uint8_t> present(tokens, 1);
+    present[3] = present[17] = present[36] = 0;
+    for (int d = 0; d < head_dim; ++d) keys[17 * head_dim + d] = std::nanf("");
+    std::vector<float> mean(head_dim), factor(3 * head_dim), covariance(head_dim * head_dim);
+    for (float& v : mean) v = value(rng);
+    for (float& v : factor) v = value(rng);
+    for (float& v : covariance) v = value(rng);  // not symmetric: k'Sk as written
+    for (const int rank : {0, 3}) {
+      const std::vector<float>& matrix = rank > 0 ? factor : covariance;
+      std::vector<double> exponents;
+      for (size_t t = 0; t < tokens; ++t) {
+        if (present[t] == 0) continue;
+        const float* k = &keys[t * head_dim];
+        double linear = 0.0, quadratic = 0.0;
+        for (int d = 0; d < head_dim; ++d) linear += double{mean[d]} * k[d];
+        for (int i = 0; i < (rank > 0 ? rank : head_dim); ++i) {
+          double row = 0.0;
+          for (int d = 0; d < head_dim; ++d) row += double{matrix[i * head_dim + d]} * k[d];
+          quadratic += (rank > 0 ? row : double{k[i]}) * row;
+        }
+        exponents.push_back(linear / std::sqrt(double(head_dim)) + quadratic / (2.0 * head_dim));
+      }
+      const double largest = *std::max_element(exponents.begin(), exponents.end());
+      double total = 0.0;
+      for (const double e : exponents) total += std::exp(e - largest);
+      std::vector<float> want;
+      for (size_t t = 0, i = 0; t < tokens; ++t) {
+        want.push_back(present[t] == 0
+                           ? 0.0F
+                           : static_cast<float>(std::exp(exponents[i++] - largest) / total));
+      }
+      std::vector<float> out(tokens, -1.0F);
+      ScoreExpectedAttention(keys, head_dim, present, mean, matrix, out, rank);
+      SCOPED_TRACE(::testing::Message() << "head_dim " << head_dim << " rank " << rank);
+      for (size_t t = 0; t < tokens; ++t) {
+        EXPECT_NEAR(out[t], want[t], 1e-5 * want[t] + 1e-7) << "token " << t;
+      }
+    }
+  }
 }
 
 TEST(KeyScoresTest, NamesParseAndBadOnesAreRefusedByName) {
