@@ -33,12 +33,12 @@ float Dot(const float* a, const float* b, int head_dim) {
 float Norm(const float* key, int head_dim) { return std::sqrt(Dot(key, key, head_dim)); }
 
 // The quadratic term of kBlock tokens at once: k'Mk (M: head_dim x head_dim, upper
-// triangular) or |F k|^2 (F: rows x head_dim, `factor`). `block` holds the tokens' keys transposed, [head_dim][kBlock], so
-// the tokens lie across the lanes of one vector: every entry of the matrix is loaded once per
-// block and multiplies all eight keys in one operation (one AVX2 operation, or two SSE ones),
-// and no sum crosses lanes. Each token's sums run over the rows in order and over head_dim in
-// order, so its result does not depend on the block it is in, and both builds below (no fused
-// multiply-add in either) give the same bits.
+// triangular) or |F k|^2 (F: rows x head_dim, `factor`). `block` holds the tokens' keys transposed,
+// [head_dim][kBlock], so the tokens lie across the lanes of one vector: every entry of the matrix
+// is loaded once per block and multiplies all eight keys in one operation (one AVX2 operation, or
+// two SSE ones), and no sum crosses lanes. Each token's sums run over the rows in order and over
+// head_dim in order, so its result does not depend on the block it is in, and both builds below (no
+// fused multiply-add in either) give the same bits.
 constexpr int kBlock = 8;
 using Lanes = float __attribute__((vector_size(kBlock * sizeof(float))));
 
