@@ -823,6 +823,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--element", choices=sorted(ELEMENTS), default="f32")
     parser.add_argument("--concurrency", type=int, default=2, help="prompts in flight")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--question-excluded", action="store_true",
+                        help="decide the context before the question is seen (the question is "
+                             "prefilled after the decision)")
+    parser.add_argument("--layer-quotas", action="store_true",
+                        help="also print each policy's pages kept per (layer, group), the mean "
+                             "over the prompts of each layer's quota")
     parser.add_argument("--fail-open", action="store_true",
                         help="a decision the daemon cannot give in time leaves the cache as it "
                              "is; the other calls wait for a restarting daemon")
@@ -856,7 +862,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                 fail_open=args.fail_open)
             try:
                 with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
-                    runs = list(pool.map(lambda e: worker.run_forked(e, policies), examples))
+                    runs = list(pool.map(lambda e: worker.run_forked(
+                        e, policies, question_excluded=args.question_excluded), examples))
                 stats = client.pool_stats(worker.model_id)
             finally:
                 worker.close()
@@ -876,6 +883,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         ms = sum(r.decode_ms for r in results) / max(tokens, 1)
         print(f"{policy.label():<{width}} {correct:>4}/{len(results):<4} {kept:>12.0f} "
               f"{100 * share:>9.1f}% {ms:>16.1f}")
+    if args.layer_quotas:
+        print(f"{'pages per (layer, group)':<{width}} "
+              + " ".join(f"{'layer ' + str(l):>8}" for l in range(model.config.layers)))
+        for i, policy in enumerate(policies[1:], start=1):
+            quotas = np.mean([[d.quota_pages for d in run[i].decisions] for run in runs], axis=0)
+            print(f"{policy.label():<{width}} " + " ".join(f"{q:>8.1f}" for q in quotas))
     prefill = np.mean([run[0].prefill_ms for run in runs])
     cycle = np.mean([r.cycle_ms for run in runs for r in run[1:]] or [0.0])
     print(f"prefill {prefill:.0f} ms/prompt, fork + decide + decode + close {cycle:.0f} ms; "

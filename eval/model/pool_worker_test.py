@@ -8,6 +8,7 @@ import concurrent.futures
 import io
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import unittest
@@ -465,7 +466,7 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 code = pool_worker.main(["--server", self.daemon.address, "--weights", weights,
                                          "--entrokv", os.environ["ENTROKV_CLI"], "--prompts", "3",
                                          "--length", "200", "--tasks", "single_needle,multi_key",
-                                         "--ratio", "0.5", "--policies",
+                                         "--ratio", "0.5", "--layer-quotas", "--policies",
                                          "page_entrokv,mean,mean+expattn+nb3max+pyramid"])
         self.assertEqual(code, 0)
         text = out.getvalue()
@@ -473,6 +474,13 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                       r"mean\+expattn\+nb3max\+pyramid@0.5"):
             self.assertRegex(text, rf"\n{label} +\d+/3 +\d+ +[\d.]+%")
         self.assertRegex(text, r"pool after every close: 0 used \+ \d+ free = \d+ frames")
+        # Pages per layer: half of 200 tokens x 4 layers is 25 pages of 16 tokens, 7 to the
+        # lowest layer by largest remainder; the pyramid's more in lower layers.
+        self.assertRegex(text, r"\nmean@0.5 +7\.0 +6\.0 +6\.0 +6\.0\n")
+        pyramid = re.search(r"\nmean\+expattn\+nb3max\+pyramid@0.5 +([\d. ]+)\n", text)
+        quotas = [float(q) for q in pyramid.group(1).split()]
+        self.assertEqual(quotas, sorted(quotas, reverse=True))
+        self.assertAlmostEqual(sum(quotas), 25)
 
 
 if __name__ == "__main__":
