@@ -17,11 +17,13 @@
 #include "core/scoring/decision.h"
 #include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
+#include "core/scoring/layer_quotas.h"
 #include "core/scoring/layer_scope.h"
 #include "core/scoring/policy.h"
 #include "core/scoring/statistic.h"
 #include "core/util/dtype.h"
 #include "core/util/json.h"
+#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::cli {
@@ -229,18 +231,20 @@ absl::StatusOr<LoadedStatistic> LoadKeys(const ArgParser& args) {
 }
 
 // {"layers":[{"layer":0,"groups":[{"group":0,"kept_pages":[...],"weights":[...],
-// "entropies":[...],"uor":1.75}]}]} on one line (README).
+// "entropies":[...],"uor":1.75}]}]} on one line (README); "uor" is null where nothing was
+// measured (--allocator mass: the scorer kept every page).
 void PrintJson(const std::vector<LayerDecision>& layers) {
   Json out_layers = Json::array();
   for (size_t l = 0; l < layers.size(); ++l) {
     Json groups = Json::array();
     for (size_t g = 0; g < layers[l].groups.size(); ++g) {
       const GroupDecision& group = layers[l].groups[g];
-      groups.push_back({{"group", g},
-                        {"kept_pages", group.kept_pages},
-                        {"weights", group.weights},
-                        {"entropies", group.entropies},
-                        {"uor", group.shadow_uor.value_or(1.0)}});
+      groups.push_back(
+          {{"group", g},
+           {"kept_pages", group.kept_pages},
+           {"weights", group.weights},
+           {"entropies", group.entropies},
+           {"uor", group.shadow_uor.has_value() ? Json(*group.shadow_uor) : Json(nullptr)}});
     }
     out_layers.push_back({{"layer", l},
                           {"groups", std::move(groups)},
@@ -269,8 +273,12 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
       const GroupDecision& group = layers[l].groups[g];
       std::vector<std::string> weights;
       for (const double w : group.weights) weights.push_back(absl::StrFormat("%.3f", w));
-      std::printf("%5zu %5zu %5zu %8.3f %9.3f  %s\n", l, g, group.kept_pages.size(),
-                  group.shadow_uor.value_or(1.0), group.retained_mass.value_or(1.0),
+      // "-": not measured (--allocator mass).
+      const auto measured = [](std::optional<double> value) {
+        return value.has_value() ? absl::StrFormat("%.3f", *value) : std::string("-");
+      };
+      std::printf("%5zu %5zu %5zu %8s %9s  %s\n", l, g, group.kept_pages.size(),
+                  measured(group.shadow_uor).c_str(), measured(group.retained_mass).c_str(),
                   absl::StrJoin(weights, " ").c_str());
     }
   }
@@ -342,6 +350,14 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   if (args.Given("pages") == args.Given("budget")) {
     return absl::InvalidArgumentError("give exactly one of --pages and --budget");
   }
+  if (args.Given("allocator") && !args.Given("budget")) {
+    return absl::InvalidArgumentError(
+        "--allocator: only with --budget (it spreads it over the "
+        "layers)");
+  }
+  if (args.Given("layer-floor") && args.Get("allocator") != "mass") {
+    return absl::InvalidArgumentError("--layer-floor: only with --allocator mass");
+  }
   const std::string format = args.Get("format");
   if (format != "json" && format != "table") {
     return absl::InvalidArgumentError(
@@ -389,6 +405,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   }
 
   std::vector<int64_t> quotas;
+  std::optional<double> layer_floor;  // --allocator mass: the layers' quotas move after scoring
+  int64_t layer_pages = 0;
   if (args.Given("pages")) {
     ASSIGN_OR_RETURN(const int64_t pages, args.GetInt("pages"));
     if (pages < 1) {
@@ -398,15 +416,34 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
     quotas.assign(static_cast<size_t>(loaded.layers), pages);
   } else {
     ASSIGN_OR_RETURN(const double fraction, args.GetDouble("budget"));
-    ASSIGN_OR_RETURN(BudgetPlan plan,
-                     PlanBudget(FractionBudget(loaded.layers, static_cast<int>(kv_groups),
-                                               options.page_size, loaded.tokens, fraction)));
+    BudgetRequest budget = FractionBudget(loaded.layers, static_cast<int>(kv_groups),
+                                          options.page_size, loaded.tokens, fraction);
+    absl::StatusOr<LayerAllocator> allocator = ParseLayerAllocator(args.Get("allocator"));
+    if (!allocator.ok()) {  // "allocator: 'x' is not one of ...", named as the flag
+      return absl::InvalidArgumentError(absl::StrCat("--", allocator.status().message()));
+    }
+    budget.allocator = *allocator;
+    ASSIGN_OR_RETURN(BudgetPlan plan, PlanBudget(budget));
     quotas = plan.pages_per_layer;
+    layer_pages = plan.layer_pages;
+    if (*allocator == LayerAllocator::kMass) {
+      layer_floor = kDefaultLayerFloor;
+      if (args.Given("layer-floor")) {
+        ASSIGN_OR_RETURN(layer_floor, args.GetDouble("layer-floor"));
+        RETURN_IF_ERROR(ValidateLayerFloor("--layer-floor", *layer_floor));
+      }
+      if (!policy->ranks_pages()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--allocator: mass moves pages by the layers' page scores, and policy ",
+                         policy->name(), " ranks none"));
+      }
+    }
   }
 
   const int64_t layer_elements = loaded.query_heads * loaded.tokens;
   const int element_bytes = DTypeBytes(loaded.dtype);
   std::vector<LayerDecision> decisions;
+  std::vector<LayerRequest> requests;
   for (int layer = 0; layer < loaded.layers; ++layer) {
     ASSIGN_OR_RETURN(
         StatisticView view,
@@ -416,12 +453,23 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
                                            loaded.tokens, quotas[static_cast<size_t>(layer)]);
     request.scope = scope;
     request.combine = combine;
+    if (layer_floor.has_value()) {  // every page scored and kept; the quota is chosen below
+      request.quota_pages = PageCount(loaded.tokens, options.page_size);
+      request.page_scores = true;
+      request.measure = false;
+    }
     auto decision = DecideLayer(*policy, options, request);
     if (!decision.ok()) {
       return absl::Status(decision.status().code(),
                           absl::StrCat("layer ", layer, ": ", decision.status().message()));
     }
     decisions.push_back(*std::move(decision));
+    requests.push_back(request);
+  }
+  if (layer_floor.has_value()) {
+    std::vector<LayerDecision*> moved;
+    for (LayerDecision& decision : decisions) moved.push_back(&decision);
+    MoveLayerQuotas(options, requests, moved, layer_pages, *layer_floor);
   }
   return decisions;
 }
@@ -452,6 +500,10 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("page-size", "16", "tokens per page B");
   args.Option("pages", "", "pages kept per (layer, group)");
   args.Option("budget", "", "fraction of the sequence to keep, planned per layer (Hamilton)");
+  args.Option("allocator", "uniform",
+              "with --budget: how it is spread over the layers, uniform, pyramid or mass");
+  args.Option("layer-floor", "",
+              "with --allocator mass: each layer's least share of the mean, in [0, 1] (0.5)");
   args.Option("policy", "page_entrokv", "one of " + absl::StrJoin(PolicyNames(), ", "));
   args.Option("scope", "group",
               "selection scope: group (one page set per layer and group) or layer (one per "

@@ -310,6 +310,25 @@ class ClientTest(unittest.TestCase):
         pool = self.client.pool_stats("mass")
         self.assertEqual(pool.used_frames + pool.free_frames, pool.capacity_frames)
 
+    def test_a_mass_budget_through_the_daemon_is_entrokv_selects(self):
+        self.register("mass-select")
+        stats = layer_stats(9, 777)
+        stats[0, :, :] = 0.0
+        stats[0, :, 40] = 1.0  # a concentrated layer beside two random ones
+        self.client.open_sequence("mass-select", "s", initial_tokens=777)
+        through_daemon = self.client.decide("mass-select", "s", stats, fraction=0.2,
+                                            allocator="mass", layer_floor=0.25,
+                                            protect_tail_page=False)
+        offline = self.select_offline(stats, "--budget", "0.2", "--allocator", "mass",
+                                      "--layer-floor", "0.25")
+        self.assertEqual([len(layer["groups"][0]["kept_pages"]) for layer in offline],
+                         [layer.quota_pages for layer in through_daemon])
+        self.assertLess(through_daemon[0].quota_pages, through_daemon[1].quota_pages)
+        for cli_layer, daemon_layer in zip(offline, through_daemon):
+            for cli_group, daemon_group in zip(cli_layer["groups"], daemon_layer.groups):
+                self.assertEqual(cli_group["kept_pages"], daemon_group.kept_pages.tolist())
+                self.assertIsNone(cli_group["uor"])  # not measured: every page was scored
+
     def test_half_precision_inputs(self):
         self.register("half")
         stats = layer_stats(3, 200)
