@@ -163,6 +163,8 @@ class SummaryTest(unittest.TestCase):
                          "keys_expected_mean")
         self.assertEqual(evaluate.policy_of("mean+winkeys", 0.75).statistic, "window_keydiff")
         self.assertEqual(evaluate.policy_of("mean+winexp", 0.75).statistic, "window_expected")
+        self.assertEqual(evaluate.policy_of("mean+winexp25", 0.75).statistic,
+                         "window_expected_k25")
         self.assertEqual(evaluate.policy_of("mean+expattnr8", 0.75).statistic, "keys_expected_r8")
         pyramid = evaluate.policy_of("snapkv+pyramid", 0.75)
         self.assertEqual(pyramid.budget(), {"fraction": 0.25, "allocator": "pyramid"})

@@ -64,8 +64,11 @@ KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
 # directions (query_covariance_factor: p x head_dim per token and head, not head_dim^2).
 LOW_RANKS = (4, 8, 16)
 KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS})
-MOMENT_KINDS = ("keys_expected", "keys_expected_window", "keys_expected_mean",
-                "window_expected") + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
+# window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
+MIXED_KEY_WEIGHTS = (25, 75)
+MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected")
+                + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
+                + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
 # answer of the tasks are shorter; kvpress averages over 512).
@@ -75,7 +78,8 @@ EXPECTED_FUTURE = 128
 # head's two rows scaled to sum 1 and averaged half and half): keydiff's (window_keydiff), or
 # each head's expected attention from the prompt queries' mean and covariance (window_expected,
 # as keys_expected). The rows are sent as a window_mean statistic; the score each mixes in:
-MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention"}
+MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
+               **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -132,7 +136,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     covariance, +expattnm with their mean alone, +expattnw with the observation window's,
     +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
     +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
-    and half with keydiff's scores, or with each head's expected attention as +expattn's);
+    and half with keydiff's scores, or with each head's expected attention as +expattn's;
+    +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -147,6 +152,7 @@ def policy_of(name: str, ratio: float) -> Policy:
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff", "winexp": "window_expected",
+             **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -442,9 +448,12 @@ class PoolWorker:
     def _mixed(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                tokens: int) -> "entrokv.types.Statistic":
         """MIXED_KINDS: the window rows [query_heads, tokens] with the daemon's scores of the
-        keys in the frames, mixed half and half by the daemon (entrokv.mixed_statistic)."""
+        keys in the frames, mixed by the daemon (entrokv.mixed_statistic): half and half, or
+        w% on the keys' row for window_expected_k<w>."""
         keys = self._key_statistic(kv, kind, layer, tokens)
-        return entrokv.mixed_statistic(rows, keys, kind="window_mean")
+        weight = kind.rpartition("_k")[2] if kind.startswith("window_expected_k") else None
+        return entrokv.mixed_statistic(rows, keys, kind="window_mean",
+                                       keys_weight=int(weight) / 100 if weight else None)
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
@@ -530,7 +539,7 @@ class PoolWorker:
         try:
             self._fetch_tables(kv)
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
-                    "window_keydiff": window, "window_expected": window}
+                    **{k: window for k in MIXED_KINDS}}
             windows = sorted({rows[k] for k in measured})
             moment_kinds = [k for k in kinds if k in MOMENT_KINDS]
             on_queries = self._keep_moments(kv, moment_kinds, n, window) if moment_kinds else None

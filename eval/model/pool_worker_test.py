@@ -284,8 +284,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                                    atol=1e-4)
 
     def test_a_keys_mix_decides_as_its_average_sent_as_rows(self):
-        # window_expected and window_keydiff send the window rows with a keys mix: the daemon
-        # averages them with its scores of the keys in the frames. The same average computed here
+        # window_expected(_k<w>) and window_keydiff send the window rows with a keys mix: the
+        # daemon averages them with its scores of the keys in the frames (w% on the keys'). The same average computed here
         # from the keys read back (the reference) and sent as rows keeps the same pages.
         test = self
         c = self.model.config
@@ -311,7 +311,9 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                             2.0 * c.head_dim)
                         score = numpy_model.softmax(exponent, axis=1)
                     score = score / score.sum(axis=-1, keepdims=True)
-                    out[group] = 0.5 * out[group] + 0.5 * score
+                    weight = (int(kind.rpartition("_k")[2]) / 100
+                              if kind.startswith("window_expected_k") else 0.5)
+                    out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
         example = tasks.make_example("multi_key", 333, 6)
