@@ -35,7 +35,6 @@
 #include "core/scoring/key_scores.h"
 #include "core/scoring/layer_quotas.h"
 #include "core/scoring/statistic.h"
-#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 #include "wire/checks.h"
 #include "wire/convert.h"
@@ -672,16 +671,12 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     if (!degrading) {
       // A server-chosen budget and the "mass" allocator rank every page here and choose the
       // quota later.
-      const bool quota_later = job.auto_floor.has_value() || job.mass_floor.has_value();
       LayerRequest request =
-          LayerRequestFor(work.view, shard.heads, shard.groups, job.tokens,
-                          job.mass_floor.has_value() ? PageCount(job.tokens, geometry.page_size)
-                                                     : work.quota_pages);
+          LayerRequestFor(work.view, shard.heads, shard.groups, job.tokens, work.quota_pages);
       request.scope = job.scope;
-      request.page_scores = quota_later;
-      // Measured against what the scorer keeps, which is then every page: not measured there
-      // rather than measured wrong.
-      if (quota_later) request.measure = false;
+      if (job.auto_floor.has_value() || job.mass_floor.has_value()) {
+        RankEveryPage(geometry.page_size, &request);
+      }
       // Polled between the layer's groups too: a call that gave up, or a layer still running at
       // the moment it must be done by, stops there.
       request.cancelled = [&cancelled, &out_of_time] { return cancelled() || out_of_time(); };

@@ -175,13 +175,18 @@ TEST(ResolvePolicyTest, NeighbourhoodPoolingIsTakenAndBadValuesAreNamed) {
       StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("policy.neighbourhood_pooling")));
 }
 
+// 4 layers of 2 KV groups in pages of 16 tokens: the budgets' model.
+ModelGeometry BudgetGeometry() {
+  return ModelGeometry{.layers = 4,
+                       .query_heads = 4,
+                       .kv_groups = 2,
+                       .head_dim = 8,
+                       .page_size = 16,
+                       .element_bytes = 2};
+}
+
 TEST(ResolveBudgetTest, ExplicitAndPlanned) {
-  ModelGeometry geometry{.layers = 4,
-                         .query_heads = 4,
-                         .kv_groups = 2,
-                         .head_dim = 8,
-                         .page_size = 16,
-                         .element_bytes = 2};
+  const ModelGeometry geometry = BudgetGeometry();
   v1::Budget budget;
   EXPECT_THAT(ResolveBudget(budget, false, geometry, 1024),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("budget")));
@@ -215,12 +220,7 @@ TEST(ResolveBudgetTest, ExplicitAndPlanned) {
 }
 
 TEST(ResolveBudgetTest, MassPlansTheUniformPagesAndMovesThemWithAFloor) {
-  ModelGeometry geometry{.layers = 4,
-                         .query_heads = 4,
-                         .kv_groups = 2,
-                         .head_dim = 8,
-                         .page_size = 16,
-                         .element_bytes = 2};
+  const ModelGeometry geometry = BudgetGeometry();
   v1::Budget budget;
   budget.set_fraction(0.25);
   budget.set_allocator("mass");

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <fstream>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,6 @@
 #include "core/scoring/policy.h"
 #include "core/util/dtype.h"
 #include "core/util/json.h"
-#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 #if defined(ENTROKV_HAVE_CUDA)
@@ -289,11 +289,7 @@ absl::Status Run(const ArgParser& parser) {
     request = LayerRequestFor(view, setup.query_heads, setup.kv_groups, setup.tokens,
                               plan.pages_per_layer[static_cast<size_t>(l)]);
     request.measure = parser.GetFlag("measure");
-    if (layer_floor.has_value()) {
-      request.quota_pages = PageCount(setup.tokens, options.page_size);
-      request.page_scores = true;
-      request.measure = false;
-    }
+    if (layer_floor.has_value()) RankEveryPage(options.page_size, &request);
   }
   const std::string scorer = parser.Get("scorer");
   if (scorer == "cuda" && layer_floor.has_value()) {
@@ -317,9 +313,8 @@ absl::Status Run(const ArgParser& parser) {
     }
     decisions = *std::move(result);
     if (layer_floor.has_value()) {
-      std::vector<LayerDecision*> moved;
-      for (LayerDecision& decision : decisions) moved.push_back(&decision);
-      MoveLayerQuotas(options, requests, moved, plan.layer_pages, *layer_floor);
+      MoveLayerQuotas(options, requests, std::span<LayerDecision>(decisions), plan.layer_pages,
+                      *layer_floor);
     }
   };
   volatile float sink = 0.0f;

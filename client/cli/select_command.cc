@@ -23,7 +23,6 @@
 #include "core/scoring/statistic.h"
 #include "core/util/dtype.h"
 #include "core/util/json.h"
-#include "core/util/page_count.h"
 #include "core/util/status_macros.h"
 
 namespace entrokv::cli {
@@ -453,11 +452,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
                                            loaded.tokens, quotas[static_cast<size_t>(layer)]);
     request.scope = scope;
     request.combine = combine;
-    if (layer_floor.has_value()) {  // every page scored and kept; the quota is chosen below
-      request.quota_pages = PageCount(loaded.tokens, options.page_size);
-      request.page_scores = true;
-      request.measure = false;
-    }
+    // --allocator mass: every page scored and kept; the quota is chosen below.
+    if (layer_floor.has_value()) RankEveryPage(options.page_size, &request);
     auto decision = DecideLayer(*policy, options, request);
     if (!decision.ok()) {
       return absl::Status(decision.status().code(),
@@ -467,9 +463,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
     requests.push_back(request);
   }
   if (layer_floor.has_value()) {
-    std::vector<LayerDecision*> moved;
-    for (LayerDecision& decision : decisions) moved.push_back(&decision);
-    MoveLayerQuotas(options, requests, moved, layer_pages, *layer_floor);
+    MoveLayerQuotas(options, requests, std::span<LayerDecision>(decisions), layer_pages,
+                    *layer_floor);
   }
   return decisions;
 }

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/scoring/group_finish.h"
+#include "core/util/page_count.h"
 
 namespace entrokv {
 namespace {
@@ -114,6 +115,12 @@ void SelectAtQuota(const PolicyOptions& options, const LayerRequest& request,
   GroupFinisher::FinishLayer(options, at_quota, layer_scores, {}, decision);
 }
 
+void RankEveryPage(int page_size, LayerRequest* request) {
+  request->quota_pages = PageCount(request->tokens, page_size);
+  request->page_scores = true;
+  request->measure = false;
+}
+
 void MoveLayerQuotas(const PolicyOptions& options, std::span<const LayerRequest> requests,
                      std::span<LayerDecision* const> decisions, int64_t total_pages,
                      double floor_fraction) {
@@ -131,6 +138,14 @@ void MoveLayerQuotas(const PolicyOptions& options, std::span<const LayerRequest>
     at.quota_pages = quotas[i];
     SelectAtQuota(options, at, decisions[i]);
   }
+}
+
+void MoveLayerQuotas(const PolicyOptions& options, std::span<const LayerRequest> requests,
+                     std::span<LayerDecision> decisions, int64_t total_pages,
+                     double floor_fraction) {
+  std::vector<LayerDecision*> pointers;
+  for (LayerDecision& decision : decisions) pointers.push_back(&decision);
+  MoveLayerQuotas(options, requests, pointers, total_pages, floor_fraction);
 }
 
 }  // namespace entrokv

@@ -52,6 +52,11 @@ struct ScoredLayer {
 void SelectAtQuota(const PolicyOptions& options, const LayerRequest& request,
                    LayerDecision* decision);
 
+// A request whose quota is chosen after scoring (the "mass" allocator, a server-chosen
+// budget): every page kept and ranked (quota n = ceil(T / page_size), page scores kept),
+// nothing measured (the measurements would be of every page, not of what is finally kept).
+void RankEveryPage(int page_size, LayerRequest* request);
+
 // The "mass" allocator over one decision's layers: decisions[i] decided requests[i] keeping
 // every page, with its page scores (LayerRequest::page_scores). The layers share `total_pages`
 // as PlanLayersByMass spreads them (requests[i]'s live pages), and each then keeps its quota's
@@ -59,6 +64,10 @@ void SelectAtQuota(const PolicyOptions& options, const LayerRequest& request,
 // REQUIRES: as PlanLayersByMass and SelectAtQuota; requests.size() == decisions.size().
 void MoveLayerQuotas(const PolicyOptions& options, std::span<const LayerRequest> requests,
                      std::span<LayerDecision* const> decisions, int64_t total_pages,
+                     double floor_fraction);
+// The same over decisions held together, in the requests' order.
+void MoveLayerQuotas(const PolicyOptions& options, std::span<const LayerRequest> requests,
+                     std::span<LayerDecision> decisions, int64_t total_pages,
                      double floor_fraction);
 
 }  // namespace entrokv

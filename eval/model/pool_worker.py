@@ -80,6 +80,9 @@ EXPECTED_FUTURE = 128
 # as keys_expected). The rows are sent as a window_mean statistic; the score each mixes in:
 MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
+# The keys' share of each mixed kind's mix (keys_mix.keys_weight).
+MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
+    f"window_expected_k{w}": w / 100 for w in MIXED_KEY_WEIGHTS}
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -451,9 +454,8 @@ class PoolWorker:
         keys in the frames, mixed by the daemon (entrokv.mixed_statistic): half and half, or
         w% on the keys' row for window_expected_k<w>."""
         keys = self._key_statistic(kv, kind, layer, tokens)
-        weight = kind.rpartition("_k")[2] if kind.startswith("window_expected_k") else None
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
-                                       keys_weight=int(weight) / 100 if weight else None)
+                                       keys_weight=MIXED_WEIGHTS[kind])
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
@@ -615,9 +617,10 @@ class PoolWorker:
         return kv
 
     def _decide_stream(self, kv: PoolKV, policy: Policy, layer_stats) -> list:
-        """The decisions of the stream; with fail_open, [] when there is no decision (the
-        layers decided before a broken stream are applied all the same: every caller rereads
-        the block tables after this)."""
+        """The decisions of the stream (of one Decide call for the "mass" allocator, which moves
+        pages between layers); with fail_open, [] when there is no decision (the layers decided
+        before a broken stream are applied all the same: every caller rereads the block tables
+        after this)."""
         kind = self.kind(policy)
         kind = "last_row" if kind in KEY_KINDS else "window_mean" if kind in MIXED_KINDS else kind
         arguments = dict(policy=policy.name, kind=kind,

@@ -311,8 +311,7 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                             2.0 * c.head_dim)
                         score = numpy_model.softmax(exponent, axis=1)
                     score = score / score.sum(axis=-1, keepdims=True)
-                    weight = (int(kind.rpartition("_k")[2]) / 100
-                              if kind.startswith("window_expected_k") else 0.5)
+                    weight = pool_worker.MIXED_WEIGHTS[kind]
                     out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
