@@ -41,8 +41,10 @@ import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
+import verdict  # noqa: E402
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
+MODEL = "Small GQA model"  # the plots' name for it
 RATIOS = (0.25, 0.5, 0.75, 0.875, 0.95)
 FIELDS = ("task", "length", "page_size", "layout", "prompt", "depth", "policy", "ratio",
           "correct", "kept_frames", "prompt_frames", "freed_frames", "moved_frames", "decide_ms",
@@ -170,6 +172,15 @@ def run(args, settings: Sequence[Tuple[str, float]], page_size: int, layout: str
 
 
 # ---- summarising --------------------------------------------------------------------------------
+def model_name(weights: str | None) -> str:
+    """The plots' name for the model: its group size when the weights are at hand."""
+    if not weights or not os.path.exists(weights):
+        return MODEL
+    c = numpy_model.Model.load(weights).config
+    return (f"{MODEL} ({c.layers} layers, {c.query_heads} query heads on {c.kv_heads} KV "
+            f"heads, r = {c.group_size})")
+
+
 def compressed_only(path: str) -> bool:
     """Whether only path.gz holds the rows (a committed report keeps results.csv.gz)."""
     return not os.path.exists(path) and os.path.exists(path + ".gz")
@@ -185,11 +196,12 @@ def read_results(out_dir: str) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def summarize(out_dir: str, order: Sequence[str],
-              reference: str = "page_entrokv") -> List[Dict[str, object]]:
+def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv",
+              model: str = MODEL) -> List[Dict[str, object]]:
     """summary.csv, tables.md, the plots, paired.csv and paired.md (`reference` against each
-    other policy) from results.csv; `order` is the policies' order in the tables and plots (the
-    registry's)."""
+    other policy), verdict.md and verdict.png (the goal checked for `reference`, verdict.py) from
+    results.csv; `order` is the policies' order in the tables and plots (the registry's), `model`
+    names the model in the plots' titles."""
     rows = read_results(out_dir)
     cells: Dict[tuple, List[dict]] = {}
     for r in rows:
@@ -216,7 +228,7 @@ def summarize(out_dir: str, order: Sequence[str],
         writer = csv.DictWriter(f, fieldnames=list(summary[0]))
         writer.writeheader()
         writer.writerows(summary)
-    plot(summary, out_dir, order)
+    plot(summary, out_dir, order, reference, model)
     with open(os.path.join(out_dir, "tables.md"), "w") as f:
         f.write(tables(summary, order))
     pairs = comparisons(rows, reference)
@@ -227,6 +239,7 @@ def summarize(out_dir: str, order: Sequence[str],
             writer.writerows(pairs)
         with open(os.path.join(out_dir, "paired.md"), "w") as f:
             f.write(paired_tables(pairs, order))
+        verdict.write(out_dir, rows, pairs, reference)
     return summary
 
 
@@ -284,9 +297,7 @@ def paired_tables(pairs: List[Dict[str, object]], order: Sequence[str]) -> str:
 def _paired(s) -> str:
     if s is None:
         return ""
-    p = s["p"]
-    shown = "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
-    return f"+{s['better']} / -{s['worse']} ({shown})"
+    return f"+{s['better']} / -{s['worse']} ({verdict.format_p(s['p'])})"
 
 
 def tables(summary: List[Dict[str, object]], order: Sequence[str]) -> str:
@@ -370,17 +381,21 @@ def _pct(s) -> str:
     return f"{100 * s['accuracy']:.0f}% [{100 * s['ci_low']:.0f}, {100 * s['ci_high']:.0f}]"
 
 
-def plot(summary: List[Dict[str, object]], out_dir: str, order: Sequence[str]) -> None:
+def plot(summary: List[Dict[str, object]], out_dir: str, order: Sequence[str],
+         reference: str = "page_entrokv", model: str = MODEL) -> None:
     """accuracy.png against the compression ratio; accuracy_memory.png against the frames a
-    policy really keeps, where per-head selection's union shows (no eviction: 100%)."""
-    _plot(summary, order, os.path.join(out_dir, "accuracy.png"), "ratio", 0.0,
-          "compression ratio (share of KV evicted)", "accuracy vs compression")
-    _plot(summary, order, os.path.join(out_dir, "accuracy_memory.png"), "kept_share", 1.0,
-          "frames kept (share of the prompt's frames)", "accuracy vs the memory each policy keeps")
+    policy really keeps, where per-head selection's union shows (no eviction: 100%). The
+    reference's line is the thick one."""
+    figure = dict(order=order, reference=reference, model=model)
+    _plot(summary, os.path.join(out_dir, "accuracy.png"), "ratio", 0.0,
+          "compression ratio (share of KV evicted)", "accuracy vs compression", **figure)
+    _plot(summary, os.path.join(out_dir, "accuracy_memory.png"), "kept_share", 1.0,
+          "frames kept (share of the prompt's frames)", "accuracy vs the memory each policy keeps",
+          **figure)
 
 
-def _plot(summary: List[Dict[str, object]], order: Sequence[str], path: str, x_field: str,
-          x_baseline: float, x_label: str, title: str) -> None:
+def _plot(summary: List[Dict[str, object]], path: str, x_field: str, x_baseline: float,
+          x_label: str, title: str, order: Sequence[str], reference: str, model: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -407,7 +422,7 @@ def _plot(summary: List[Dict[str, object]], order: Sequence[str], path: str, x_f
                     points = sorted([(x_baseline, baseline[0]["accuracy"], baseline[0]["ci_low"],
                                       baseline[0]["ci_high"])] + points)
                 x, y, lo, hi = (np.array(v) for v in zip(*points))
-                style = dict(lw=2.2) if policy == "page_entrokv" else dict(lw=1.1, alpha=0.85)
+                style = dict(lw=2.2) if policy == reference else dict(lw=1.1, alpha=0.85)
                 ax.errorbar(x, y, yerr=[y - lo, hi - y], marker="o", ms=3, capsize=2,
                             label=policy, color=colours[n % len(colours)],
                             linestyle="--" if "+" in policy else "-", **style)
@@ -418,7 +433,7 @@ def _plot(summary: List[Dict[str, object]], order: Sequence[str], path: str, x_f
             if col == 0:
                 ax.set_ylabel("exact-match accuracy")
     axes[0][0].legend(fontsize=7, loc="lower left", ncol=2)
-    fig.suptitle(f"Small GQA model with entrokvd as its KV cache\n{title} "
+    fig.suptitle(f"{model} with entrokvd as its KV cache\n{title} "
                  "(page size 16, Wilson 95% intervals; dashed: question-window statistic)",
                  fontsize=10)
     fig.tight_layout()
@@ -516,7 +531,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if daemon is not None:
                 daemon.stop()
         print(f"done in {(time.time() - started) / 60:.1f} min", flush=True)
-    summary = summarize(args.out, policy_registry.load(args.entrokv).names, args.reference)
+    summary = summarize(args.out, policy_registry.load(args.entrokv).names, args.reference,
+                        model_name(args.weights))
     print(f"{len(summary)} cells written to {os.path.join(args.out, 'summary.csv')}")
     return 0
 
