@@ -28,6 +28,18 @@ def format_p(p: float) -> str:
     return "p < 0.001" if p < 0.001 else f"p = {p:.3f}"
 
 
+def holm_threshold(p_values: Sequence[float]) -> float:
+    """The largest p that Holm's step-down procedure rejects at ALPHA over these comparisons
+    (-1 when it rejects none): the i-th smallest p is held to ALPHA / (m - i + 1), and the first
+    that fails stops it."""
+    threshold = -1.0
+    for i, p in enumerate(sorted(p_values)):
+        if p >= ALPHA / (len(p_values) - i):
+            break
+        threshold = p
+    return threshold
+
+
 def _cell(row) -> tuple:
     return (row["task"], int(row["length"]), float(row["ratio"]))
 
@@ -50,7 +62,7 @@ def check(rows: Sequence[dict], pairs: Sequence[dict], reference: str,
     by = {(p["task"], int(p["length"]), float(p["ratio"]), p["policy"]): p for p in pairs
           if (int(p["page_size"]), p["layout"]) == MAIN and p["reference"] == reference}
 
-    behind, ahead, larger = [], [], set()
+    behind, ahead, larger, held = [], [], set(), []
     for c in cells:
         for policy in sorted(set(frames[c]) - {reference}):
             pair = by.get(c + (policy,))
@@ -59,8 +71,10 @@ def check(rows: Sequence[dict], pairs: Sequence[dict], reference: str,
             significant = pair["p"] < ALPHA
             if mean_frames[(c, policy)] > mean_frames[(c, reference)] + 1e-9:
                 larger.add(policy)
-            elif significant and pair["worse"] > pair["better"]:
-                behind.append((c, pair))
+            else:
+                held.append(pair["p"])
+                if significant and pair["worse"] > pair["better"]:
+                    behind.append((c, pair))
             if policy == anchor and significant and pair["better"] > pair["worse"]:
                 ahead.append(c)
 
@@ -70,7 +84,10 @@ def check(rows: Sequence[dict], pairs: Sequence[dict], reference: str,
             if prompt in frames[c][reference]:
                 mine[(c, prompt)], theirs[(c, prompt)] = frames[c][reference][prompt], kept
     differ = [k for k in mine if mine[k] != theirs[k]]
+    threshold = holm_threshold(held)
     return dict(reference=reference, anchor=anchor, cells=cells, behind=behind, ahead=ahead,
+                comparisons=len(held),
+                behind_corrected=[(c, pair) for c, pair in behind if pair["p"] <= threshold],
                 larger=sorted(larger), frames_compared=len(mine), frames_differ=len(differ),
                 frames_max_difference=max((abs(mine[k] - theirs[k]) for k in differ), default=0),
                 pairs=by)
@@ -85,7 +102,9 @@ def markdown(result: Dict[str, object]) -> str:
            f"Main pass (page size 16, GROUP layout), {len(cells)} (task, length, ratio) cells; "
            f"significant: exact McNemar p < {ALPHA} on the same prompts.\n",
            f"- **Behind a policy that keeps the same frames or fewer:** in {len(behind_cells)} of "
-           f"{len(cells)} cells ({'met' if not behind else 'not met'}).",
+           f"{len(cells)} cells ({'met' if not behind else 'not met'}). Corrected for the "
+           f"{result['comparisons']} comparisons it is held to (Holm): in "
+           f"{len({c for c, _ in result['behind_corrected']})} of {len(cells)} cells.",
            f"- **Ahead of {anchor}:** in {len(ahead)} of {len(cells)} cells (a quarter is "
            f"{quarter}: {'met' if len(ahead) >= quarter else 'not met'}).",
            f"- **Frames kept:** {reference} kept exactly {anchor}'s frames on "

@@ -38,8 +38,15 @@ class VerdictTest(unittest.TestCase):
                          [(("single_needle", 1024, 0.75), "cheap")])
         self.assertEqual(result["ahead"], [])
         text = verdict.markdown(result)
-        self.assertIn("in 1 of 2 cells (not met)", text)
+        self.assertIn("in 1 of 2 cells (not met). Corrected for the 4 comparisons it is held to "
+                      "(Holm): in 1 of 2 cells.", text)
         self.assertIn("| single_needle 1K 0.75 | cheap | +0 / -12 (p < 0.001) |", text)
+
+    def test_holm_holds_the_smallest_p_to_alpha_over_the_count(self):
+        self.assertEqual(verdict.holm_threshold([0.04, 0.01, 0.3]), 0.01)  # 0.01 < 0.05 / 3
+        self.assertEqual(verdict.holm_threshold([0.02, 0.02, 0.3]), -1.0)  # 0.02 >= 0.05 / 3
+        self.assertEqual(verdict.holm_threshold([0.001, 0.02, 0.024]), 0.024)  # 0.024 < 0.05
+        self.assertEqual(verdict.holm_threshold([]), -1.0)
 
     def test_a_policy_keeping_more_frames_is_not_held_to_the_reference(self):
         rows = (_rows("dflt", 0.75, NONE, 16) + _rows("snapkv", 0.75, NONE, 16) +
