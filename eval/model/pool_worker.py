@@ -83,6 +83,12 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
     f"window_expected_k{w}": w / 100 for w in MIXED_KEY_WEIGHTS}
+# The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
+# it, by setting: with the question's rows mixed in, or before the question is known.
+DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
+                     "question_excluded": "mean+expattn+nb3max+pyramid"}
+# The kinds whose statistic is the default's, built by entrokv.default_statistic.
+DEFAULT_KINDS = ("window_expected", "keys_expected")
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -453,6 +459,10 @@ class PoolWorker:
         """MIXED_KINDS: the window rows [query_heads, tokens] with the daemon's scores of the
         keys in the frames, mixed by the daemon (entrokv.mixed_statistic): half and half, or
         w% on the keys' row for window_expected_k<w>."""
+        if kind in DEFAULT_KINDS:
+            mean, covariance = kv.moments[kind][layer]
+            return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
+                                             covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind])
@@ -462,6 +472,9 @@ class PoolWorker:
         scores the keys in the sequence's frames (expected attention with the layer's query
         statistics kept on `kv`)."""
         mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
+        if kind in DEFAULT_KINDS:
+            return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
+                                             covariance, dtype=self.element)
         if kind == "keys_expected_mean":  # the mean alone: d, not d^2, per token and head
             covariance = None
         factor = None

@@ -283,6 +283,18 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         np.testing.assert_allclose(factor.transpose(0, 2, 1) @ factor, best, rtol=1e-4,
                                    atol=1e-4)
 
+    def test_the_default_spellings_are_the_client_s_default_policy(self):
+        # What the evaluation measured as the default is what entrokv.DEFAULT_POLICY asks for,
+        # with entrokv.default_statistic's statistic (the worker builds it with that function).
+        for setting, spelling in pool_worker.DEFAULT_SPELLINGS.items():
+            with self.subTest(setting=setting):
+                policy = pool_worker.policy_of(spelling, 0.75)
+                self.assertEqual({"policy": policy.name, **dict(policy.params),
+                                  "allocator": policy.allocator}, entrokv.DEFAULT_POLICY)
+                self.assertIn(policy.statistic, pool_worker.DEFAULT_KINDS)
+                self.assertEqual(policy.statistic in pool_worker.MIXED_KINDS,
+                                 setting == "question_in")
+
     def test_a_keys_mix_decides_as_its_average_sent_as_rows(self):
         # window_expected(_k<w>) and window_keydiff send the window rows with a keys mix: the
         # daemon averages them with its scores of the keys in the frames (w% on the keys'). The same average computed here

@@ -1,7 +1,8 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
-from entrokv.client import (NO_DECISION_CODES, Client, key_statistic, mixed_statistic,
-                            retry_service_config, statistic_message)
+from entrokv.client import (DEFAULT_POLICY, NO_DECISION_CODES, Client, default_statistic,
+                            key_statistic, mixed_statistic, retry_service_config,
+                            statistic_message)
 from entrokv.daemon import DaemonAddresses, parse_listening_line
 from entrokv.device import DeviceBuffer, device_statistic, map_arena
 from entrokv.errors import (AbortedError, AlreadyExistsError, CancelledError, DataLossError,
@@ -16,7 +17,8 @@ from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision,
 Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
-    "Client", "NO_DECISION_CODES", "key_statistic", "mixed_statistic", "retry_service_config",
+    "Client", "DEFAULT_POLICY", "NO_DECISION_CODES", "default_statistic", "key_statistic",
+    "mixed_statistic", "retry_service_config",
     "statistic_message",
     "DaemonAddresses", "parse_listening_line", "DeviceBuffer", "device_statistic", "map_arena",
     "EntrokvError", "Error", "AbortedError", "AlreadyExistsError", "CancelledError",

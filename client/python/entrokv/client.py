@@ -186,6 +186,28 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
     return message
 
 
+# The default policy, chosen on the development prompts (docs/evaluation/README.md): the heads'
+# rows averaged (mean), neighbourhood max pooling of width 3, pages spread over the layers by the
+# pyramid allocator; its statistic is default_statistic(). decide(..., **DEFAULT_POLICY).
+DEFAULT_POLICY = {"policy": "mean", "neighbourhood_kernel": 3, "neighbourhood_pooling": "max",
+                  "allocator": "pyramid"}
+
+
+def default_statistic(query_heads: int, tokens: int, query_mean: np.ndarray,
+                      query_covariance: np.ndarray, question_rows: Any = None,
+                      dtype: str = "f32") -> "types.Statistic":
+    """The default policy's statistic: the expected attention of the next queries (query_mean
+    [query_heads, head_dim] and query_covariance [query_heads, head_dim, head_dim], RoPE applied
+    as the next positions would; key_statistic()), mixed half and half with the question's
+    rows [query_heads, tokens] when the worker has the question (mixed_statistic()), alone when
+    it decides before the question is known. dtype: the keys' element type in the pool."""
+    keys = key_statistic(query_heads, tokens, score="expected_attention", dtype=dtype,
+                         query_mean=query_mean, query_covariance=query_covariance)
+    if question_rows is None:
+        return keys
+    return mixed_statistic(question_rows, keys, kind="window_mean")
+
+
 def _budget(pages: Optional[int], fraction: Optional[float],
             token_slots: Optional[int], auto_floor: Optional[float] = None,
             allocator: Optional[str] = None,
