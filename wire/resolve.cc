@@ -167,13 +167,21 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
   }
   const bool planned =
       budget.kind_case() == v1::Budget::kFraction || budget.kind_case() == v1::Budget::kTokenSlots;
-  if (!budget.allocator().empty() && !planned) {
-    return InvalidField("budget.allocator",
-                        "only with fraction or token_slots (it spreads them over the layers)");
+  LayerAllocator allocator = LayerAllocator::kUniform;
+  if (!budget.allocator().empty()) {
+    if (!planned) {
+      return InvalidField("budget.allocator",
+                          "only with fraction or token_slots (it spreads them over the layers)");
+    }
+    // Parsed as echoed: a name cut by EchoInput is never an allocator's, and the message then
+    // repeats at most kMaxEchoedChars of it.
+    absl::StatusOr<LayerAllocator> parsed = ParseLayerAllocator(EchoInput(budget.allocator()));
+    if (!parsed.ok()) return InvalidField("budget.allocator", parsed.status().message());
+    allocator = *parsed;
   }
   if (budget.has_layer_floor()) {
     RETURN_IF_ERROR(ValidateLayerFloor("budget.layer_floor", budget.layer_floor()));
-    if (budget.allocator() != "mass") {
+    if (allocator != LayerAllocator::kMass) {
       return InvalidField("budget.layer_floor", "only with allocator \"mass\"");
     }
   }
@@ -194,14 +202,6 @@ absl::StatusOr<ResolvedBudget> ResolveBudget(const v1::Budget& budget, bool has_
     }
     resolved.pages_per_layer.assign(geometry.layers, budget.pages_per_group());
     return resolved;
-  }
-  LayerAllocator allocator = LayerAllocator::kUniform;
-  if (!budget.allocator().empty()) {
-    // Parsed as echoed: a name cut by EchoInput is never an allocator's, and the message then
-    // repeats at most kMaxEchoedChars of it.
-    absl::StatusOr<LayerAllocator> parsed = ParseLayerAllocator(EchoInput(budget.allocator()));
-    if (!parsed.ok()) return InvalidField("budget.allocator", parsed.status().message());
-    allocator = *parsed;
   }
   BudgetRequest request;
   if (budget.kind_case() == v1::Budget::kFraction) {
