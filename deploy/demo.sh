@@ -53,8 +53,8 @@ if [ -f "$weights" ]; then
   echo "   KV cache is this daemon's pool: K/V written into its shared-memory frames, decisions"
   echo "   per layer, answers decoded greedily from the kept pages only. Single-needle and variable-"
   echo "   tracking prompts here; all four tasks in docs/evaluation/. Policies: page_entrokv, snapkv"
-  echo "   and the candidate default (expected attention from the pool's keys mixed with the"
-  echo "   question's rows, neighbourhood width 3, pyramid layer allocator; not yet confirmed)"
+  echo "   and the default (expected attention from the pool's keys mixed with the"
+  echo "   question's rows, neighbourhood width 3, pyramid layer allocator: entrokv.DEFAULT_POLICY)"
   PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
     --entrokv "$build/client/cli/entrokv" \
