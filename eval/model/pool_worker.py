@@ -754,7 +754,9 @@ class PoolWorker:
 
     def run_forked(self, example: tasks.Example, policies: Sequence[Policy], *,
                    max_new: Optional[int] = None,
-                   question_excluded: bool = False) -> List[RunResult]:
+                   question_excluded: bool = False,
+                   on_decided: Optional[Callable[[Policy, PoolKV], None]] = None
+                   ) -> List[RunResult]:
         """One prefill, then per policy a fork of it (prefix sharing), its decisions, a greedy
         decode and its close; the parent closes last. Results in the order of `policies`.
 
@@ -762,7 +764,9 @@ class PoolWorker:
         default setting; prefix caching, a later turn of a chat). The prefill stops before the
         question, its statistics are the context's own (last_row: the last context token's
         row; window_mean: the mean of the context's last W rows, W the question's length), and
-        each fork, once decided, runs the question through what it kept before decoding."""
+        each fork, once decided, runs the question through what it kept before decoding.
+        on_decided(policy, fork) runs after each fork's decisions, before the question and the
+        decode (a diagnostic reads the pages kept there)."""
         kinds = sorted({self.kind(p) for p in policies if p.name != "none"}) or ["last_row"]
         prompt = np.asarray(example.prompt)
         window = question_window(prompt)
@@ -780,6 +784,8 @@ class PoolWorker:
                     start = time.perf_counter()
                     decisions = self.decide(child, policy)
                     decide_ms = (time.perf_counter() - start) * 1e3
+                    if on_decided is not None:
+                        on_decided(policy, child)
                     if split < len(prompt):  # the question, through the kept context
                         self.append(child, len(prompt) - split)
                         child.prefill_logits = self.model.step(
