@@ -199,7 +199,8 @@ def read_results(out_dir: str) -> List[Dict[str, str]]:
 def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv",
               model: str = MODEL) -> List[Dict[str, object]]:
     """summary.csv, tables.md, the plots, paired.csv and paired.md (`reference` against each
-    other policy), verdict.md and verdict.png (the goal checked for `reference`, verdict.py) from
+    other policy), verdict.md and verdict.png (the goal checked for `reference`, verdict.py),
+    standings.md (the goal checked for every policy in turn) from
     results.csv; `order` is the policies' order in the tables and plots (the registry's), `model`
     names the model in the plots' titles."""
     rows = read_results(out_dir)
@@ -240,6 +241,10 @@ def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv
         with open(os.path.join(out_dir, "paired.md"), "w") as f:
             f.write(paired_tables(pairs, order))
         verdict.write(out_dir, rows, pairs, reference)
+        present = {r["policy"] for r in rows} - {"none"}
+        ranked = [p for p in order if p in present] + sorted(present - set(order))
+        with open(os.path.join(out_dir, "standings.md"), "w") as f:
+            f.write(verdict.standings(rows, lambda p: comparisons(rows, p), ranked))
     return summary
 
 

@@ -7,13 +7,15 @@ In every (task, length, ratio) cell of the main pass (GROUP layout, page size 16
 - it must keep exactly its budget: the anchor keeps exactly K pages per group, so the reference
   is held to the anchor's frames, prompt by prompt.
 
-evaluate.summarize writes both files from the paired comparisons it already made.
+evaluate.summarize writes both files from the paired comparisons it already made, and
+standings.md: every policy held to the same goal in turn, which shows whether any policy of the
+report would have met it.
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import numpy as np
 
@@ -168,3 +170,28 @@ def write(out_dir: str, rows: Sequence[dict], pairs: Sequence[dict], reference: 
         f.write(markdown(result))
     plot(result, os.path.join(out_dir, "verdict.png"))
     return result
+
+
+def standings(rows: Sequence[dict], pairs_of: Callable[[str], Sequence[dict]],
+              policies: Sequence[str], anchor: str = "snapkv") -> str:
+    """standings.md: each policy as the reference (pairs_of(policy): its paired comparisons),
+    the cells it is significantly behind a policy with the same frames or fewer in, those left
+    after Holm's correction, and the cells it is significantly ahead of the anchor in."""
+    lines = ["# Every policy held to the goal", "",
+             "Each policy in turn as the reference (`verdict.md` does it for the report's "
+             f"`--reference`): the cells it is behind a policy that keeps the same frames or "
+             f"fewer in (p < {ALPHA}, and after Holm's correction), and the cells it is ahead of "
+             f"{anchor} in. Main pass (page size 16, GROUP layout).", "",
+             f"| policy | cells | behind | behind after Holm | ahead of {anchor} | cells behind |",
+             "|---|---|---|---|---|---|"]
+    for policy in policies:
+        result = check(rows, pairs_of(policy), policy, anchor)
+        if not result["cells"]:
+            continue
+        behind = _order({c for c, _ in result["behind"]})
+        corrected = {c for c, _ in result["behind_corrected"]}
+        ahead = "-" if policy == anchor else str(len(result["ahead"]))
+        named = ", ".join(_label(c) + (" (Holm)" if c in corrected else "") for c in behind)
+        lines.append(f"| {policy} | {len(result['cells'])} | {len(behind)} | {len(corrected)} | "
+                     f"{ahead} | {named or '-'} |")
+    return "\n".join(lines) + "\n"

@@ -93,6 +93,25 @@ class VerdictTest(unittest.TestCase):
                 self.assertIn("The goal, checked for dflt", f.read())
             with open(os.path.join(out, "verdict.png"), "rb") as f:
                 self.assertTrue(f.read().startswith(b"\x89PNG"))
+            with open(os.path.join(out, "standings.md")) as f:
+                standings = f.read()
+            # snapkv is behind both others (12 of 12, p < 0.001); the registry's order first.
+            self.assertLess(standings.index("| snapkv |"), standings.index("| dflt |"))
+            self.assertIn("| snapkv | 1 | 1 | 1 | - | single_needle 1K 0.75 (Holm) |", standings)
+            self.assertIn("| dflt | 1 | 0 | 0 | 1 | - |", standings)
+
+    def test_standings_hold_every_policy_to_the_goal_in_turn(self):
+        rows = (_rows("dflt", 0.75, NONE, 16) + _rows("snapkv", 0.75, NONE, 16) +
+                _rows("cheap", 0.75, ALL, 12) +
+                _rows("dflt", 0.5, ALL, 32) + _rows("snapkv", 0.5, NONE, 32) +
+                _rows("cheap", 0.5, ALL, 40))  # more frames: nobody is held to it there
+        text = verdict.standings(rows, lambda p: evaluate.comparisons(rows, p),
+                                 ["snapkv", "dflt", "cheap", "absent"])
+        self.assertIn("| snapkv | 2 | 2 | 2 | - | single_needle 1K 0.5 (Holm), "
+                      "single_needle 1K 0.75 (Holm) |", text)
+        self.assertIn("| dflt | 2 | 1 | 1 | 1 | single_needle 1K 0.75 (Holm) |", text)
+        self.assertIn("| cheap | 2 | 0 | 0 | 2 | - |", text)
+        self.assertNotIn("absent", text)
 
 
 if __name__ == "__main__":
