@@ -244,7 +244,8 @@ def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv
         present = {r["policy"] for r in rows} - {"none"}
         ranked = [p for p in order if p in present] + sorted(present - set(order))
         with open(os.path.join(out_dir, "standings.md"), "w") as f:
-            f.write(verdict.standings(rows, lambda p: comparisons(rows, p), ranked))
+            f.write(verdict.standings(
+                rows, lambda p: pairs if p == reference else comparisons(rows, p), ranked))
     return summary
 
 

@@ -32,7 +32,7 @@ import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
-from realtrace_report import needle_layer_records  # noqa: E402
+from realtrace_report import needle_layer_records, span_pages  # noqa: E402
 
 
 def kept_pages(kv: pool_worker.PoolKV) -> List[List[set]]:
@@ -51,7 +51,7 @@ def measure(worker: pool_worker.PoolWorker, example: tasks.Example,
 
     results = worker.run_forked(example, policies, question_excluded=question_excluded,
                                 on_decided=on_decided)
-    pages = sum((end - 1) // worker.page_size - begin // worker.page_size + 1
+    pages = sum(len(span_pages(begin, end, worker.page_size))
                 for begin, end in example.needle_spans)
     return [{"correct": bool(r.correct), "kept": np.array(kept[r.policy], bool),
              "frames": r.kept_frames, "needle_pages": pages} for r in results]
@@ -105,10 +105,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = ap.parse_args(argv)
 
     registry = policy_registry.load(args.entrokv)
-    policies = [pool_worker.policy_of(name, args.ratio) for name in args.policies.split(",")]
-    for policy in policies:
-        if policy.name not in registry:
-            ap.error(f"--policies: '{policy.name}' is not one of {', '.join(registry.names)}")
+    try:
+        policies = pool_worker.parse_policies(args.policies, args.ratio)
+        for policy in policies:
+            registry.info(policy.name)  # ValueError naming the registered policies
+    except ValueError as error:
+        ap.error(f"--policies: {error}")
     model = numpy_model.Model.load(args.weights)
     daemon = pool_worker.LocalDaemon(args.entrokvd)
     rows = []

@@ -100,11 +100,16 @@ def accumulated_as_trace(trace: str, out: str) -> None:
         json.dump(meta, f)
 
 
+def span_pages(begin: int, end: int, page: int) -> range:
+    """The pages that token span [begin, end) covers."""
+    return range(begin // page, (end - 1) // page + 1)
+
+
 def needle_layer_records(kept: List[List[set]], spans, page: int) -> List[List[List[bool]]]:
     """[needle][layer][group]: every page of the span kept."""
     out = []
     for begin, end in spans:
-        pages = set(range(begin // page, (end - 1) // page + 1))
+        pages = set(span_pages(begin, end, page))
         out.append([[pages <= groups for groups in layer] for layer in kept])
     return out
 
