@@ -77,8 +77,10 @@ struct LayerWork {
     std::vector<float> query_covariance;  // [heads][head_dim][head_dim], or empty
     int factor_rank = 0;            // > 0: query_covariance holds factors [heads][rank][head_dim]
     DType dtype = DType::kFloat32;  // the keys' element type in the frames
-    // A keys mix: the keys' share of each head's average with the rows sent (MixRows).
+    // A keys mix: the keys' share of each head's mix with the rows sent, and how the two
+    // combine (MixRows).
     std::optional<double> mix_weight;
+    MixRule mix_rule = MixRule::kAverage;
   };
   std::optional<Keys> keys;
   std::vector<float> key_rows;
@@ -248,7 +250,9 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
   }
   if (request.mix_weight.has_value()) {
     // The rows sent are the view until now: each head's average of the two becomes it.
-    if (absl::Status mixed = MixRows(*work.view, *request.mix_weight, work.key_rows); !mixed.ok()) {
+    if (absl::Status mixed =
+            MixRows(*work.view, *request.mix_weight, request.mix_rule, work.key_rows);
+        !mixed.ok()) {
       return Annotate(mixed, work.field);  // as the scorer names a bad value sent
     }
   }
@@ -362,8 +366,8 @@ absl::StatusOr<LayerWork::Keys> ResolveKeys(const std::string& field, const v1::
 }
 
 // A keys mix (Statistic.keys_mix) for `heads` heads: the keys statistic as ResolveKeys checks
-// it, the keys' element type and their weight; INVALID_ARGUMENT naming the field otherwise, or
-// with accumulate (a chunk's column sums are not one row to average).
+// it, the keys' element type, their weight and the rule; INVALID_ARGUMENT naming the field
+// otherwise, or with accumulate (a chunk's column sums are not one row to average).
 absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v1::KeysMix& mix,
                                                int heads, int head_dim, bool accumulate) {
   const std::string at = absl::StrCat(field, ".keys_mix");
@@ -382,6 +386,19 @@ absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v
         absl::StrCat(at, ".keys_weight: must be in (0, 1) (unset: 0.5), got ", weight));
   } else {
     keys.mix_weight = weight;
+  }
+  switch (mix.rule()) {
+    case v1::KEYS_MIX_RULE_UNSPECIFIED:
+    case v1::KEYS_MIX_RULE_AVERAGE:
+      keys.mix_rule = MixRule::kAverage;
+      break;
+    case v1::KEYS_MIX_RULE_MAX:
+      keys.mix_rule = MixRule::kMax;
+      break;
+    default:
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ".rule: must be KEYS_MIX_RULE_AVERAGE or KEYS_MIX_RULE_MAX (unset: average), got ",
+          mix.rule()));
   }
   return keys;
 }

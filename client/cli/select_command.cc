@@ -284,8 +284,9 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
 }
 
 // --stats with --keys: each head's row of the statistic and of the keys' scores (`keys`, float32
-// rows as LoadKeys makes them), each scaled to sum 1 and averaged, --keys-weight on the keys'
-// (MixRows, as the daemon mixes a keys mix). Returns the keys' rows, mixed.
+// rows as LoadKeys makes them), each scaled to its share (--keys-weight on the keys') and
+// combined by --keys-mix-rule (MixRows, as the daemon mixes a keys mix). Returns the keys' rows,
+// mixed.
 absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const LoadedStatistic& stats,
                                              LoadedStatistic keys) {
   if (args.Get("key-score") != "expected_attention" && stats.query_heads != keys.query_heads &&
@@ -319,6 +320,12 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
     return absl::InvalidArgumentError(
         absl::StrCat("--keys-weight: must be in (0, 1), got ", weight));
   }
+  const std::string rule_name = args.Get("keys-mix-rule");
+  if (rule_name != "average" && rule_name != "max") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keys-mix-rule: must be average or max, got \"", rule_name, "\""));
+  }
+  const MixRule rule = rule_name == "max" ? MixRule::kMax : MixRule::kAverage;
   const int64_t layer_elements = stats.query_heads * stats.tokens;
   auto* rows = reinterpret_cast<float*>(keys.array.bytes.data());
   for (int layer = 0; layer < stats.layers; ++layer) {
@@ -328,7 +335,7 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
                                            stats.dtype, stats.query_heads, stats.tokens));
     const std::span<float> mixed(rows + layer * layer_elements,
                                  static_cast<size_t>(layer_elements));
-    if (absl::Status status = MixRows(view, weight, mixed); !status.ok()) {
+    if (absl::Status status = MixRows(view, weight, rule, mixed); !status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("--stats: layer ", layer, ": ", status.message()));
     }
@@ -340,8 +347,11 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   if (!args.Given("stats") && !args.Given("keys")) {
     return absl::InvalidArgumentError("give --stats, --keys, or both (a keys mix)");
   }
-  if (args.Given("keys-weight") && !(args.Given("stats") && args.Given("keys"))) {
-    return absl::InvalidArgumentError("--keys-weight: only with both --stats and --keys");
+  for (const char* mix_option : {"keys-weight", "keys-mix-rule"}) {
+    if (args.Given(mix_option) && !(args.Given("stats") && args.Given("keys"))) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", mix_option, ": only with both --stats and --keys"));
+    }
   }
   if (!args.Given("kv-heads") && !args.Given("keys")) {
     return absl::InvalidArgumentError("--kv-heads is required");
@@ -481,8 +491,11 @@ int RunSelect(const std::vector<std::string>& argv) {
               "as the daemon scores a keys statistic, one row per KV group");
   args.Option("key-score", "keydiff", "with --keys: keydiff, norm or expected_attention");
   args.Option("keys-weight", "0.5",
-              "--stats with --keys (a keys mix): each head's rows scaled to sum 1 and averaged, "
-              "this share on the keys' scores, in (0, 1)");
+              "--stats with --keys (a keys mix): each head's rows scaled to sum to their shares, "
+              "this one on the keys' scores, in (0, 1)");
+  args.Option("keys-mix-rule", "average",
+              "--stats with --keys: how each token's two scaled scores combine, average (their "
+              "sum) or max (the larger: a union)");
   args.Option("query-mean", "",
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",

@@ -1,5 +1,6 @@
 #include "core/scoring/statistic.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -71,7 +72,8 @@ absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
   return sum;
 }
 
-absl::Status MixRows(const StatisticView& rows, double keys_weight, std::span<float> key_rows) {
+absl::Status MixRows(const StatisticView& rows, double keys_weight, MixRule rule,
+                     std::span<float> key_rows) {
   if (absl::Status valid = rows.ValidateValues(); !valid.ok()) return valid;
   const auto tokens = static_cast<size_t>(rows.tokens());
   std::vector<float> scratch;
@@ -86,7 +88,10 @@ absl::Status MixRows(const StatisticView& rows, double keys_weight, std::span<fl
     const double sent_scale = scale(sent, 1.0 - keys_weight);
     const double keys_scale = scale(keys, keys_weight);
     for (size_t t = 0; t < tokens; ++t) {
-      keys[t] = static_cast<float>(keys_scale * keys[t] + sent_scale * sent[t]);
+      const double from_keys = keys_scale * keys[t];
+      const double from_sent = sent_scale * sent[t];
+      keys[t] = static_cast<float>(rule == MixRule::kMax ? std::max(from_keys, from_sent)
+                                                         : from_keys + from_sent);
     }
   }
   return absl::OkStatus();

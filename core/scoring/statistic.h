@@ -57,14 +57,21 @@ class StatisticView {
 [[nodiscard]] absl::StatusOr<std::vector<float>> AddChunk(const StatisticView& chunk,
                                                           std::span<const float> running);
 
+// How a keys mix combines each head's two rows once each is scaled to sum to its share.
+enum class MixRule {
+  kAverage,  // each token's weighted sum of its two scores
+  kMax,      // each token's larger score: what either row ranks high is kept (a union)
+};
+
 // Sent rows mixed with the keys' scores (a keys mix): each head's row of `rows` and its row of
-// `key_rows` ([query_heads][tokens] float32), each scaled to sum 1 (in double; a row of zeros
-// adds nothing), averaged with `keys_weight` on the keys' row, written over key_rows.
+// `key_rows` ([query_heads][tokens] float32), each scaled to sum to its share (in double;
+// `keys_weight` on the keys' row, 1 - keys_weight on the sent one; a row of zeros adds
+// nothing), combined by `rule`, written over key_rows.
 // INVALID_ARGUMENT naming the head and token of a sent value that is negative or not finite
 // (ValidateValues), key_rows unchanged.
 // REQUIRES: key_rows.size() == query_heads * tokens, key_rows' values >= 0 and finite,
 // keys_weight in (0, 1).
-[[nodiscard]] absl::Status MixRows(const StatisticView& rows, double keys_weight,
+[[nodiscard]] absl::Status MixRows(const StatisticView& rows, double keys_weight, MixRule rule,
                                    std::span<float> key_rows);
 
 }  // namespace entrokv

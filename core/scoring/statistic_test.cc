@@ -104,17 +104,31 @@ TEST(MixRowsTest, EachHeadAveragesItsTwoRowsScaledToSumOne) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
                                StatisticView::Create(sent.data(), DType::kFloat32, 2, 2));
   std::vector<float> keys = {2, 2, 1, 3};
-  ASSERT_TRUE(MixRows(view, 0.5, keys).ok());
+  ASSERT_TRUE(MixRows(view, 0.5, MixRule::kAverage, keys).ok());
   EXPECT_THAT(keys, ::testing::ElementsAre(0.375F, 0.625F, 0.125F, 0.375F));
   std::vector<float> weighted = {2, 2, 1, 3};
-  ASSERT_TRUE(MixRows(view, 0.25, weighted).ok());
+  ASSERT_TRUE(MixRows(view, 0.25, MixRule::kAverage, weighted).ok());
   EXPECT_THAT(weighted, ::testing::ElementsAre(0.3125F, 0.6875F, 0.0625F, 0.1875F));
   const std::vector<uint16_t> half = {FloatToFloat16(1), FloatToFloat16(3)};
   ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView half_view,
                                StatisticView::Create(half.data(), DType::kFloat16, 1, 2));
   std::vector<float> one = {2, 2};
-  ASSERT_TRUE(MixRows(half_view, 0.5, one).ok());
+  ASSERT_TRUE(MixRows(half_view, 0.5, MixRule::kAverage, one).ok());
   EXPECT_THAT(one, ::testing::ElementsAre(0.375F, 0.625F));
+}
+
+// The same rows as above, each token's larger scaled score: head 0 keeps the keys' 1/4 at
+// token 0 and the sent 3/8 at token 1; with 25% on the keys, their 1/8 loses to the sent 3/16.
+TEST(MixRowsTest, TheMaxRuleKeepsEachTokensLargerScaledScore) {
+  const std::vector<float> sent = {1, 3, 0, 0};
+  ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
+                               StatisticView::Create(sent.data(), DType::kFloat32, 2, 2));
+  std::vector<float> keys = {2, 2, 1, 3};
+  ASSERT_TRUE(MixRows(view, 0.5, MixRule::kMax, keys).ok());
+  EXPECT_THAT(keys, ::testing::ElementsAre(0.25F, 0.375F, 0.125F, 0.375F));
+  std::vector<float> weighted = {2, 2, 1, 3};
+  ASSERT_TRUE(MixRows(view, 0.25, MixRule::kMax, weighted).ok());
+  EXPECT_THAT(weighted, ::testing::ElementsAre(0.1875F, 0.5625F, 0.0625F, 0.1875F));
 }
 
 TEST(MixRowsTest, ABadSentValueIsNamedAndTheKeysAreLeft) {
@@ -122,7 +136,7 @@ TEST(MixRowsTest, ABadSentValueIsNamedAndTheKeysAreLeft) {
   ENTROKV_ASSERT_OK_AND_ASSIGN(StatisticView view,
                                StatisticView::Create(sent.data(), DType::kFloat32, 1, 2));
   std::vector<float> keys = {2, 2};
-  EXPECT_THAT(MixRows(view, 0.5, keys),
+  EXPECT_THAT(MixRows(view, 0.5, MixRule::kAverage, keys),
               StatusIs(absl::StatusCode::kInvalidArgument, HasSubstr("head 0, token 1")));
   EXPECT_THAT(keys, ::testing::ElementsAre(2, 2));
 }

@@ -66,7 +66,8 @@ LOW_RANKS = (4, 8, 16)
 KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS})
 # window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
 MIXED_KEY_WEIGHTS = (25, 75)
-MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected")
+MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
+                 "window_expected_max")
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
@@ -79,10 +80,14 @@ EXPECTED_FUTURE = 128
 # each head's expected attention from the prompt queries' mean and covariance (window_expected,
 # as keys_expected). The rows are sent as a window_mean statistic; the score each mixes in:
 MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
+               "window_expected_max": "expected_attention",
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
     f"window_expected_k{w}": w / 100 for w in MIXED_KEY_WEIGHTS}
+# How each mixed kind's two rows combine (keys_mix.rule): averaged, or each token's larger
+# score for window_expected_max (what either the question or the keys favour is kept).
+MIXED_RULES = {kind: "average" for kind in MIXED_KINDS} | {"window_expected_max": "max"}
 # The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows mixed in, or before the question is known.
 DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
@@ -146,7 +151,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
     +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
     and half with keydiff's scores, or with each head's expected attention as +expattn's;
-    +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row);
+    +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row; +winexpmax keeps each
+    token's larger score of the two instead of their average);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -161,6 +167,7 @@ def policy_of(name: str, ratio: float) -> Policy:
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff", "winexp": "window_expected",
+             "winexpmax": "window_expected_max",
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
@@ -182,8 +189,9 @@ def policy_of(name: str, ratio: float) -> Policy:
             layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
-                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp, +nb<k><max|mean>, "
-                             f"+gf<0-100>, +pyramid or +mass[<0-100>], at most one of each kind")
+                             f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp(max), "
+                             f"+nb<k><max|mean>, +gf<0-100>, +pyramid or +mass[<0-100>], "
+                             f"at most one of each kind")
     return Policy(base, ratio=ratio, statistic=statistic,
                   params=tuple(params.items()), allocator=allocator, layer_floor=layer_floor,
                   spelling=name)
@@ -458,14 +466,15 @@ class PoolWorker:
                tokens: int) -> "entrokv.types.Statistic":
         """MIXED_KINDS: the window rows [query_heads, tokens] with the daemon's scores of the
         keys in the frames, mixed by the daemon (entrokv.mixed_statistic): half and half, or
-        w% on the keys' row for window_expected_k<w>."""
+        w% on the keys' row for window_expected_k<w>; averaged, or each token's larger score
+        for window_expected_max."""
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
                                              covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
-                                       keys_weight=MIXED_WEIGHTS[kind])
+                                       keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon

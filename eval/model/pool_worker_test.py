@@ -295,10 +295,11 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 self.assertEqual(policy.statistic in pool_worker.MIXED_KINDS,
                                  setting == "question_in")
 
-    def test_a_keys_mix_decides_as_its_average_sent_as_rows(self):
-        # window_expected(_k<w>) and window_keydiff send the window rows with a keys mix: the
-        # daemon averages them with its scores of the keys in the frames (w% on the keys'). The same average computed here
-        # from the keys read back (the reference) and sent as rows keeps the same pages.
+    def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
+        # window_expected(_k<w>|_max) and window_keydiff send the window rows with a keys mix:
+        # the daemon mixes them with its scores of the keys in the frames (w% on the keys';
+        # averaged, or each token's larger score). The same mix computed here from the keys
+        # read back (the reference) and sent as rows keeps the same pages.
         test = self
         c = self.model.config
         per_group = c.query_heads // c.kv_heads
@@ -324,7 +325,10 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                         score = numpy_model.softmax(exponent, axis=1)
                     score = score / score.sum(axis=-1, keepdims=True)
                     weight = pool_worker.MIXED_WEIGHTS[kind]
-                    out[group] = (1.0 - weight) * out[group] + weight * score
+                    if pool_worker.MIXED_RULES[kind] == "max":
+                        out[group] = np.maximum((1.0 - weight) * out[group], weight * score)
+                    else:
+                        out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
         example = tasks.make_example("multi_key", 333, 6)

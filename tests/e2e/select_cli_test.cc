@@ -67,12 +67,12 @@ std::string ExpectedKeptPages(const std::vector<LayerDecision>& decisions) {
 // A keys mix as entrokv select makes one: MixRows on each layer of `rows` ([layers][heads][T]
 // key scores, overwritten) with the same layer of `sent`.
 void MixEachLayer(const std::vector<float>& sent, int heads, int tokens, double weight,
-                  std::vector<float>& rows) {
+                  MixRule rule, std::vector<float>& rows) {
   const size_t layer = static_cast<size_t>(heads) * static_cast<size_t>(tokens);
   for (size_t at = 0; at < rows.size(); at += layer) {
     const StatisticView view =
         *StatisticView::Create(sent.data() + at, DType::kFloat32, heads, tokens);
-    ASSERT_TRUE(MixRows(view, weight, std::span<float>(rows.data() + at, layer)).ok());
+    ASSERT_TRUE(MixRows(view, weight, rule, std::span<float>(rows.data() + at, layer)).ok());
   }
 }
 
@@ -320,7 +320,7 @@ TEST_F(SelectCliTest, KeysDecideAsTheirScoresDo) {
     for (int head = 0; head < kLayers * 4; ++head) {  // (layer, group) of head: head / 2
       std::copy_n(scores.begin() + head / 2 * kTokens, kTokens, mixed.begin() + head * kTokens);
     }
-    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, 4, kTokens, 0.5, mixed));
+    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, 4, kTokens, 0.5, MixRule::kAverage, mixed));
     const CliRun from_mix = RunCli(absl::StrCat(
         "select --stats ",
         Write("sent.npy", NpyType::kFloat32, {kLayers, 4, kTokens}, sent.data(), sent.size() * 4),
@@ -392,17 +392,19 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     ASSERT_EQ(from_keys.exit_code, 0) << from_keys.out;
     ASSERT_EQ(from_rows.exit_code, 0) << from_rows.out;
     EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_rows.out)) << with_covariance;
-    // A keys mix: a statistic's rows with these, each scaled to sum 1 and averaged (MixRows),
-    // decide as the average given as a statistic.
+    // A keys mix: a statistic's rows with these, each scaled to its share and combined
+    // (MixRows: averaged, then by the max rule), decide as the mix given as a statistic.
     std::vector<float> sent(rows.size());
     for (float& value : sent) value = std::abs(normal(rng));
     const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                         sent.data(), sent.size() * 4);
-    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rows));
+    const MixRule rule = with_covariance ? MixRule::kMax : MixRule::kAverage;
+    ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rule, rows));
     const std::string mixed_path = Write("mixed.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                          rows.data(), rows.size() * 4);
     const CliRun from_mix = RunCli(absl::StrCat(
-        "select --stats ", sent_path, " --keys-weight 0.25 --keys ", keys_path,
+        "select --stats ", sent_path, " --keys-weight 0.25 --keys-mix-rule ",
+        rule == MixRule::kMax ? "max" : "average", " --keys ", keys_path,
         " --key-score expected_attention --query-mean ", mean_path,
         with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
     const CliRun from_mixed =
@@ -451,6 +453,9 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
                 mean_path,
             "--query-covariance"},
            {mix + " --keys-weight 1", "--keys-weight: must be in (0, 1), got 1"},
+           {mix + " --keys-mix-rule union",
+            "--keys-mix-rule: must be average or max, got \"union\""},
+           {base + "keydiff --keys-mix-rule max", "--keys-mix-rule: only with both"},
            {base + "expected_attention --query-mean " + mean_path + " --query-covariance " +
                 covariance_path + " --query-covariance-factor " + factor_path,
             "--query-covariance-factor: not with --query-covariance"},

@@ -14,6 +14,7 @@ import numpy as np
 
 import entrokv
 from entrokv.v1 import cache_manager_pb2 as pb
+from entrokv.v1 import types_pb2 as types
 
 GEOMETRY = dict(layers=3, query_heads=6, kv_groups=2, head_dim=32, page_size=16)
 FRAME_BYTES = 2 * 16 * 32 * 2  # K and V, B tokens, head_dim, 2-byte elements
@@ -493,6 +494,12 @@ class ClientTest(unittest.TestCase):
             entrokv.mixed_statistic(rows, entrokv.key_statistic(GEOMETRY["query_heads"], 32))
         with self.assertRaisesRegex(ValueError, "keys_weight"):
             entrokv.mixed_statistic(rows, keydiff, keys_weight=1.0)
+        # The rule by name: unset is the daemon's average; a name it has not is refused here.
+        self.assertFalse(entrokv.mixed_statistic(rows, keydiff).keys_mix.rule)
+        self.assertEqual(entrokv.mixed_statistic(rows, keydiff, rule="max").keys_mix.rule,
+                         types.KEYS_MIX_RULE_MAX)
+        with self.assertRaisesRegex(ValueError, "rule: one of average, max, got 'union'"):
+            entrokv.mixed_statistic(rows, keydiff, rule="union")
 
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)

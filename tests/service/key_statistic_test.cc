@@ -395,16 +395,20 @@ TEST_F(KeyStatisticTest, BadKeyStatisticsNameTheFieldAndApplyNothing) {
 // A keys mix: the rows sent and each head's expected attention (or its group's keydiff scores),
 // each scaled to sum 1 and averaged, decide as the test's own average of the same two sent as
 // bytes, in both layouts, at prefill and after eviction, for the default weight and another.
-TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameAverageSentWould) {
+TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
   std::mt19937 rng(9);
   std::normal_distribution<float> normal(0.0F, 1.0F);
   std::vector<float> mean(static_cast<size_t>(kHeads * kHeadDim));
   for (float& value : mean) value = normal(rng);
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
-    for (const double weight : {0.0, 0.25}) {  // 0: unset, half and half
+    // Weight 0 and rule unset: half and half, averaged.
+    for (const auto& [weight, rule] :
+         {std::pair{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED}, std::pair{0.25, v1::KEYS_MIX_RULE_AVERAGE},
+          std::pair{0.25, v1::KEYS_MIX_RULE_MAX}}) {
       for (const bool expected_attention : {true, false}) {
-        SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight,
+        SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight, " ",
+                                  v1::KeysMixRule_Name(rule),
                                   expected_attention ? " expected attention" : " keydiff"));
         const std::string keyed = absl::StrCat("mixed", index);
         const std::string sent = absl::StrCat("averaged", index);
@@ -430,6 +434,7 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameAverageSentWould) {
             v1::KeysMix* mix = in->mutable_statistic()->mutable_keys_mix();
             mix->set_keys_dtype(v1::DTYPE_FLOAT16);
             mix->set_keys_weight(weight);
+            mix->set_rule(rule);
             if (expected_attention) {
               mix->mutable_keys()->set_score(v1::KEY_SCORE_EXPECTED_ATTENTION);
               mix->mutable_keys()->mutable_query_mean()->Assign(mean.begin(), mean.end());
@@ -439,8 +444,10 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameAverageSentWould) {
             ENTROKV_ASSERT_OK_AND_ASSIGN(
                 StatisticView view,
                 StatisticView::Create(values.data(), DType::kFloat32, kHeads, kPrompt));
-            ASSERT_TRUE(
-                MixRows(view, weight == 0.0 ? 0.5 : weight, rows[static_cast<size_t>(layer)]).ok());
+            ASSERT_TRUE(MixRows(view, weight == 0.0 ? 0.5 : weight,
+                                rule == v1::KEYS_MIX_RULE_MAX ? MixRule::kMax : MixRule::kAverage,
+                                rows[static_cast<size_t>(layer)])
+                            .ok());
           }
           ExpectKeysDecideAsRows(request, sent, pages, kPrompt, rows);
         }
@@ -469,6 +476,10 @@ TEST_F(KeyStatisticTest, BadKeysMixesNameTheFieldAndApplyNothing) {
     heavy.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_keys_weight(weight);
     cases.push_back({heavy, "layers[1].statistic.keys_mix.keys_weight: must be in (0, 1)"});
   }
+  v1::DecideRequest unruled = good;
+  unruled.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_rule(
+      static_cast<v1::KeysMixRule>(7));
+  cases.push_back({unruled, "layers[1].statistic.keys_mix.rule: must be KEYS_MIX_RULE_AVERAGE"});
   v1::DecideRequest untyped = good;
   untyped.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->clear_keys_dtype();
   cases.push_back({untyped, "layers[0].statistic.keys_mix.keys_dtype"});

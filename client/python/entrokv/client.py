@@ -157,12 +157,18 @@ def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
     return types.Statistic(dtype=wire_dtype, query_heads=query_heads, tokens=tokens, keys=keys)
 
 
+# Statistic.keys_mix.rule by name: how a keys mix combines each token's two scaled scores.
+MIX_RULES = {"average": types.KEYS_MIX_RULE_AVERAGE, "max": types.KEYS_MIX_RULE_MAX}
+
+
 def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[float] = None,
-                    dtype: Optional[str] = None, kind: Optional[str] = None) -> "types.Statistic":
-    """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon averages
-    each head's two rows, each scaled to sum 1, keys_weight (in (0, 1); None: 0.5) on the keys'
-    (Statistic.keys_mix). rows: an array [query_heads, tokens] (dtype and kind as in
-    statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
+                    dtype: Optional[str] = None, kind: Optional[str] = None,
+                    rule: Optional[str] = None) -> "types.Statistic":
+    """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon scales
+    each head's two rows to sum to their shares, keys_weight (in (0, 1); None: 0.5) on the keys',
+    and combines them by `rule` (a MIX_RULES name: "average", their sum, as None; "max", each
+    token's larger score, the union of what either row favours) (Statistic.keys_mix).
+    rows: an array [query_heads, tokens] (dtype and kind as in statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
     key_statistic() of the same heads and tokens. E.g. the question's rows with the keys'
     expected attention. A host pool only; not with accumulate."""
     if not isinstance(keys, types.Statistic) or keys.WhichOneof("source") != "keys":
@@ -179,10 +185,14 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
                          f"{message.query_heads} x {message.tokens}")
     if keys_weight is not None and not 0.0 < keys_weight < 1.0:
         raise ValueError(f"keys_weight: must be in (0, 1), got {keys_weight}")
+    if rule is not None and rule not in MIX_RULES:
+        raise ValueError(f"rule: one of {', '.join(MIX_RULES)}, got {rule!r}")
     message.keys_mix.keys.CopyFrom(keys.keys)
     message.keys_mix.keys_dtype = keys.dtype
     if keys_weight is not None:
         message.keys_mix.keys_weight = keys_weight
+    if rule is not None:
+        message.keys_mix.rule = MIX_RULES[rule]
     return message
 
 
