@@ -713,7 +713,10 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
               absl::StrCat("call cancelled or past its deadline: ", work.field, ": ",
                            decision.status().message(), "; nothing was applied"));
         }
-        if (!job.degrade) return past_budget(absl::StrCat("while ", work.field, " was scored"));
+        if (!job.degrade) {
+          return past_budget(absl::StrCat("while ", work.field, " was scored (",
+                                          decision.status().message(), ")"));
+        }
         degrading = true;  // this layer ran late: it and the rest are decided by position
       } else {
         if (!decision.ok()) return Annotate(decision.status(), work.field);
