@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
 import dataclasses
 import itertools
 import mmap
@@ -816,13 +817,29 @@ class PoolWorker:
 
 
 # ---- a private daemon (tests, and the command line without --server) ---------------------------
+def _terminate_with(parent: int) -> Callable[[], None]:
+    """What the daemon's child runs before exec: ask Linux for SIGTERM when the thread that
+    started it dies (prctl PR_SET_PDEATHSIG), so a tool killed outright (SIGKILL, a SIGTERM it
+    does not catch) leaves no daemon behind; and exit at once if that parent is already gone."""
+    def arm() -> None:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
+
+
+_PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
+
+
 class LocalDaemon:
-    """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM."""
+    """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM, by stop() or when
+    the thread that started it dies."""
 
     def __init__(self, binary: str, *args: str, listen: str = "127.0.0.1:0"):
         self.process = subprocess.Popen(
             [binary, f"--listen={listen}", "--metrics_listen=127.0.0.1:0", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            preexec_fn=_terminate_with(os.getpid()))
         line = self.process.stdout.readline()
         addresses = entrokv.parse_listening_line(line)
         if addresses is None:

@@ -9,8 +9,11 @@ import io
 import contextlib
 import os
 import re
+import signal
+import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 import numpy as np
@@ -64,6 +67,36 @@ class DaemonFixture:
         code = cls.daemon.stop()
         if code != 0:
             raise AssertionError(f"entrokvd exited with {code} after SIGTERM")
+
+
+@unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ,
+                 "needs ENTROKVD and the client package on PYTHONPATH (run through ctest)")
+class LocalDaemonTest(unittest.TestCase):
+    def test_a_tool_killed_outright_leaves_no_daemon(self):
+        # A tool (here a child Python) starts its private daemon and is killed with SIGKILL,
+        # which it cannot catch: the daemon gets SIGTERM from the kernel and exits.
+        tool = subprocess.Popen(
+            [sys.executable, "-c",
+             "import sys, time, pool_worker; d = pool_worker.LocalDaemon(sys.argv[1]); "
+             "print(d.process.pid, flush=True); time.sleep(600)", os.environ["ENTROKVD"]],
+            stdout=subprocess.PIPE, text=True, cwd=os.path.dirname(os.path.abspath(__file__)))
+        self.addCleanup(tool.stdout.close)
+        daemon = int(tool.stdout.readline())
+        os.kill(daemon, 0)  # running
+        tool.kill()
+        tool.wait()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                with open(f"/proc/{daemon}/stat") as f:
+                    state = f.read().rpartition(")")[2].split()[0]
+            except FileNotFoundError:
+                return  # exited and reaped
+            if state == "Z":
+                return  # exited; whoever adopted it has not reaped it yet
+            time.sleep(0.05)
+        os.kill(daemon, signal.SIGKILL)
+        self.fail(f"entrokvd {daemon} still ran 30 s after the tool that started it was killed")
 
 
 @unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ or
