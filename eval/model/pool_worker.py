@@ -832,14 +832,17 @@ _PR_SET_PDEATHSIG = 1  # <sys/prctl.h>
 
 
 class LocalDaemon:
-    """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM, by stop() or when
-    the thread that started it dies."""
+    """entrokvd on 127.0.0.1 with kernel-chosen ports, stopped with SIGTERM by stop(); and, when
+    started from the main thread, when the process that started it dies. (Linux signals the
+    child when the thread that forked it exits, so a daemon started from a short-lived thread,
+    as a test's restart may be, is not armed: that thread's end would stop it.)"""
 
     def __init__(self, binary: str, *args: str, listen: str = "127.0.0.1:0"):
+        armed = threading.current_thread() is threading.main_thread()
         self.process = subprocess.Popen(
             [binary, f"--listen={listen}", "--metrics_listen=127.0.0.1:0", *args],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            preexec_fn=_terminate_with(os.getpid()))
+            preexec_fn=_terminate_with(os.getpid()) if armed else None)
         line = self.process.stdout.readline()
         addresses = entrokv.parse_listening_line(line)
         if addresses is None:

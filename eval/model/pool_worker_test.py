@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 
@@ -97,6 +98,20 @@ class LocalDaemonTest(unittest.TestCase):
             time.sleep(0.05)
         os.kill(daemon, signal.SIGKILL)
         self.fail(f"entrokvd {daemon} still ran 30 s after the tool that started it was killed")
+
+    def test_a_daemon_started_from_a_thread_outlives_the_thread(self):
+        # A test's restart thread starts a daemon and ends; the daemon must go on serving.
+        started = []
+        thread = threading.Thread(
+            target=lambda: started.append(pool_worker.LocalDaemon(os.environ["ENTROKVD"])))
+        thread.start()
+        thread.join()
+        daemon = started[0]
+        time.sleep(0.5)
+        self.assertIsNone(daemon.process.poll(), "the daemon stopped with its thread")
+        with entrokv.Client(daemon.address, timeout_s=10) as client:
+            client.list_models()
+        self.assertEqual(daemon.stop(), 0)
 
 
 @unittest.skipIf(entrokv is None or "ENTROKVD" not in os.environ or
