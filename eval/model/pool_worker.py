@@ -68,7 +68,7 @@ KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS
 # window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
 MIXED_KEY_WEIGHTS = (25, 75)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
-                 "window_expected_max")
+                 "window_expected_max", "window_expected_pages")
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
@@ -82,6 +82,7 @@ EXPECTED_FUTURE = 128
 # as keys_expected). The rows are sent as a window_mean statistic; the score each mixes in:
 MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
                "window_expected_max": "expected_attention",
+               "window_expected_pages": "expected_attention",
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
@@ -89,6 +90,13 @@ MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
 # How each mixed kind's two rows combine (keys_mix.rule): averaged, or each token's larger
 # score for window_expected_max (what either the question or the keys favour is kept).
 MIXED_RULES = {kind: "average" for kind in MIXED_KINDS} | {"window_expected_max": "max"}
+# window_expected_pages, an experiment of this worker's (the daemon has no such mix): a union of
+# two page choices, not of token scores. Each group ranks its pages twice, by the question's rows
+# max-pooled over PAGE_UNION_WIDTHS[0] tokens and by the keys' expected attention (computed here,
+# as the daemon computes it) over PAGE_UNION_WIDTHS[1], each as the heads' mean and a page's
+# maximum; a page's score is 1 / (1 + its better rank), sent as rows to a policy with no
+# neighbourhood, so a quota of K pages keeps about K/2 from the top of each ranking.
+PAGE_UNION_WIDTHS = (7, 3)
 # The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows mixed in, or before the question is known.
 DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
@@ -153,7 +161,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
     and half with keydiff's scores, or with each head's expected attention as +expattn's;
     +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row; +winexpmax keeps each
-    token's larger score of the two instead of their average);
+    token's larger score of the two instead of their average; +winexppages, an experiment of
+    the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -168,7 +177,7 @@ def policy_of(name: str, ratio: float) -> Policy:
              "keydiff": "keys_keydiff", "knorm": "keys_norm", "expattn": "keys_expected",
              "expattnw": "keys_expected_window", "expattnm": "keys_expected_mean",
              "winkeys": "window_keydiff", "winexp": "window_expected",
-             "winexpmax": "window_expected_max",
+             "winexpmax": "window_expected_max", "winexppages": "window_expected_pages",
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
@@ -196,6 +205,14 @@ def policy_of(name: str, ratio: float) -> Policy:
     return Policy(base, ratio=ratio, statistic=statistic,
                   params=tuple(params.items()), allocator=allocator, layer_floor=layer_floor,
                   spelling=name)
+
+
+def neighbourhood_max(row: np.ndarray, width: int) -> np.ndarray:
+    """Each token's maximum over the `width` tokens centred on it, clipped at the ends (the
+    daemon's neighbourhood pooling, max)."""
+    half = width // 2
+    padded = np.pad(row, half, constant_values=-np.inf)
+    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
 
 
 def question_window(prompt: np.ndarray) -> int:
@@ -469,6 +486,8 @@ class PoolWorker:
         keys in the frames, mixed by the daemon (entrokv.mixed_statistic): half and half, or
         w% on the keys' row for window_expected_k<w>; averaged, or each token's larger score
         for window_expected_max."""
+        if kind == "window_expected_pages":
+            return self._page_union(kv, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -476,6 +495,48 @@ class PoolWorker:
         keys = self._key_statistic(kv, kind, layer, tokens)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
+
+    def expected_attention(self, kv: "PoolKV", kind: str, layer: int,
+                           tokens: int) -> np.ndarray:
+        """[query_heads, tokens]: each head's expected attention over the keys in the frames,
+        from the layer's query moments kept for `kind`, as the daemon scores
+        KEY_SCORE_EXPECTED_ATTENTION (softmax of mean.k / sqrt(d) + k' cov k / (2 d))."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        mean, covariance = kv.moments[kind][layer]
+        pages = -(-tokens // self.page_size)
+        out = np.empty((c.query_heads, tokens))
+        for g in range(c.kv_heads):
+            k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
+            k = k[:tokens].astype(np.float64)
+            group = slice(g * per_group, (g + 1) * per_group)
+            exponent = (mean[group].astype(np.float64) @ k.T) / np.sqrt(c.head_dim)
+            exponent += np.einsum("ti,hij,tj->ht", k, covariance[group], k) / (2.0 * c.head_dim)
+            out[group] = numpy_model.softmax(exponent, axis=1)
+        return out
+
+    def _page_union(self, kv: "PoolKV", layer: int, rows: np.ndarray,
+                    tokens: int) -> np.ndarray:
+        """window_expected_pages' rows [query_heads, tokens]: each page's score 1 / (1 + its
+        better rank of the two (PAGE_UNION_WIDTHS)), the same on each of a group's heads."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        expected = self.expected_attention(kv, "window_expected_pages", layer, tokens)
+        pages = -(-tokens // self.page_size)
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            best = np.full(pages, pages, np.int64)
+            for source, width in zip((rows[group], expected[group]), PAGE_UNION_WIDTHS):
+                pooled = neighbourhood_max(np.asarray(source, np.float64).mean(axis=0), width)
+                page_max = np.full(pages * self.page_size, -np.inf)
+                page_max[:tokens] = pooled
+                page_max = page_max.reshape(pages, self.page_size).max(axis=1)
+                rank = np.empty(pages, np.int64)
+                rank[np.argsort(-page_max, kind="stable")] = np.arange(pages)
+                best = np.minimum(best, rank)
+            out[group] = np.repeat(1.0 / (1.0 + best), self.page_size)[:tokens]
+        return out
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon

@@ -343,6 +343,30 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 self.assertEqual(policy.statistic in pool_worker.MIXED_KINDS,
                                  setting == "question_in")
 
+    def test_a_page_union_scores_each_page_by_its_better_rank(self):
+        # Five pages. The question's rows (max-pooled over 7 tokens) rank page 2 first, page 4
+        # second, then 0, 1, 3 (ties: the lower page first); expected attention (over 3) ranks
+        # page 1, then 4, then 0, 2, 3. A page scores 1 / (1 + its better rank).
+        worker = self.worker("page-union", capacity_frames=512)
+        c, b = self.model.config, worker.page_size
+        tokens = 5 * b
+        rows = np.full((c.query_heads, tokens), 0.01)
+        expected = np.full((c.query_heads, tokens), 0.01)
+        rows[:, 2 * b + 3], rows[:, 4 * b + 8] = 1.0, 0.5
+        expected[:, b + 5], expected[:, 4 * b + 1] = 1.0, 0.6
+        worker.expected_attention = lambda kv, kind, layer, n: expected
+        out = worker._page_union(None, 0, rows, tokens)
+        page = np.repeat([1 / 3, 1, 1, 1 / 5, 1 / 2], b).astype(np.float32)
+        np.testing.assert_allclose(out, np.tile(page, (c.query_heads, 1)), rtol=1e-6)
+        # Through the daemon: every layer decided, fewer pages kept.
+        del worker.expected_attention
+        example = tasks.make_example("multi_key", 333, 6)
+        kv, decisions = worker.prefill(
+            example.prompt, policy=Policy("mean", ratio=0.75, statistic="window_expected_pages"))
+        self.assertEqual(len(decisions), c.layers)
+        self.assertLess((kv.tables >= 0).mean(), 0.5)
+        worker.close_sequence(kv)
+
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max) and window_keydiff send the window rows with a keys mix:
         # the daemon mixes them with its scores of the keys in the frames (w% on the keys';
@@ -357,20 +381,20 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                 out = rows.astype(np.float64)
                 out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
                 pages = -(-tokens // self.page_size)
+                # The worker's own expected attention, checked here against the daemon's.
+                expected = (self.expected_attention(kv, kind, layer, tokens)
+                            if MIXED_KINDS[kind] == "expected_attention" else None)
                 for g in range(c.kv_heads):
-                    k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g), None)
-                    k = k[:tokens].astype(np.float64)
                     group = slice(g * per_group, (g + 1) * per_group)
-                    if kind == "window_keydiff":
-                        unit = k / np.linalg.norm(k, axis=1)[:, None]
+                    if expected is None:  # keydiff
+                        k, _ = self.arena.load(kv.tables[layer, g, :pages], self.arena.slot(g),
+                                               None)
+                        unit = k[:tokens].astype(np.float64)
+                        unit /= np.linalg.norm(unit, axis=1)[:, None]
                         anchor = unit.mean(axis=0)
                         score = 1.0 - unit @ (anchor / np.linalg.norm(anchor))
                     else:
-                        mean, covariance = kv.moments[kind][layer]
-                        exponent = (mean[group].astype(np.float64) @ k.T) / np.sqrt(c.head_dim)
-                        exponent += np.einsum("ti,hij,tj->ht", k, covariance[group], k) / (
-                            2.0 * c.head_dim)
-                        score = numpy_model.softmax(exponent, axis=1)
+                        score = expected[group]
                     score = score / score.sum(axis=-1, keepdims=True)
                     weight = pool_worker.MIXED_WEIGHTS[kind]
                     if pool_worker.MIXED_RULES[kind] == "max":
@@ -379,8 +403,10 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                         out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
+        MIXED_KINDS = {k: v for k, v in pool_worker.MIXED_KINDS.items()
+                       if k != "window_expected_pages"}  # no daemon mix: its own test
         example = tasks.make_example("multi_key", 333, 6)
-        for kind in pool_worker.MIXED_KINDS:
+        for kind in MIXED_KINDS:
             with self.subTest(kind=kind):
                 kept = []
                 for worker_class in (pool_worker.PoolWorker, Reference):
