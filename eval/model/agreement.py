@@ -17,9 +17,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import evaluate  # noqa: E402
-
-# The main pass, as the report's verdict reads it.
-MAIN = {"page_size": "16", "layout": "group"}
+import verdict  # noqa: E402
 
 
 def agreement(rows: Sequence[Dict[str, str]]) -> List[Dict[str, object]]:
@@ -29,7 +27,7 @@ def agreement(rows: Sequence[Dict[str, str]]) -> List[Dict[str, object]]:
     outcome: Dict[Tuple[str, ...], Dict[str, Tuple[int, int]]] = {}
     order: List[str] = []
     for r in rows:
-        if any(r[k] != v for k, v in MAIN.items()) or r["policy"] == "none":
+        if (int(r["page_size"]), r["layout"]) != verdict.MAIN or r["policy"] == "none":
             continue
         if r["policy"] not in order:
             order.append(r["policy"])
