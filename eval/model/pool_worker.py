@@ -67,8 +67,12 @@ LOW_RANKS = (4, 8, 16)
 KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS})
 # window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
 MIXED_KEY_WEIGHTS = (25, 75)
+# window_expected_cover<c>: the question's pages first, until they hold c% of its mass, then the
+# keys' (cover, then fill: PoolWorker._cover_then_fill).
+COVER_MASSES = (25, 50, 65, 80)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
+                + tuple(f"window_expected_cover{c}" for c in COVER_MASSES)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
@@ -83,6 +87,7 @@ EXPECTED_FUTURE = 128
 MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
                "window_expected_max": "expected_attention",
                "window_expected_pages": "expected_attention",
+               **{f"window_expected_cover{c}": "expected_attention" for c in COVER_MASSES},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
@@ -162,7 +167,9 @@ def policy_of(name: str, ratio: float) -> Policy:
     and half with keydiff's scores, or with each head's expected attention as +expattn's;
     +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row; +winexpmax keeps each
     token's larger score of the two instead of their average; +winexppages, an experiment of
-    the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS);
+    the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS;
+    +winexpcover<c>, c in COVER_MASSES, the question's pages until they hold c% of its mass,
+    then expected attention's);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -179,6 +186,7 @@ def policy_of(name: str, ratio: float) -> Policy:
              "winkeys": "window_keydiff", "winexp": "window_expected",
              "winexpmax": "window_expected_max", "winexppages": "window_expected_pages",
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
+             **{f"winexpcover{c}": f"window_expected_cover{c}" for c in COVER_MASSES},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -334,6 +342,7 @@ class PoolKV:
         # kind -> layer -> the queries' (mean, covariance) for expected attention
         self.moments: Dict[str, Dict[int, Tuple[np.ndarray, np.ndarray]]] = {}
         self.prefill_logits: Optional[np.ndarray] = None  # [prompt tokens, vocab]
+        self.window = 1  # the rows of the window statistic: the question's (prefill sets it)
 
     def _reserve(self, tokens: int) -> None:
         b = self.worker.page_size
@@ -488,6 +497,8 @@ class PoolWorker:
         for window_expected_max."""
         if kind == "window_expected_pages":
             return self._page_union(kv, layer, rows, tokens)
+        if kind.startswith("window_expected_cover"):
+            return self._cover_then_fill(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -511,7 +522,8 @@ class PoolWorker:
             k = k[:tokens].astype(np.float64)
             group = slice(g * per_group, (g + 1) * per_group)
             exponent = (mean[group].astype(np.float64) @ k.T) / np.sqrt(c.head_dim)
-            exponent += np.einsum("ti,hij,tj->ht", k, covariance[group], k) / (2.0 * c.head_dim)
+            quadratic = np.einsum("hti,ti->ht", k @ covariance[group].astype(np.float64), k)
+            exponent += quadratic / (2.0 * c.head_dim)
             out[group] = numpy_model.softmax(exponent, axis=1)
         return out
 
@@ -536,6 +548,44 @@ class PoolWorker:
                 rank[np.argsort(-page_max, kind="stable")] = np.arange(pages)
                 best = np.minimum(best, rank)
             out[group] = np.repeat(1.0 / (1.0 + best), self.page_size)[:tokens]
+        return out
+
+    def _cover_then_fill(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                         tokens: int) -> np.ndarray:
+        """window_expected_cover<c>'s rows [query_heads, tokens]: first the pages the question's
+        rows rank highest (max-pooled over PAGE_UNION_WIDTHS[0] tokens, a page's maximum) until
+        they hold c% of the question's mass outside the first page and the question's own
+        pages, then the rest by expected attention (PAGE_UNION_WIDTHS[1]); a page's score falls
+        with its place in that order, the same on each of a group's heads."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        cover = int(kind[len("window_expected_cover"):]) / 100
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        pages = -(-tokens // self.page_size)
+        last = max(1, pages - (-(-kv.window // self.page_size)))  # pages before the question's
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            ranks = []
+            for source, width in zip((rows[group], expected[group]), PAGE_UNION_WIDTHS):
+                pooled = neighbourhood_max(np.asarray(source, np.float64).mean(axis=0), width)
+                page_max = np.full(pages * self.page_size, -np.inf)
+                page_max[:tokens] = pooled
+                ranks.append(np.argsort(-page_max.reshape(pages, self.page_size).max(axis=1),
+                                        kind="stable"))
+            mass = np.zeros(pages * self.page_size)
+            mass[:tokens] = np.asarray(rows[group], np.float64).mean(axis=0)
+            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            mass[0] = 0.0
+            mass[last:] = 0.0
+            order = [p for p in ranks[0] if 0 < p < last]
+            held = np.cumsum(mass[order]) / max(mass.sum(), 1e-30)
+            first = order[:int(np.searchsorted(held, cover - 1e-12)) + 1]
+            chosen = set(first)
+            order = list(first) + [p for p in ranks[1] if p not in chosen]
+            score = np.empty(pages)
+            score[order] = 1.0 / (1.0 + np.arange(len(order)))
+            out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
@@ -622,6 +672,7 @@ class PoolWorker:
         sid = sequence_id or self._new_id("seq")
         self.client.open_sequence(self.model_id, sid, initial_tokens=n)
         kv = PoolKV(self, sid, n)
+        kv.window = window
         try:
             self._fetch_tables(kv)
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
@@ -692,7 +743,7 @@ class PoolWorker:
                                   parent=parent.sequence_id, prefix_pages=pages)
         kv = PoolKV(self, sid, parent.length, valid=parent.valid)
         kv.stats, kv.prefill_logits = parent.stats, parent.prefill_logits
-        kv.moments = parent.moments
+        kv.moments, kv.window = parent.moments, parent.window
         try:
             self._fetch_tables(kv)
         except BaseException:
