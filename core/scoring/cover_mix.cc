@@ -1,0 +1,119 @@
+#include "core/scoring/cover_mix.h"
+
+#include <algorithm>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/scoring/pages.h"
+#include "core/scoring/weights.h"
+#include "core/util/status_macros.h"
+
+namespace entrokv {
+namespace {
+
+// The mean of a group's rows (MeanRows).
+std::vector<float> GroupMean(std::span<const std::span<const float>> rows) {
+  std::vector<float> mean(rows.front().size());
+  MeanRows(rows, mean);
+  return mean;
+}
+
+// The pages ranked by `row` max-pooled over `kernel` and projected by their maximum, best first,
+// ties to the lower page.
+std::vector<int64_t> RankPages(std::span<const float> row, int kernel, int page_size) {
+  const auto tokens = static_cast<int64_t>(row.size());
+  std::vector<float> pooled(row.size());
+  NeighbourhoodPool(row, 0, tokens, 0, kernel, NeighbourhoodKind::kMax, pooled);
+  const std::vector<float> maxima = PageMaxima(pooled, page_size);
+  std::vector<int64_t> order(maxima.size());
+  std::iota(order.begin(), order.end(), int64_t{0});
+  std::stable_sort(order.begin(), order.end(),
+                   [&maxima](int64_t a, int64_t b) { return maxima[a] > maxima[b]; });
+  return order;
+}
+
+}  // namespace
+
+absl::Status ValidateCoverMix(absl::string_view prefix, const CoverMix& mix) {
+  if (!(mix.mass > 0.0 && mix.mass <= 1.0)) {  // false for NaN
+    return absl::InvalidArgumentError(
+        absl::StrCat(prefix, "mass: must be in (0, 1], got ", mix.mass));
+  }
+  RETURN_IF_ERROR(
+      ValidateNeighbourhoodKernel(absl::StrCat(prefix, "question_kernel"), mix.question_kernel));
+  return ValidateNeighbourhoodKernel(absl::StrCat(prefix, "keys_kernel"), mix.keys_kernel);
+}
+
+absl::Status ValidateCoverPolicy(absl::string_view field, const Policy& policy,
+                                 const PolicyOptions& options) {
+  if (options.neighbourhood_kernel == 1 &&
+      policy.pooling().kind != PoolingKind::kMaxPoolThenMean) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, ": the cover rule orders the pages itself, and policy ", policy.name(),
+      " with neighbourhood_kernel ", options.neighbourhood_kernel,
+      " pools tokens again: use a policy without a neighbourhood (mean, page_entrokv)"));
+}
+
+CoverSpan CoverSpanOf(const PolicyOptions& options, int64_t tokens) {
+  const Protections& protections = options.protections;
+  const int64_t newest = std::max<int64_t>(protections.tail_page ? 1 : 0, protections.recent_pages);
+  return CoverSpan{.first = SinkPageCount(options, tokens),
+                   .end = PageCount(tokens, options.page_size) - newest};
+}
+
+absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int group_heads,
+                           int page_size, CoverSpan span, std::span<float> key_rows) {
+  if (absl::Status valid = rows.ValidateValues(); !valid.ok()) return valid;
+  const int64_t tokens = rows.tokens();
+  const auto width = static_cast<size_t>(tokens);
+  const int64_t pages = PageCount(tokens, page_size);
+  span.first = std::clamp<int64_t>(span.first, 0, pages);
+  span.end = std::clamp<int64_t>(span.end, span.first, pages);
+  std::vector<std::vector<float>> scratch(static_cast<size_t>(group_heads));
+  std::vector<std::span<const float>> question(static_cast<size_t>(group_heads));
+  std::vector<std::span<const float>> keys(static_cast<size_t>(group_heads));
+  std::vector<uint8_t> taken(static_cast<size_t>(pages));
+  std::vector<float> score(static_cast<size_t>(pages));
+  for (int first = 0; first < rows.query_heads(); first += group_heads) {
+    for (int h = 0; h < group_heads; ++h) {
+      question[static_cast<size_t>(h)] = rows.Row(first + h, &scratch[static_cast<size_t>(h)]);
+      keys[static_cast<size_t>(h)] = key_rows.subspan(static_cast<size_t>(first + h) * width, width);
+    }
+    const std::vector<float> question_mean = GroupMean(question);
+    std::vector<double> mass(static_cast<size_t>(pages), 0.0);
+    double total = 0.0;
+    for (int64_t p = span.first; p < span.end; ++p) {
+      const int64_t end = std::min((p + 1) * page_size, tokens);
+      for (int64_t t = p * page_size; t < end; ++t) mass[p] += question_mean[t];
+      total += mass[p];
+    }
+    std::fill(taken.begin(), taken.end(), 0);
+    int64_t place = 0;
+    const auto put = [&](int64_t page) {
+      taken[page] = 1;
+      score[page] = static_cast<float>(pages - place++);
+    };
+    if (total > 0.0) {
+      double held = 0.0;
+      for (const int64_t page : RankPages(question_mean, mix.question_kernel, page_size)) {
+        if (page < span.first || page >= span.end) continue;
+        put(page);
+        held += mass[page];
+        if (held >= mix.mass * total) break;
+      }
+    }
+    for (const int64_t page : RankPages(GroupMean(keys), mix.keys_kernel, page_size)) {
+      if (taken[page] == 0) put(page);
+    }
+    for (int h = first; h < first + group_heads; ++h) {
+      float* row = key_rows.data() + static_cast<size_t>(h) * width;
+      for (int64_t t = 0; t < tokens; ++t) row[t] = score[t / page_size];
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace entrokv
