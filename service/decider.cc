@@ -29,6 +29,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "core/scoring/cover_mix.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/fused_scorer.h"
 #include "core/scoring/group_quotas.h"
@@ -81,6 +82,8 @@ struct LayerWork {
     // combine (MixRows).
     std::optional<double> mix_weight;
     MixRule mix_rule = MixRule::kAverage;
+    // A keys mix that orders pages instead (KEYS_MIX_RULE_COVER, CoverThenFill).
+    std::optional<CoverMix> cover;
   };
   std::optional<Keys> keys;
   std::vector<float> key_rows;
@@ -208,8 +211,9 @@ struct Readers {
 // head's own row), averaged with the rows sent in work.view for a keys mix; work.view then reads
 // them. CANCELLED once `cancelled` says so, polled per head.
 absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id,
-                         const Shard& shard, int64_t tokens, ServiceMetrics& metrics,
-                         const std::function<bool()>& cancelled, LayerWork& work) {
+                         const Shard& shard, int64_t tokens, const PolicyOptions& options,
+                         ServiceMetrics& metrics, const std::function<bool()>& cancelled,
+                         LayerWork& work) {
   const int per_group = shard.heads / shard.groups;
   const int head_dim = state.geometry().head_dim;
   const LayerWork::Keys& request = *work.keys;
@@ -248,13 +252,14 @@ absl::Status ScoreKeysOf(const CacheState& state, const std::string& sequence_id
     metrics.AddStatsBytes(StatSource::kPoolKeys,
                           static_cast<int64_t>(keys->keys.size()) * DTypeBytes(request.dtype));
   }
-  if (request.mix_weight.has_value()) {
-    // The rows sent are the view until now: each head's average of the two becomes it.
-    if (absl::Status mixed =
-            MixRows(*work.view, *request.mix_weight, request.mix_rule, work.key_rows);
-        !mixed.ok()) {
-      return Annotate(mixed, work.field);  // as the scorer names a bad value sent
-    }
+  if (request.mix_weight.has_value() || request.cover.has_value()) {
+    // The rows sent are the view until now: each head's mix of the two becomes it.
+    const absl::Status mixed =
+        request.cover.has_value()
+            ? CoverThenFill(*work.view, *request.cover, per_group, options.page_size,
+                            CoverSpanOf(options, tokens), work.key_rows)
+            : MixRows(*work.view, *request.mix_weight, request.mix_rule, work.key_rows);
+    if (!mixed.ok()) return Annotate(mixed, work.field);  // as the scorer names a bad value sent
   }
   ASSIGN_OR_RETURN(
       work.view, StatisticView::Create(work.key_rows.data(), DType::kFloat32, shard.heads, tokens));
@@ -378,6 +383,25 @@ absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v
   ASSIGN_OR_RETURN(LayerWork::Keys keys,
                    ResolveKeys(absl::StrCat(at, ".keys"), mix.keys(), heads, head_dim));
   ASSIGN_OR_RETURN(keys.dtype, wire::ToDType(absl::StrCat(at, ".keys_dtype"), mix.keys_dtype()));
+  const bool cover = mix.rule() == v1::KEYS_MIX_RULE_COVER;
+  if (cover) {
+    if (mix.keys_weight() != 0.0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ".keys_weight: not with KEYS_MIX_RULE_COVER (it orders pages, it adds no scores)"));
+    }
+    CoverMix parameters;
+    if (mix.cover_mass() != 0.0) parameters.mass = mix.cover_mass();
+    if (mix.cover_question_kernel() != 0) parameters.question_kernel = mix.cover_question_kernel();
+    if (mix.cover_keys_kernel() != 0) parameters.keys_kernel = mix.cover_keys_kernel();
+    RETURN_IF_ERROR(ValidateCoverMix(absl::StrCat(at, ".cover_"), parameters));
+    keys.cover = parameters;
+    return keys;
+  }
+  if (mix.cover_mass() != 0.0 || mix.cover_question_kernel() != 0 || mix.cover_keys_kernel() != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        at,
+        ".cover_mass, cover_question_kernel, cover_keys_kernel: only with KEYS_MIX_RULE_COVER"));
+  }
   const double weight = mix.keys_weight();
   if (weight == 0.0) {
     keys.mix_weight = 0.5;
@@ -397,7 +421,9 @@ absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v
       break;
     default:
       return absl::InvalidArgumentError(absl::StrCat(
-          at, ".rule: must be KEYS_MIX_RULE_AVERAGE or KEYS_MIX_RULE_MAX (unset: average), got ",
+          at,
+          ".rule: must be KEYS_MIX_RULE_AVERAGE, KEYS_MIX_RULE_MAX or KEYS_MIX_RULE_COVER (unset: "
+          "average), got ",
           mix.rule()));
   }
   return keys;
@@ -659,8 +685,8 @@ absl::Status Decider::Run(Model& model, Job& job, const std::function<bool()>& c
     }
     // The keys are scored once the rows sent are on the host (a keys mix averages the two).
     if (work.keys.has_value() && !degrading) {
-      RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens, *metrics_,
-                                  cancelled, work));
+      RETURN_IF_ERROR(ScoreKeysOf(model.state(), job.sequence_id, shard, job.tokens,
+                                  job.policy.options, *metrics_, cancelled, work));
     }
     if (work.accumulate) {
       absl::StatusOr<std::vector<float>> before =
@@ -1009,6 +1035,10 @@ absl::Status PrepareLayer(Model& model, absl::string_view sequence_id, const Sha
   const Readers readers{.device = device, .model_id = model.id(), .sequence_id = sequence_id};
   RETURN_IF_ERROR(ResolveStatistic(input, shard, geometry.head_dim, tokens, *policy.policy, shm,
                                    segments, readers, metrics, work));
+  if (work.keys.has_value() && work.keys->cover.has_value()) {
+    RETURN_IF_ERROR(ValidateCoverPolicy(absl::StrCat(work.field, ".statistic.keys_mix.rule"),
+                                        *policy.policy, policy.options));
+  }
   if (use_cached_weights) {
     work.cached_weights = model.CachedWeights(sequence_id, work.layer);
     if (work.cached_weights.has_value() && shard.partial(geometry)) {  // the rank's rows

@@ -8,9 +8,11 @@
 #include <random>
 #include <span>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/pool/arena.h"
+#include "core/scoring/cover_mix.h"
 #include "core/scoring/key_scores.h"
 #include "core/scoring/statistic.h"
 #include "core/testing/status_matchers.h"
@@ -402,10 +404,10 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
   for (float& value : mean) value = normal(rng);
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
-    // Weight 0 and rule unset: half and half, averaged.
+    // Weight 0 and rule unset: half and half, averaged. The cover rule takes no weight.
     for (const auto& [weight, rule] :
          {std::pair{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED}, std::pair{0.25, v1::KEYS_MIX_RULE_AVERAGE},
-          std::pair{0.25, v1::KEYS_MIX_RULE_MAX}}) {
+          std::pair{0.25, v1::KEYS_MIX_RULE_MAX}, std::pair{0.0, v1::KEYS_MIX_RULE_COVER}}) {
       for (const bool expected_attention : {true, false}) {
         SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight, " ",
                                   v1::KeysMixRule_Name(rule),
@@ -444,6 +446,17 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
             ENTROKV_ASSERT_OK_AND_ASSIGN(
                 StatisticView view,
                 StatisticView::Create(values.data(), DType::kFloat32, kHeads, kPrompt));
+            if (rule == v1::KEYS_MIX_RULE_COVER) {
+              // Its defaults (half the mass, kernels 7 and 3) under the daemon's protections:
+              // the sink page and the tail page are outside the span.
+              PolicyOptions options;
+              options.protections.tail_page = true;
+              ASSERT_TRUE(CoverThenFill(view, CoverMix{}, kHeads / kGroups, kPageSize,
+                                        CoverSpanOf(options, kPrompt),
+                                        rows[static_cast<size_t>(layer)])
+                              .ok());
+              continue;
+            }
             ASSERT_TRUE(MixRows(view, weight == 0.0 ? 0.5 : weight,
                                 rule == v1::KEYS_MIX_RULE_MAX ? MixRule::kMax : MixRule::kAverage,
                                 rows[static_cast<size_t>(layer)])
@@ -480,6 +493,30 @@ TEST_F(KeyStatisticTest, BadKeysMixesNameTheFieldAndApplyNothing) {
   unruled.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_rule(
       static_cast<v1::KeysMixRule>(7));
   cases.push_back({unruled, "layers[1].statistic.keys_mix.rule: must be KEYS_MIX_RULE_AVERAGE"});
+  v1::DecideRequest weighed_cover = good;  // the cover rule orders pages: no weight
+  weighed_cover.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_rule(
+      v1::KEYS_MIX_RULE_COVER);
+  weighed_cover.mutable_layers(1)->mutable_statistic()->mutable_keys_mix()->set_keys_weight(0.5);
+  cases.push_back({weighed_cover, "layers[1].statistic.keys_mix.keys_weight: not with"});
+  v1::DecideRequest stray_cover = good;  // a cover parameter with the average rule
+  stray_cover.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->set_cover_mass(0.5);
+  cases.push_back({stray_cover, "layers[0].statistic.keys_mix.cover_mass, cover_question_kernel"});
+  for (const auto& [mass, kernel, field] :
+       {std::tuple{1.5, 0, "keys_mix.cover_mass"}, std::tuple{-0.5, 0, "keys_mix.cover_mass"},
+        std::tuple{0.5, 4, "keys_mix.cover_question_kernel"}}) {
+    v1::DecideRequest bad_cover = good;
+    v1::KeysMix* mix = bad_cover.mutable_layers(2)->mutable_statistic()->mutable_keys_mix();
+    mix->set_rule(v1::KEYS_MIX_RULE_COVER);
+    mix->set_cover_mass(mass);
+    mix->set_cover_question_kernel(kernel);
+    cases.push_back({bad_cover, absl::StrCat("layers[2].statistic.", field)});
+  }
+  v1::DecideRequest pooled_cover = good;  // the policy would pool the mix's page order again
+  pooled_cover.mutable_policy()->set_neighbourhood_kernel(3);
+  for (v1::LayerStatistic& layer : *pooled_cover.mutable_layers()) {
+    layer.mutable_statistic()->mutable_keys_mix()->set_rule(v1::KEYS_MIX_RULE_COVER);
+  }
+  cases.push_back({pooled_cover, "layers[0].statistic.keys_mix.rule: the cover rule orders"});
   v1::DecideRequest untyped = good;
   untyped.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->clear_keys_dtype();
   cases.push_back({untyped, "layers[0].statistic.keys_mix.keys_dtype"});
