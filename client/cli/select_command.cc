@@ -14,6 +14,7 @@
 #include "client/cli/command.h"
 #include "core/io/npy.h"
 #include "core/scoring/budget.h"
+#include "core/scoring/cover_mix.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/group_quotas.h"
 #include "core/scoring/key_scores.h"
@@ -285,10 +286,12 @@ void PrintTable(const std::vector<LayerDecision>& layers, absl::string_view poli
 
 // --stats with --keys: each head's row of the statistic and of the keys' scores (`keys`, float32
 // rows as LoadKeys makes them), each scaled to its share (--keys-weight on the keys') and
-// combined by --keys-mix-rule (MixRows, as the daemon mixes a keys mix). Returns the keys' rows,
-// mixed.
+// combined by --keys-mix-rule (MixRows, as the daemon mixes a keys mix), or ordered by page
+// with the cover rule (CoverThenFill under `policy` and `options`, as the daemon orders them).
+// Returns the keys' rows, mixed.
 absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const LoadedStatistic& stats,
-                                             LoadedStatistic keys) {
+                                             LoadedStatistic keys, const Policy& policy,
+                                             const PolicyOptions& options) {
   if (args.Get("key-score") != "expected_attention" && stats.query_heads != keys.query_heads &&
       stats.query_heads % keys.kv_groups == 0) {
     // keydiff and norm score one row per KV group: each of the group's heads gets it, as the
@@ -315,15 +318,38 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
                                                    " tokens, --stats has ", stats.layers, " x ",
                                                    stats.query_heads, " x ", stats.tokens));
   }
+  const std::string rule_name = args.Get("keys-mix-rule");
+  if (rule_name != "average" && rule_name != "max" && rule_name != "cover") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--keys-mix-rule: must be average, max or cover, got \"", rule_name, "\""));
+  }
+  const bool cover = rule_name == "cover";
+  for (const char* option : {"cover-mass", "cover-question-kernel", "cover-keys-kernel"}) {
+    if (args.Given(option) && !cover) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", option, ": only with --keys-mix-rule cover"));
+    }
+  }
+  if (cover && args.Given("keys-weight")) {
+    return absl::InvalidArgumentError(
+        "--keys-weight: not with --keys-mix-rule cover (it orders pages, it adds no scores)");
+  }
+  CoverMix cover_mix;
+  if (cover) {
+    ASSIGN_OR_RETURN(cover_mix.mass, args.GetDouble("cover-mass"));
+    ASSIGN_OR_RETURN(const int64_t question_kernel, args.GetInt("cover-question-kernel"));
+    ASSIGN_OR_RETURN(const int64_t keys_kernel, args.GetInt("cover-keys-kernel"));
+    RETURN_IF_ERROR(ValidateNeighbourhoodKernel("--cover-question-kernel", question_kernel));
+    RETURN_IF_ERROR(ValidateNeighbourhoodKernel("--cover-keys-kernel", keys_kernel));
+    cover_mix.question_kernel = static_cast<int>(question_kernel);
+    cover_mix.keys_kernel = static_cast<int>(keys_kernel);
+    RETURN_IF_ERROR(ValidateCoverMix("--cover-", cover_mix));
+    RETURN_IF_ERROR(ValidateCoverPolicy("--keys-mix-rule", policy, options));
+  }
   ASSIGN_OR_RETURN(const double weight, args.GetDouble("keys-weight"));
   if (!(weight > 0.0 && weight < 1.0)) {
     return absl::InvalidArgumentError(
         absl::StrCat("--keys-weight: must be in (0, 1), got ", weight));
-  }
-  const std::string rule_name = args.Get("keys-mix-rule");
-  if (rule_name != "average" && rule_name != "max") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--keys-mix-rule: must be average or max, got \"", rule_name, "\""));
   }
   const MixRule rule = rule_name == "max" ? MixRule::kMax : MixRule::kAverage;
   const int64_t layer_elements = stats.query_heads * stats.tokens;
@@ -335,7 +361,11 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
                                            stats.dtype, stats.query_heads, stats.tokens));
     const std::span<float> mixed(rows + layer * layer_elements,
                                  static_cast<size_t>(layer_elements));
-    if (absl::Status status = MixRows(view, weight, rule, mixed); !status.ok()) {
+    const absl::Status status =
+        cover ? CoverThenFill(view, cover_mix, stats.query_heads / keys.kv_groups,
+                              options.page_size, CoverSpanOf(options, stats.tokens), mixed)
+              : MixRows(view, weight, rule, mixed);
+    if (!status.ok()) {
       return absl::Status(status.code(),
                           absl::StrCat("--stats: layer ", layer, ": ", status.message()));
     }
@@ -347,7 +377,8 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   if (!args.Given("stats") && !args.Given("keys")) {
     return absl::InvalidArgumentError("give --stats, --keys, or both (a keys mix)");
   }
-  for (const char* mix_option : {"keys-weight", "keys-mix-rule"}) {
+  for (const char* mix_option : {"keys-weight", "keys-mix-rule", "cover-mass",
+                                 "cover-question-kernel", "cover-keys-kernel"}) {
     if (args.Given(mix_option) && !(args.Given("stats") && args.Given("keys"))) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", mix_option, ": only with both --stats and --keys"));
@@ -398,7 +429,7 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   if (args.Given("keys") && args.Given("stats")) {
     ASSIGN_OR_RETURN(const LoadedStatistic stats,
                      LoadStatistic(args.Get("stats"), args.Get("dtype")));
-    ASSIGN_OR_RETURN(loaded, MixStatistic(args, stats, std::move(loaded)));
+    ASSIGN_OR_RETURN(loaded, MixStatistic(args, stats, std::move(loaded), *policy, options));
   }
   if (args.Given("keys")) {
     if (args.Given("kv-heads") && kv_groups != loaded.kv_groups) {
@@ -495,7 +526,14 @@ int RunSelect(const std::vector<std::string>& argv) {
               "this one on the keys' scores, in (0, 1)");
   args.Option("keys-mix-rule", "average",
               "--stats with --keys: how each token's two scaled scores combine, average (their "
-              "sum) or max (the larger: a union)");
+              "sum) or max (the larger: a union); or cover: per KV group, the pages --stats "
+              "ranks highest until they hold --cover-mass of its mass (past the sink pages, "
+              "before the protected tail), then the others as the keys rank them");
+  args.Option("cover-mass", "0.5", "--keys-mix-rule cover: the share, in (0, 1]");
+  args.Option("cover-question-kernel", "7",
+              "--keys-mix-rule cover: the max-pool width of --stats' page ranking (odd)");
+  args.Option("cover-keys-kernel", "3",
+              "--keys-mix-rule cover: the max-pool width of the keys' page ranking (odd)");
   args.Option("query-mean", "",
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",

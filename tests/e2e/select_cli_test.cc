@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/io/npy.h"
+#include "core/scoring/cover_mix.h"
 #include "core/scoring/decision.h"
 #include "core/scoring/key_scores.h"
 #include "core/scoring/statistic.h"
@@ -398,6 +399,31 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     for (float& value : sent) value = std::abs(normal(rng));
     const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                         sent.data(), sent.size() * 4);
+    // The cover rule, with the tail page protected: each layer's keys' rows ordered by page
+    // with the sent rows (CoverThenFill, its defaults), given as a statistic, decide alike.
+    std::vector<float> covered = rows;
+    PolicyOptions tail;
+    tail.protections.tail_page = true;
+    for (size_t at = 0; at < covered.size(); at += kHeads * kTokens) {
+      const StatisticView view =
+          *StatisticView::Create(sent.data() + at, DType::kFloat32, kHeads, kTokens);
+      ASSERT_TRUE(CoverThenFill(view, CoverMix{}, kHeads / kGroups, 16, CoverSpanOf(tail, kTokens),
+                                std::span<float>(covered.data() + at, kHeads * kTokens))
+                      .ok());
+    }
+    const std::string covered_path =
+        Write("covered.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens}, covered.data(),
+              covered.size() * 4);
+    const CliRun from_cover = RunCli(absl::StrCat(
+        "select --stats ", sent_path, " --keys-mix-rule cover --protect-tail --keys ", keys_path,
+        " --key-score expected_attention --query-mean ", mean_path,
+        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
+    const CliRun from_covered =
+        RunCli(absl::StrCat("select --stats ", covered_path, " --kv-heads 2 --protect-tail", rest));
+    ASSERT_EQ(from_cover.exit_code, 0) << from_cover.out;
+    ASSERT_EQ(from_covered.exit_code, 0) << from_covered.out;
+    EXPECT_EQ(ActualKeptPages(from_cover.out), ActualKeptPages(from_covered.out))
+        << with_covariance;
     const MixRule rule = with_covariance ? MixRule::kMax : MixRule::kAverage;
     ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rule, rows));
     const std::string mixed_path = Write("mixed.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
@@ -454,7 +480,14 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
             "--query-covariance"},
            {mix + " --keys-weight 1", "--keys-weight: must be in (0, 1), got 1"},
            {mix + " --keys-mix-rule union",
-            "--keys-mix-rule: must be average or max, got \"union\""},
+            "--keys-mix-rule: must be average, max or cover, got \"union\""},
+           {mix + " --keys-mix-rule cover --keys-weight 0.3", "--keys-weight: not with"},
+           {mix + " --cover-mass 0.5", "--cover-mass: only with --keys-mix-rule cover"},
+           {mix + " --keys-mix-rule cover --cover-mass 0", "--cover-mass: must be in (0, 1]"},
+           {mix + " --keys-mix-rule cover --cover-keys-kernel 2", "--cover-keys-kernel: must be"},
+           {mix + " --keys-mix-rule cover --neighbourhood-kernel 3",
+            "--keys-mix-rule: the cover rule orders the pages itself"},
+           {base + "keydiff --cover-mass 0.5", "--cover-mass: only with both"},
            {base + "keydiff --keys-mix-rule max", "--keys-mix-rule: only with both"},
            {base + "expected_attention --query-mean " + mean_path + " --query-covariance " +
                 covariance_path + " --query-covariance-factor " + factor_path,

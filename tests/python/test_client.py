@@ -498,8 +498,35 @@ class ClientTest(unittest.TestCase):
         self.assertFalse(entrokv.mixed_statistic(rows, keydiff).keys_mix.rule)
         self.assertEqual(entrokv.mixed_statistic(rows, keydiff, rule="max").keys_mix.rule,
                          types.KEYS_MIX_RULE_MAX)
-        with self.assertRaisesRegex(ValueError, "rule: one of average, max, got 'union'"):
+        with self.assertRaisesRegex(ValueError, "rule: one of average, max, cover, got 'union'"):
             entrokv.mixed_statistic(rows, keydiff, rule="union")
+        # The cover rule orders pages: the rows' page 1 holds their mass past the sink page, so
+        # it comes first; rows with no mass there leave keydiff's order, page 2 first (its
+        # ranking unpooled: pooled over 3 tokens, page 1 would borrow page 2's first token).
+        outside = np.zeros_like(rows)
+        outside[:, :16] = 1.0
+        for sent, page in ((rows, 1), (outside, 2)):
+            sequence = f"covered{page}"
+            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
+            stats = [entrokv.mixed_statistic(sent, keydiff, rule="cover", cover_mass=0.9,
+                                             cover_keys_kernel=1)
+                     for _ in range(GEOMETRY["layers"])]
+            self.assertEqual(stats[0].keys_mix.cover_mass, 0.9)
+            decisions = self.client.decide("keys", sequence, stats, pages=1, policy="mean",
+                                           protect_tail_page=False)
+            for decision in decisions:
+                for group in decision.groups:
+                    self.assertEqual(list(group.kept_pages), [page])
+        with self.assertRaisesRegex(ValueError, 'keys_weight: not with rule="cover"'):
+            entrokv.mixed_statistic(rows, keydiff, rule="cover", keys_weight=0.5)
+        with self.assertRaisesRegex(ValueError, 'cover_mass: only with rule="cover"'):
+            entrokv.mixed_statistic(rows, keydiff, cover_mass=0.5)
+        with self.assertRaisesRegex(ValueError, r"cover_mass: must be in \(0, 1\]"):
+            entrokv.mixed_statistic(rows, keydiff, rule="cover", cover_mass=0.0)
+        # The daemon refuses a policy that pools tokens again, by name.
+        with self.assertRaisesRegex(entrokv.EntrokvError, "keys_mix.rule: the cover rule"):
+            self.client.decide("keys", "covered1", stats, pages=1, policy="mean",
+                               neighbourhood_kernel=3)
 
     def test_statistic_kind_is_sent(self):
         stats = np.full((2, 3), 1 / 3, np.float32)

@@ -158,16 +158,24 @@ def key_statistic(query_heads: int, tokens: int, score: str = "keydiff",
 
 
 # Statistic.keys_mix.rule by name: how a keys mix combines each token's two scaled scores.
-MIX_RULES = {"average": types.KEYS_MIX_RULE_AVERAGE, "max": types.KEYS_MIX_RULE_MAX}
+MIX_RULES = {"average": types.KEYS_MIX_RULE_AVERAGE, "max": types.KEYS_MIX_RULE_MAX,
+             "cover": types.KEYS_MIX_RULE_COVER}
 
 
 def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[float] = None,
                     dtype: Optional[str] = None, kind: Optional[str] = None,
-                    rule: Optional[str] = None) -> "types.Statistic":
+                    rule: Optional[str] = None, cover_mass: Optional[float] = None,
+                    cover_question_kernel: Optional[int] = None,
+                    cover_keys_kernel: Optional[int] = None) -> "types.Statistic":
     """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon scales
     each head's two rows to sum to their shares, keys_weight (in (0, 1); None: 0.5) on the keys',
     and combines them by `rule` (a MIX_RULES name: "average", their sum, as None; "max", each
     token's larger score, the union of what either row favours) (Statistic.keys_mix).
+    rule="cover" orders pages instead, per KV group: the pages the rows rank highest until they
+    hold cover_mass (in (0, 1]; None: 0.5) of the rows' mass past the sink pages and before the
+    protected tail, then the others as the keys rank them, each ranking max-pooled over its
+    kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3); no keys_weight, and the
+    policy must pool no tokens itself (no neighbourhood_kernel, not snapkv).
     rows: an array [query_heads, tokens] (dtype and kind as in statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
     key_statistic() of the same heads and tokens. E.g. the question's rows with the keys'
     expected attention. A host pool only; not with accumulate."""
@@ -187,12 +195,24 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
         raise ValueError(f"keys_weight: must be in (0, 1), got {keys_weight}")
     if rule is not None and rule not in MIX_RULES:
         raise ValueError(f"rule: one of {', '.join(MIX_RULES)}, got {rule!r}")
+    cover = {"cover_mass": cover_mass, "cover_question_kernel": cover_question_kernel,
+             "cover_keys_kernel": cover_keys_kernel}
+    if rule == "cover" and keys_weight is not None:
+        raise ValueError('keys_weight: not with rule="cover" (it orders pages, it adds no scores)')
+    for name, value in cover.items():
+        if value is not None and rule != "cover":
+            raise ValueError(f'{name}: only with rule="cover"')
+    if cover_mass is not None and not 0.0 < cover_mass <= 1.0:
+        raise ValueError(f"cover_mass: must be in (0, 1], got {cover_mass}")
     message.keys_mix.keys.CopyFrom(keys.keys)
     message.keys_mix.keys_dtype = keys.dtype
     if keys_weight is not None:
         message.keys_mix.keys_weight = keys_weight
     if rule is not None:
         message.keys_mix.rule = MIX_RULES[rule]
+    for name, value in cover.items():
+        if value is not None:
+            setattr(message.keys_mix, name, value)  # the daemon checks the kernels
     return message
 
 
