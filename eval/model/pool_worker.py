@@ -68,8 +68,9 @@ KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS
 # window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
 MIXED_KEY_WEIGHTS = (25, 75)
 # window_expected_cover<c>: the question's pages first, until they hold c% of its mass, then the
-# keys' (cover, then fill: PoolWorker._cover_then_fill).
+# keys' (the daemon's cover rule, KEYS_MIX_RULE_COVER, with its default kernels: 7 and 3).
 COVER_MASSES = (25, 50, 65, 80)
+COVER = {f"window_expected_cover{c}": c for c in COVER_MASSES}
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_cover{c}" for c in COVER_MASSES)
@@ -93,8 +94,10 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
     f"window_expected_k{w}": w / 100 for w in MIXED_KEY_WEIGHTS}
 # How each mixed kind's two rows combine (keys_mix.rule): averaged, or each token's larger
-# score for window_expected_max (what either the question or the keys favour is kept).
-MIXED_RULES = {kind: "average" for kind in MIXED_KINDS} | {"window_expected_max": "max"}
+# score for window_expected_max (what either the question or the keys favour is kept); the cover
+# rule, an order of pages, for window_expected_cover<c>.
+MIXED_RULES = ({kind: "average" for kind in MIXED_KINDS} | {"window_expected_max": "max"}
+               | {kind: "cover" for kind in COVER})
 # window_expected_pages, an experiment of this worker's (the daemon has no such mix): a union of
 # two page choices, not of token scores. Each group ranks its pages twice, by the question's rows
 # max-pooled over PAGE_UNION_WIDTHS[0] tokens and by the keys' expected attention (computed here,
@@ -342,7 +345,6 @@ class PoolKV:
         # kind -> layer -> the queries' (mean, covariance) for expected attention
         self.moments: Dict[str, Dict[int, Tuple[np.ndarray, np.ndarray]]] = {}
         self.prefill_logits: Optional[np.ndarray] = None  # [prompt tokens, vocab]
-        self.window = 1  # the rows of the window statistic: the question's (prefill sets it)
 
     def _reserve(self, tokens: int) -> None:
         b = self.worker.page_size
@@ -497,13 +499,14 @@ class PoolWorker:
         for window_expected_max."""
         if kind == "window_expected_pages":
             return self._page_union(kv, layer, rows, tokens)
-        if kind.startswith("window_expected_cover"):
-            return self._cover_then_fill(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
                                              covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
+        if MIXED_RULES[kind] == "cover":
+            return entrokv.mixed_statistic(rows, keys, kind="window_mean", rule="cover",
+                                           cover_mass=COVER[kind] / 100)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
@@ -548,44 +551,6 @@ class PoolWorker:
                 rank[np.argsort(-page_max, kind="stable")] = np.arange(pages)
                 best = np.minimum(best, rank)
             out[group] = np.repeat(1.0 / (1.0 + best), self.page_size)[:tokens]
-        return out
-
-    def _cover_then_fill(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
-                         tokens: int) -> np.ndarray:
-        """window_expected_cover<c>'s rows [query_heads, tokens]: first the pages the question's
-        rows rank highest (max-pooled over PAGE_UNION_WIDTHS[0] tokens, a page's maximum) until
-        they hold c% of the question's mass outside the first page and the question's own
-        pages, then the rest by expected attention (PAGE_UNION_WIDTHS[1]); a page's score falls
-        with its place in that order, the same on each of a group's heads."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
-        cover = int(kind[len("window_expected_cover"):]) / 100
-        expected = self.expected_attention(kv, kind, layer, tokens)
-        pages = -(-tokens // self.page_size)
-        last = max(1, pages - (-(-kv.window // self.page_size)))  # pages before the question's
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
-            ranks = []
-            for source, width in zip((rows[group], expected[group]), PAGE_UNION_WIDTHS):
-                pooled = neighbourhood_max(np.asarray(source, np.float64).mean(axis=0), width)
-                page_max = np.full(pages * self.page_size, -np.inf)
-                page_max[:tokens] = pooled
-                ranks.append(np.argsort(-page_max.reshape(pages, self.page_size).max(axis=1),
-                                        kind="stable"))
-            mass = np.zeros(pages * self.page_size)
-            mass[:tokens] = np.asarray(rows[group], np.float64).mean(axis=0)
-            mass = mass.reshape(pages, self.page_size).sum(axis=1)
-            mass[0] = 0.0
-            mass[last:] = 0.0
-            order = [p for p in ranks[0] if 0 < p < last]
-            held = np.cumsum(mass[order]) / max(mass.sum(), 1e-30)
-            first = order[:int(np.searchsorted(held, cover - 1e-12)) + 1]
-            chosen = set(first)
-            order = list(first) + [p for p in ranks[1] if p not in chosen]
-            score = np.empty(pages)
-            score[order] = 1.0 / (1.0 + np.arange(len(order)))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
@@ -672,7 +637,6 @@ class PoolWorker:
         sid = sequence_id or self._new_id("seq")
         self.client.open_sequence(self.model_id, sid, initial_tokens=n)
         kv = PoolKV(self, sid, n)
-        kv.window = window
         try:
             self._fetch_tables(kv)
             rows = {"last_row": 1, "window_mean": window, "accumulated": n,
@@ -743,7 +707,7 @@ class PoolWorker:
                                   parent=parent.sequence_id, prefix_pages=pages)
         kv = PoolKV(self, sid, parent.length, valid=parent.valid)
         kv.stats, kv.prefill_logits = parent.stats, parent.prefill_logits
-        kv.moments, kv.window = parent.moments, parent.window
+        kv.moments = parent.moments
         try:
             self._fetch_tables(kv)
         except BaseException:

@@ -50,6 +50,46 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
+
+def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_size: int,
+                    mass: float, question_kernel: int = 7, keys_kernel: int = 3) -> np.ndarray:
+    """The cover rule (core/scoring/cover_mix.h) computed here, for the daemon's defaults (4
+    sink tokens, the tail page protected): per KV group, the pages the question's rows rank
+    highest (the group mean, max-pooled, page maxima, ties to the lower page) past the sink page
+    and before the tail until they hold `mass` of its mass there, then the rest in the keys'
+    ranking; a page scores the page count less its place."""
+    heads, tokens = rows.shape
+    pages = -(-tokens // page_size)
+    first, end = -(-min(4, tokens) // page_size), pages - 1
+
+    def group_mean(block):  # MeanRows: the sum in double, scaled once, rounded to float
+        return (block.astype(np.float64).sum(axis=0) * (1.0 / len(block))).astype(np.float32)
+
+    def ranking(row, kernel):
+        pooled = np.full(pages * page_size, -np.inf)
+        pooled[:tokens] = pool_worker.neighbourhood_max(row, kernel)
+        return np.argsort(-pooled.reshape(pages, page_size).max(axis=1), kind="stable")
+
+    out = np.empty((heads, tokens), np.float32)
+    for start in range(0, heads, per_group):
+        question = group_mean(rows[start:start + per_group])
+        held = np.zeros(pages)
+        for p in range(first, end):
+            held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
+        order, taken, total = [], 0.0, held.sum()
+        for p in (ranking(question, question_kernel) if total > 0 else []):
+            if first <= p < end:
+                order.append(p)
+                taken += held[p]
+                if taken >= mass * total:
+                    break
+        key_order = ranking(group_mean(keys[start:start + per_group]), keys_kernel)
+        order += [p for p in key_order if p not in order]
+        score = np.empty(pages, np.float32)
+        score[order] = pages - np.arange(pages)
+        out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
+    return out
+
 class DaemonFixture:
     """A test class's daemon (ENTROKVD) on loopback, its client, the policy registry (ENTROKV_CLI)
     and a random model of the real shapes; the daemon must exit 0 on SIGTERM. The pool worker
@@ -368,16 +408,21 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         worker.close_sequence(kv)
 
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
-        # window_expected(_k<w>|_max) and window_keydiff send the window rows with a keys mix:
-        # the daemon mixes them with its scores of the keys in the frames (w% on the keys';
-        # averaged, or each token's larger score). The same mix computed here from the keys
-        # read back (the reference) and sent as rows keeps the same pages.
+        # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
+        # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
+        # keys'; averaged, or each token's larger score; or the cover rule's order of pages).
+        # The same mix computed here from the keys read back (the reference) and sent as rows
+        # keeps the same pages.
         test = self
         c = self.model.config
         per_group = c.query_heads // c.kv_heads
 
         class Reference(pool_worker.PoolWorker):
             def _mixed(self, kv, kind, layer, rows, tokens):
+                if pool_worker.MIXED_RULES[kind] == "cover":
+                    expected = self.expected_attention(kv, kind, layer, tokens)
+                    return cover_then_fill(rows, expected, per_group, self.page_size,
+                                           pool_worker.COVER[kind] / 100)
                 out = rows.astype(np.float64)
                 out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
                 pages = -(-tokens // self.page_size)
