@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """What a keys statistic (and a keys mix) costs a decision: the daemon reading and scoring the
 keys in its own frames against the same decision with the statistic sent as bytes (for a keys
-mix: the bytes sent as well, averaged with the keys' scores), through a private entrokvd
+mix: the bytes sent as well, averaged with the keys' scores or ordered by page with them by the
+cover rule), through a private entrokvd
 on loopback, at one shape. Each round decides every setting in turn on a fresh fork of one
 sequence whose frames hold random keys (so every setting sees the same machine and the same
 pages), with the policy `mean` and a fixed budget. Writes the runs as JSON lines and a markdown
@@ -120,6 +121,16 @@ def main():
                         args.query_heads, args.tokens, "expected_attention", args.dtype,
                         query_mean=mean, query_covariance=covariance))
                     for layer in range(args.layers)],
+                # The cover rule: the same two, ordered by page instead of averaged.
+                "bytes covered, then filled by expected attention, mean": lambda: [
+                    entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(
+                        args.query_heads, args.tokens, "expected_attention", args.dtype,
+                        query_mean=mean), rule="cover") for layer in range(args.layers)],
+                "bytes covered, then filled by expected attention, mean and covariance":
+                    lambda: [entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(
+                        args.query_heads, args.tokens, "expected_attention", args.dtype,
+                        query_mean=mean, query_covariance=covariance), rule="cover")
+                        for layer in range(args.layers)],
             }
             keep = max(1, int(args.keep * pages))
             for round_index in range(args.rounds):
