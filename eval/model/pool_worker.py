@@ -71,8 +71,14 @@ MIXED_KEY_WEIGHTS = (25, 75)
 # keys' (the daemon's cover rule, KEYS_MIX_RULE_COVER, with its default kernels: 7 and 3).
 COVER_MASSES = (25, 50, 65, 80)
 COVER = {f"window_expected_cover{c}": c for c in COVER_MASSES}
+# window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
+# pages ranked by the average mix (the question's rows and expected attention, half and half,
+# max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
+# question's mass, then expected attention's order.
+COVER_MIX_WIDTHS = (3, 7)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
+                + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_cover{c}" for c in COVER_MASSES)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -88,6 +94,7 @@ EXPECTED_FUTURE = 128
 MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attention",
                "window_expected_max": "expected_attention",
                "window_expected_pages": "expected_attention",
+               **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
                **{f"window_expected_cover{c}": "expected_attention" for c in COVER_MASSES},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -172,7 +179,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     token's larger score of the two instead of their average; +winexppages, an experiment of
     the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS;
     +winexpcover<c>, c in COVER_MASSES, the question's pages until they hold c% of its mass,
-    then expected attention's);
+    then expected attention's; +winexpcovermix<w>, an experiment of the worker's, the same with
+    the first pages ranked by the average mix over w tokens: COVER_MIX_WIDTHS);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -190,6 +198,7 @@ def policy_of(name: str, ratio: float) -> Policy:
              "winexpmax": "window_expected_max", "winexppages": "window_expected_pages",
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{f"winexpcover{c}": f"window_expected_cover{c}" for c in COVER_MASSES},
+             **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -499,6 +508,8 @@ class PoolWorker:
         for window_expected_max."""
         if kind == "window_expected_pages":
             return self._page_union(kv, layer, rows, tokens)
+        if kind.startswith("window_expected_covermix"):
+            return self._cover_by_mix(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -528,6 +539,48 @@ class PoolWorker:
             quadratic = np.einsum("hti,ti->ht", k @ covariance[group].astype(np.float64), k)
             exponent += quadratic / (2.0 * c.head_dim)
             out[group] = numpy_model.softmax(exponent, axis=1)
+        return out
+
+    def _cover_by_mix(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                      tokens: int) -> np.ndarray:
+        """window_expected_covermix<w>'s rows [query_heads, tokens]: per group, the pages the
+        average mix ranks highest (each head's two rows scaled to sum 1, averaged; the group
+        mean, max-pooled over w tokens, page maxima) past the sink page and before the tail
+        until they hold half the question's mass there, then the rest in expected attention's
+        order (over 3 tokens); a page scores the page count less its place."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        width = int(kind[len("window_expected_covermix"):])
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        sent = np.asarray(rows, np.float64)
+        mix = 0.5 * (sent / np.maximum(sent.sum(axis=1, keepdims=True), 1e-30)
+                     + expected / expected.sum(axis=1, keepdims=True))
+        pages = -(-tokens // self.page_size)
+        first, end = 1, pages - 1
+
+        def ranking(row, w):
+            pooled = np.full(pages * self.page_size, -np.inf)
+            pooled[:tokens] = neighbourhood_max(row, w)
+            return np.argsort(-pooled.reshape(pages, self.page_size).max(axis=1), kind="stable")
+
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            mass = np.zeros(pages * self.page_size)
+            mass[:tokens] = sent[group].mean(axis=0)
+            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            mass[:first], mass[end:] = 0.0, 0.0
+            order, taken = [], 0.0
+            for p in (ranking(mix[group].mean(axis=0), width) if mass.sum() > 0 else []):
+                if first <= p < end:
+                    order.append(p)
+                    taken += mass[p]
+                    if taken >= 0.5 * mass.sum():
+                        break
+            order += [p for p in ranking(expected[group].mean(axis=0), 3) if p not in order]
+            score = np.empty(pages)
+            score[order] = pages - np.arange(pages)
+            out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 
     def _page_union(self, kv: "PoolKV", layer: int, rows: np.ndarray,

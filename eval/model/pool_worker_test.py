@@ -407,6 +407,27 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         self.assertLess((kv.tables >= 0).mean(), 0.5)
         worker.close_sequence(kv)
 
+    def test_cover_by_the_mix_ranks_its_first_pages_by_the_average(self):
+        # Five pages, the sink page 0 and the tail page 4 outside the span. The question's rows
+        # put 0.6 on page 2 and 0.4 on page 3; expected attention puts 1 on page 3 and 0.6 on
+        # page 1 (of 2.38 in all). The mix ranks page 3 first (0.2 + 0.21 against 0.3 + 0.002):
+        # it holds 0.4 of the question's mass, so page 2 follows and the half is held. Expected
+        # attention (over 3 tokens) orders the rest: page 1, then 0 and 4 (equal: the lower
+        # first). A page scores 5 less its place. Ranked by the question alone, page 2 would
+        # come first and hold the half by itself.
+        worker = self.worker("cover-by-mix", capacity_frames=512)
+        c, b = self.model.config, worker.page_size
+        tokens = 5 * b
+        rows = np.zeros((c.query_heads, tokens))
+        expected = np.full((c.query_heads, tokens), 0.01)
+        rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.6, 0.4
+        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
+        worker.expected_attention = lambda kv, kind, layer, n: expected
+        for width in pool_worker.COVER_MIX_WIDTHS:
+            out = worker._cover_by_mix(None, f"window_expected_covermix{width}", 0, rows, tokens)
+            page = np.repeat([2, 3, 4, 5, 1], b).astype(np.float32)
+            np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
+
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
         # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
@@ -448,8 +469,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                         out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
-        MIXED_KINDS = {k: v for k, v in pool_worker.MIXED_KINDS.items()
-                       if k != "window_expected_pages"}  # no daemon mix: its own test
+        MIXED_KINDS = {k: v for k, v in pool_worker.MIXED_KINDS.items()  # no daemon mix
+                       if k != "window_expected_pages" and "covermix" not in k}
         example = tasks.make_example("multi_key", 333, 6)
         for kind in MIXED_KINDS:
             with self.subTest(kind=kind):
