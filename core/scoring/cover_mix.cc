@@ -47,8 +47,7 @@ absl::Status ValidateCoverMix(absl::string_view prefix, const CoverMix& mix) {
 
 absl::Status ValidateCoverPolicy(absl::string_view field, const Policy& policy,
                                  const PolicyOptions& options) {
-  if (options.neighbourhood_kernel == 1 &&
-      policy.pooling().kind != PoolingKind::kMaxPoolThenMean) {
+  if (options.neighbourhood_kernel == 1 && policy.pooling().kind != PoolingKind::kMaxPoolThenMean) {
     return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrCat(
@@ -80,7 +79,8 @@ absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int g
   for (int first = 0; first < rows.query_heads(); first += group_heads) {
     for (int h = 0; h < group_heads; ++h) {
       question[static_cast<size_t>(h)] = rows.Row(first + h, &scratch[static_cast<size_t>(h)]);
-      keys[static_cast<size_t>(h)] = key_rows.subspan(static_cast<size_t>(first + h) * width, width);
+      keys[static_cast<size_t>(h)] =
+          key_rows.subspan(static_cast<size_t>(first + h) * width, width);
     }
     const std::vector<float> question_mean = GroupMean(question);
     std::vector<double> mass(static_cast<size_t>(pages), 0.0);

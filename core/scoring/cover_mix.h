@@ -4,7 +4,7 @@
 // Why: the question's rows and the keys' expected attention win different tasks. Where a
 // group's question attention is spread thin, its pages are what the answer needs and they fill
 // the quota; where it is concentrated on a few pages, those are kept and the rest of the quota
-// goes to the keys' ranking (docs/decisions.md, "Cover, then fill").
+// goes to the keys' ranking (docs/decisions.md, "Statistics from the keys").
 #ifndef ENTROKV_CORE_SCORING_COVER_MIX_H_
 #define ENTROKV_CORE_SCORING_COVER_MIX_H_
 

@@ -62,11 +62,9 @@ TEST(CoverThenFillTest, NoQuestionMassInTheSpanLeavesTheKeysOrder) {
 TEST(CoverThenFillTest, TheQuestionsKernelPoolsBeforeTheRanking) {
   const std::vector<float> question = {0, 0, 0, 1, 0, 0, 2, 0, 0, 0, 0, 1, 0, 0, 2, 0};
   const CoverSpan whole{.first = 0, .end = 4};
-  EXPECT_THAT(Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 1, .keys_kernel = 1},
-                    whole),
+  EXPECT_THAT(Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 1, .keys_kernel = 1}, whole),
               ElementsAre(2, 2, 3, 3, 1, 1, 4, 4, 2, 2, 3, 3, 1, 1, 4, 4));
-  EXPECT_THAT(Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 3, .keys_kernel = 1},
-                    whole),
+  EXPECT_THAT(Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 3, .keys_kernel = 1}, whole),
               ElementsAre(1, 1, 2, 2, 4, 4, 3, 3, 1, 1, 2, 2, 4, 4, 3, 3));
 }
 
