@@ -235,6 +235,17 @@ def neighbourhood_max(row: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
 
 
+def page_ranking(row: np.ndarray, width: int, page_size: int) -> np.ndarray:
+    """The pages of `row` ranked best first: the row max-pooled over `width` tokens
+    (neighbourhood_max), each page its maximum over its tokens (the last page's real ones), ties
+    to the lower page (the daemon's RankPages in core/scoring/cover_mix.cc)."""
+    tokens = len(row)
+    pages = -(-tokens // page_size)
+    pooled = np.full(pages * page_size, -np.inf)
+    pooled[:tokens] = neighbourhood_max(row, width)
+    return np.argsort(-pooled.reshape(pages, page_size).max(axis=1), kind="stable")
+
+
 def question_window(prompt: np.ndarray) -> int:
     """W of the window statistic: the query rows of the question, from its Q token to the end."""
     marks = np.flatnonzero(np.asarray(prompt) == tasks.Q)
@@ -557,12 +568,6 @@ class PoolWorker:
                      + expected / expected.sum(axis=1, keepdims=True))
         pages = -(-tokens // self.page_size)
         first, end = 1, pages - 1
-
-        def ranking(row, w):
-            pooled = np.full(pages * self.page_size, -np.inf)
-            pooled[:tokens] = neighbourhood_max(row, w)
-            return np.argsort(-pooled.reshape(pages, self.page_size).max(axis=1), kind="stable")
-
         out = np.empty((c.query_heads, tokens), np.float32)
         for g in range(c.kv_heads):
             group = slice(g * per_group, (g + 1) * per_group)
@@ -571,13 +576,15 @@ class PoolWorker:
             mass = mass.reshape(pages, self.page_size).sum(axis=1)
             mass[:first], mass[end:] = 0.0, 0.0
             order, taken = [], 0.0
-            for p in (ranking(mix[group].mean(axis=0), width) if mass.sum() > 0 else []):
+            for p in (page_ranking(mix[group].mean(axis=0), width, self.page_size)
+                      if mass.sum() > 0 else []):
                 if first <= p < end:
                     order.append(p)
                     taken += mass[p]
                     if taken >= 0.5 * mass.sum():
                         break
-            order += [p for p in ranking(expected[group].mean(axis=0), 3) if p not in order]
+            order += [p for p in page_ranking(expected[group].mean(axis=0), 3, self.page_size)
+                      if p not in order]
             score = np.empty(pages)
             score[order] = pages - np.arange(pages)
             out[group] = np.repeat(score, self.page_size)[:tokens]
@@ -596,12 +603,9 @@ class PoolWorker:
             group = slice(g * per_group, (g + 1) * per_group)
             best = np.full(pages, pages, np.int64)
             for source, width in zip((rows[group], expected[group]), PAGE_UNION_WIDTHS):
-                pooled = neighbourhood_max(np.asarray(source, np.float64).mean(axis=0), width)
-                page_max = np.full(pages * self.page_size, -np.inf)
-                page_max[:tokens] = pooled
-                page_max = page_max.reshape(pages, self.page_size).max(axis=1)
                 rank = np.empty(pages, np.int64)
-                rank[np.argsort(-page_max, kind="stable")] = np.arange(pages)
+                rank[page_ranking(np.asarray(source, np.float64).mean(axis=0), width,
+                                  self.page_size)] = np.arange(pages)
                 best = np.minimum(best, rank)
             out[group] = np.repeat(1.0 / (1.0 + best), self.page_size)[:tokens]
         return out

@@ -50,7 +50,6 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
-
 def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_size: int,
                     mass: float, question_kernel: int = 7, keys_kernel: int = 3) -> np.ndarray:
     """The cover rule (core/scoring/cover_mix.h) computed here, for the daemon's defaults (4
@@ -65,11 +64,6 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
     def group_mean(block):  # MeanRows: the sum in double, scaled once, rounded to float
         return (block.astype(np.float64).sum(axis=0) * (1.0 / len(block))).astype(np.float32)
 
-    def ranking(row, kernel):
-        pooled = np.full(pages * page_size, -np.inf)
-        pooled[:tokens] = pool_worker.neighbourhood_max(row, kernel)
-        return np.argsort(-pooled.reshape(pages, page_size).max(axis=1), kind="stable")
-
     out = np.empty((heads, tokens), np.float32)
     for start in range(0, heads, per_group):
         question = group_mean(rows[start:start + per_group])
@@ -77,18 +71,21 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         for p in range(first, end):
             held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
         order, taken, total = [], 0.0, held.sum()
-        for p in (ranking(question, question_kernel) if total > 0 else []):
+        for p in (pool_worker.page_ranking(question, question_kernel, page_size)
+                  if total > 0 else []):
             if first <= p < end:
                 order.append(p)
                 taken += held[p]
                 if taken >= mass * total:
                     break
-        key_order = ranking(group_mean(keys[start:start + per_group]), keys_kernel)
+        key_order = pool_worker.page_ranking(group_mean(keys[start:start + per_group]),
+                                             keys_kernel, page_size)
         order += [p for p in key_order if p not in order]
         score = np.empty(pages, np.float32)
         score[order] = pages - np.arange(pages)
         out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
     return out
+
 
 class DaemonFixture:
     """A test class's daemon (ENTROKVD) on loopback, its client, the policy registry (ENTROKV_CLI)
