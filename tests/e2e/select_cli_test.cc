@@ -86,6 +86,15 @@ std::string ActualKeptPages(const std::string& json) {
   return absl::StrJoin(parts, "|");
 }
 
+// Runs both `entrokv` commands, each of which must succeed, and expects the same kept pages.
+void ExpectSameKeptPages(const std::string& one, const std::string& other) {
+  const CliRun first = RunCli(one);
+  const CliRun second = RunCli(other);
+  ASSERT_EQ(first.exit_code, 0) << first.out;
+  ASSERT_EQ(second.exit_code, 0) << second.out;
+  EXPECT_EQ(ActualKeptPages(first.out), ActualKeptPages(second.out));
+}
+
 TEST_F(SelectCliTest, JsonMatchesTheLibraryForEveryLayerAndGroup) {
   const int layers = 3, heads = 8, groups = 2;
   const int64_t tokens = 1000;
@@ -384,15 +393,15 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     }
     const std::string stats_path = Write("rows.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                          rows.data(), rows.size() * 4);
+    SCOPED_TRACE(with_covariance ? "with the covariance" : "the mean alone");
     const std::string rest = " --page-size 16 --pages 2 --policy mean";
-    const CliRun from_keys = RunCli(absl::StrCat(
-        "select --keys ", keys_path, " --key-score expected_attention --query-mean ", mean_path,
-        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
-    const CliRun from_rows =
-        RunCli(absl::StrCat("select --stats ", stats_path, " --kv-heads 2", rest));
-    ASSERT_EQ(from_keys.exit_code, 0) << from_keys.out;
-    ASSERT_EQ(from_rows.exit_code, 0) << from_rows.out;
-    EXPECT_EQ(ActualKeptPages(from_keys.out), ActualKeptPages(from_rows.out)) << with_covariance;
+    // The keys and how they are scored, for each command below that scores them.
+    const std::string scored = absl::StrCat(
+        " --keys ", keys_path, " --key-score expected_attention --query-mean ", mean_path,
+        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest);
+    ASSERT_NO_FATAL_FAILURE(
+        ExpectSameKeptPages(absl::StrCat("select", scored),
+                            absl::StrCat("select --stats ", stats_path, " --kv-heads 2", rest)));
     // A keys mix: a statistic's rows with these, each scaled to its share and combined
     // (MixRows: averaged, then by the max rule), decide as the mix given as a statistic.
     std::vector<float> sent(rows.size());
@@ -414,30 +423,17 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     const std::string covered_path =
         Write("covered.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens}, covered.data(),
               covered.size() * 4);
-    const CliRun from_cover = RunCli(absl::StrCat(
-        "select --stats ", sent_path, " --keys-mix-rule cover --protect-tail --keys ", keys_path,
-        " --key-score expected_attention --query-mean ", mean_path,
-        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
-    const CliRun from_covered =
-        RunCli(absl::StrCat("select --stats ", covered_path, " --kv-heads 2 --protect-tail", rest));
-    ASSERT_EQ(from_cover.exit_code, 0) << from_cover.out;
-    ASSERT_EQ(from_covered.exit_code, 0) << from_covered.out;
-    EXPECT_EQ(ActualKeptPages(from_cover.out), ActualKeptPages(from_covered.out))
-        << with_covariance;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameKeptPages(
+        absl::StrCat("select --stats ", sent_path, " --keys-mix-rule cover --protect-tail", scored),
+        absl::StrCat("select --stats ", covered_path, " --kv-heads 2 --protect-tail", rest)));
     const MixRule rule = with_covariance ? MixRule::kMax : MixRule::kAverage;
     ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rule, rows));
     const std::string mixed_path = Write("mixed.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                          rows.data(), rows.size() * 4);
-    const CliRun from_mix = RunCli(absl::StrCat(
-        "select --stats ", sent_path, " --keys-weight 0.25 --keys-mix-rule ",
-        rule == MixRule::kMax ? "max" : "average", " --keys ", keys_path,
-        " --key-score expected_attention --query-mean ", mean_path,
-        with_covariance ? " --query-covariance " + covariance_path : std::string(), rest));
-    const CliRun from_mixed =
-        RunCli(absl::StrCat("select --stats ", mixed_path, " --kv-heads 2", rest));
-    ASSERT_EQ(from_mix.exit_code, 0) << from_mix.out;
-    ASSERT_EQ(from_mixed.exit_code, 0) << from_mixed.out;
-    EXPECT_EQ(ActualKeptPages(from_mix.out), ActualKeptPages(from_mixed.out)) << with_covariance;
+    ASSERT_NO_FATAL_FAILURE(ExpectSameKeptPages(
+        absl::StrCat("select --stats ", sent_path, " --keys-weight 0.25 --keys-mix-rule ",
+                     rule == MixRule::kMax ? "max" : "average", scored),
+        absl::StrCat("select --stats ", mixed_path, " --kv-heads 2", rest)));
   }
   // The covariance as a factor: S = diag(1 + h % 3) is F'F for F = sqrt(S); the same rows.
   std::vector<float> factor(covariance.size());
