@@ -69,17 +69,27 @@ KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS
 MIXED_KEY_WEIGHTS = (25, 75)
 # window_expected_cover<c>: the question's pages first, until they hold c% of its mass, then the
 # keys' (the daemon's cover rule, KEYS_MIX_RULE_COVER, with its default kernels: 7 and 3).
+# window_expected_cover<c>q<k>: the same with the question's rows max-pooled over k tokens (k in
+# COVER_QUESTION_KERNELS, half the mass), so that a page beside the question's tokens ranks with
+# them.
 COVER_MASSES = (25, 50, 65, 80)
-COVER = {f"window_expected_cover{c}": c for c in COVER_MASSES}
+COVER_QUESTION_KERNELS = (15, 31)
+COVER = ({f"window_expected_cover{c}": (c, 7) for c in COVER_MASSES}
+         | {f"window_expected_cover50q{k}": (50, k) for k in COVER_QUESTION_KERNELS})
 # window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
 # pages ranked by the average mix (the question's rows and expected attention, half and half,
 # max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
 # question's mass, then expected attention's order.
 COVER_MIX_WIDTHS = (3, 7)
+# window_expected_coversink<c>, an experiment of this worker's: the cover rule with c% of the
+# mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
+# the entropy weights leave it out) instead of only in the keys' order.
+COVER_SINK_MASSES = (25, 35, 40, 50)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_cover{c}" for c in COVER_MASSES)
+                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
@@ -95,7 +105,9 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                "window_expected_max": "expected_attention",
                "window_expected_pages": "expected_attention",
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
-               **{f"window_expected_cover{c}": "expected_attention" for c in COVER_MASSES},
+               **{f"window_expected_coversink{c}": "expected_attention"
+                  for c in COVER_SINK_MASSES},
+               **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
 MIXED_WEIGHTS = {kind: 0.5 for kind in MIXED_KINDS} | {
@@ -112,6 +124,10 @@ MIXED_RULES = ({kind: "average" for kind in MIXED_KINDS} | {"window_expected_max
 # maximum; a page's score is 1 / (1 + its better rank), sent as rows to a policy with no
 # neighbourhood, so a quota of K pages keeps about K/2 from the top of each ranking.
 PAGE_UNION_WIDTHS = (7, 3)
+# The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
+WORKER_MIXES = (("window_expected_pages",)
+                + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
+                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES))
 # The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows mixed in, or before the question is known.
 DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
@@ -179,8 +195,11 @@ def policy_of(name: str, ratio: float) -> Policy:
     token's larger score of the two instead of their average; +winexppages, an experiment of
     the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS;
     +winexpcover<c>, c in COVER_MASSES, the question's pages until they hold c% of its mass,
-    then expected attention's; +winexpcovermix<w>, an experiment of the worker's, the same with
-    the first pages ranked by the average mix over w tokens: COVER_MIX_WIDTHS);
+    then expected attention's (+winexpcover50q<k>: the question's rows over k tokens, k in
+    COVER_QUESTION_KERNELS); +winexpcovermix<w>, an experiment of the worker's, the same with
+    the first pages ranked by the average mix over w tokens: COVER_MIX_WIDTHS;
+    +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
+    the question's: COVER_SINK_MASSES);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -197,8 +216,10 @@ def policy_of(name: str, ratio: float) -> Policy:
              "winkeys": "window_keydiff", "winexp": "window_expected",
              "winexpmax": "window_expected_max", "winexppages": "window_expected_pages",
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
-             **{f"winexpcover{c}": f"window_expected_cover{c}" for c in COVER_MASSES},
+             **{kind.replace("window_expected_", "winexp"): kind for kind in COVER},
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
+             **{f"winexpcoversink{c}": f"window_expected_coversink{c}"
+                for c in COVER_SINK_MASSES},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -521,14 +542,18 @@ class PoolWorker:
             return self._page_union(kv, layer, rows, tokens)
         if kind.startswith("window_expected_covermix"):
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
+        if kind.startswith("window_expected_coversink"):
+            return self._cover_with_sinks(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
                                              covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
         if MIXED_RULES[kind] == "cover":
+            mass, question_kernel = COVER[kind]
             return entrokv.mixed_statistic(rows, keys, kind="window_mean", rule="cover",
-                                           cover_mass=COVER[kind] / 100)
+                                           cover_mass=mass / 100,
+                                           cover_question_kernel=question_kernel)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
@@ -582,6 +607,41 @@ class PoolWorker:
                     order.append(p)
                     taken += mass[p]
                     if taken >= 0.5 * mass.sum():
+                        break
+            order += [p for p in page_ranking(expected[group].mean(axis=0), 3, self.page_size)
+                      if p not in order]
+            score = np.empty(pages)
+            score[order] = pages - np.arange(pages)
+            out[group] = np.repeat(score, self.page_size)[:tokens]
+        return out
+
+    def _cover_with_sinks(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                          tokens: int) -> np.ndarray:
+        """window_expected_coversink<c>'s rows [query_heads, tokens]: the cover rule (the
+        question's rows over 7 tokens, then expected attention's over 3) with every page before
+        the tail among the question's pages and c% of the question's mass past the first
+        EXPECTED_SINKS tokens."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        share = int(kind[len("window_expected_coversink"):]) / 100
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        sent = np.asarray(rows, np.float64)
+        pages = -(-tokens // self.page_size)
+        end = pages - 1
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            question = sent[group].mean(axis=0)
+            mass = np.zeros(pages * self.page_size)
+            mass[EXPECTED_SINKS:tokens] = question[EXPECTED_SINKS:]
+            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            mass[end:] = 0.0
+            order, taken = [], 0.0
+            for p in page_ranking(question, 7, self.page_size) if mass.sum() > 0 else []:
+                if p < end:
+                    order.append(p)
+                    taken += mass[p]
+                    if taken >= share * mass.sum():
                         break
             order += [p for p in page_ranking(expected[group].mean(axis=0), 3, self.page_size)
                       if p not in order]

@@ -425,6 +425,29 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             page = np.repeat([2, 3, 4, 5, 1], b).astype(np.float32)
             np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
 
+    def test_cover_with_sinks_ranks_the_sink_page_by_the_question_without_its_sink_mass(self):
+        # Five pages, the tail page 4 protected. The question's rows put 0.5 on the sink token 0
+        # and 0.3 on page 0's token 8, 0.3 on page 2 and 0.2 on page 3: the sink token ranks
+        # page 0 first, and its mass past the sink tokens is 0.3 of 0.8. Up to a share of 0.375
+        # page 0 holds it alone; past it page 2 follows. Expected attention (1 on page 3, 0.6 on
+        # page 1) orders the rest, equal pages the lower first. A page scores 5 less its place.
+        # Counting the sink token's mass, page 0 would hold the half alone; the daemon's cover
+        # would rank page 0 only among the keys' pages.
+        worker = self.worker("cover-with-sinks", capacity_frames=512)
+        c, b = self.model.config, worker.page_size
+        tokens = 5 * b
+        rows = np.zeros((c.query_heads, tokens))
+        expected = np.full((c.query_heads, tokens), 0.01)
+        rows[:, 0], rows[:, 8], rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.5, 0.3, 0.3, 0.2
+        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
+        worker.expected_attention = lambda kv, kind, layer, n: expected
+        for share in pool_worker.COVER_SINK_MASSES:
+            out = worker._cover_with_sinks(None, f"window_expected_coversink{share}", 0, rows,
+                                           tokens)
+            page = [5, 3, 2, 4, 1] if share <= 37.5 else [5, 2, 4, 3, 1]
+            np.testing.assert_array_equal(
+                out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
+
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
         # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
@@ -439,8 +462,9 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             def _mixed(self, kv, kind, layer, rows, tokens):
                 if pool_worker.MIXED_RULES[kind] == "cover":
                     expected = self.expected_attention(kv, kind, layer, tokens)
+                    mass, question_kernel = pool_worker.COVER[kind]
                     return cover_then_fill(rows, expected, per_group, self.page_size,
-                                           pool_worker.COVER[kind] / 100)
+                                           mass / 100, question_kernel)
                 out = rows.astype(np.float64)
                 out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
                 pages = -(-tokens // self.page_size)
@@ -466,8 +490,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                         out[group] = (1.0 - weight) * out[group] + weight * score
                 return out.astype(np.float32)
 
-        MIXED_KINDS = {k: v for k, v in pool_worker.MIXED_KINDS.items()  # no daemon mix
-                       if k != "window_expected_pages" and "covermix" not in k}
+        MIXED_KINDS = {k: v for k, v in pool_worker.MIXED_KINDS.items()
+                       if k not in pool_worker.WORKER_MIXES}
         example = tasks.make_example("multi_key", 333, 6)
         for kind in MIXED_KINDS:
             with self.subTest(kind=kind):
