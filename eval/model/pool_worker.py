@@ -85,10 +85,16 @@ COVER_MIX_WIDTHS = (3, 7)
 # mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
 # the entropy weights leave it out) instead of only in the keys' order.
 COVER_SINK_MASSES = (25, 35, 40, 50)
+# window_expected_coverfwd<w>, an experiment of this worker's: the cover rule (half the mass)
+# with the question's rows max-pooled forward, each token over itself and the w - 1 tokens before
+# it, so that a token the question attends to ranks the w - 1 after it (what follows a key) with
+# it, and none before it.
+COVER_FORWARD_WIDTHS = (7, 11)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(f"window_expected_coverfwd{w}" for w in COVER_FORWARD_WIDTHS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -107,6 +113,8 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
                **{f"window_expected_coversink{c}": "expected_attention"
                   for c in COVER_SINK_MASSES},
+               **{f"window_expected_coverfwd{w}": "expected_attention"
+                  for w in COVER_FORWARD_WIDTHS},
                **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -127,7 +135,8 @@ PAGE_UNION_WIDTHS = (7, 3)
 # The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES))
+                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(f"window_expected_coverfwd{w}" for w in COVER_FORWARD_WIDTHS))
 # The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows mixed in, or before the question is known.
 DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
@@ -199,7 +208,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     COVER_QUESTION_KERNELS); +winexpcovermix<w>, an experiment of the worker's, the same with
     the first pages ranked by the average mix over w tokens: COVER_MIX_WIDTHS;
     +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
-    the question's: COVER_SINK_MASSES);
+    the question's: COVER_SINK_MASSES; +winexpcoverfwd<w>, an experiment of the worker's,
+    cover with the question's rows pooled forward over w tokens: COVER_FORWARD_WIDTHS);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -220,6 +230,8 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
              **{f"winexpcoversink{c}": f"window_expected_coversink{c}"
                 for c in COVER_SINK_MASSES},
+             **{f"winexpcoverfwd{w}": f"window_expected_coverfwd{w}"
+                for w in COVER_FORWARD_WIDTHS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -256,15 +268,42 @@ def neighbourhood_max(row: np.ndarray, width: int) -> np.ndarray:
     return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
 
 
-def page_ranking(row: np.ndarray, width: int, page_size: int) -> np.ndarray:
+def forward_max(row: np.ndarray, width: int) -> np.ndarray:
+    """Each token's maximum over itself and the `width` - 1 tokens before it: a token's score
+    carried to the `width` - 1 tokens after it."""
+    padded = np.pad(row, (width - 1, 0), constant_values=-np.inf)
+    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
+
+
+def page_ranking(row: np.ndarray, width: int, page_size: int,
+                 pool=neighbourhood_max) -> np.ndarray:
     """The pages of `row` ranked best first: the row max-pooled over `width` tokens
-    (neighbourhood_max), each page its maximum over its tokens (the last page's real ones), ties
-    to the lower page (the daemon's RankPages in core/scoring/cover_mix.cc)."""
+    (neighbourhood_max, or `pool`), each page its maximum over its tokens (the last page's real
+    ones), ties to the lower page (the daemon's RankPages in core/scoring/cover_mix.cc)."""
     tokens = len(row)
     pages = -(-tokens // page_size)
     pooled = np.full(pages * page_size, -np.inf)
-    pooled[:tokens] = neighbourhood_max(row, width)
+    pooled[:tokens] = pool(row, width)
     return np.argsort(-pooled.reshape(pages, page_size).max(axis=1), kind="stable")
+
+
+def cover_scores(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int, end: int,
+                 fill_ranking: np.ndarray) -> np.ndarray:
+    """The cover rule's page scores: the pages of `first_ranking` in [first, end) until they
+    hold `share` of `mass` (per page, zero outside the span), then the rest in `fill_ranking`;
+    a page scores the page count less its place."""
+    order, taken, total = [], 0.0, mass.sum()
+    for p in first_ranking if total > 0 else []:
+        if first <= p < end:
+            order.append(p)
+            taken += mass[p]
+            if taken >= share * total:
+                break
+    order += [p for p in fill_ranking if p not in order]
+    pages = len(fill_ranking)
+    score = np.empty(pages)
+    score[order] = pages - np.arange(pages)
+    return score
 
 
 def question_window(prompt: np.ndarray) -> int:
@@ -544,6 +583,8 @@ class PoolWorker:
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
         if kind.startswith("window_expected_coversink"):
             return self._cover_with_sinks(kv, kind, layer, rows, tokens)
+        if kind.startswith("window_expected_coverfwd"):
+            return self._cover_forward(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -600,18 +641,9 @@ class PoolWorker:
             mass[:tokens] = sent[group].mean(axis=0)
             mass = mass.reshape(pages, self.page_size).sum(axis=1)
             mass[:first], mass[end:] = 0.0, 0.0
-            order, taken = [], 0.0
-            for p in (page_ranking(mix[group].mean(axis=0), width, self.page_size)
-                      if mass.sum() > 0 else []):
-                if first <= p < end:
-                    order.append(p)
-                    taken += mass[p]
-                    if taken >= 0.5 * mass.sum():
-                        break
-            order += [p for p in page_ranking(expected[group].mean(axis=0), 3, self.page_size)
-                      if p not in order]
-            score = np.empty(pages)
-            score[order] = pages - np.arange(pages)
+            score = cover_scores(page_ranking(mix[group].mean(axis=0), width, self.page_size),
+                                 mass, 0.5, first, end,
+                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 
@@ -636,17 +668,34 @@ class PoolWorker:
             mass[EXPECTED_SINKS:tokens] = question[EXPECTED_SINKS:]
             mass = mass.reshape(pages, self.page_size).sum(axis=1)
             mass[end:] = 0.0
-            order, taken = [], 0.0
-            for p in page_ranking(question, 7, self.page_size) if mass.sum() > 0 else []:
-                if p < end:
-                    order.append(p)
-                    taken += mass[p]
-                    if taken >= share * mass.sum():
-                        break
-            order += [p for p in page_ranking(expected[group].mean(axis=0), 3, self.page_size)
-                      if p not in order]
-            score = np.empty(pages)
-            score[order] = pages - np.arange(pages)
+            score = cover_scores(page_ranking(question, 7, self.page_size), mass, share, 0, end,
+                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
+            out[group] = np.repeat(score, self.page_size)[:tokens]
+        return out
+
+    def _cover_forward(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                       tokens: int) -> np.ndarray:
+        """window_expected_coverfwd<w>'s rows [query_heads, tokens]: the cover rule at half the
+        mass (past the sink page, before the tail) with the question's rows pooled forward over
+        w tokens (forward_max), then expected attention's order (over 3 tokens)."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        width = int(kind[len("window_expected_coverfwd"):])
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        sent = np.asarray(rows, np.float64)
+        pages = -(-tokens // self.page_size)
+        first, end = -(-min(EXPECTED_SINKS, tokens) // self.page_size), pages - 1
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            question = sent[group].mean(axis=0)
+            mass = np.zeros(pages * self.page_size)
+            mass[:tokens] = question
+            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            mass[:first], mass[end:] = 0.0, 0.0
+            score = cover_scores(page_ranking(question, width, self.page_size, forward_max),
+                                 mass, 0.5, first, end,
+                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 

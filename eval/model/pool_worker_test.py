@@ -448,6 +448,26 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             np.testing.assert_array_equal(
                 out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
 
+    def test_cover_forward_ranks_the_pages_after_the_question_s_tokens_with_them(self):
+        # Five pages, the sink page 0 and the tail page 4 outside the span. The question's rows
+        # put 0.4 on page 2's token 12 and 0.35 and 0.25 on page 1's tokens 2 and 9. Pooled
+        # forward, token 12 lifts page 3's first tokens to 0.4: pages 2 and 3 rank first (equal:
+        # the lower first), then page 1, which brings the held mass to the half. Expected
+        # attention (1 on page 4) orders the rest: page 4, then 0. A page scores 5 less its
+        # place. Pooled about each token (centred), page 3 would rank with the keys' pages.
+        worker = self.worker("cover-forward", capacity_frames=512)
+        c, b = self.model.config, worker.page_size
+        tokens = 5 * b
+        rows = np.zeros((c.query_heads, tokens))
+        expected = np.full((c.query_heads, tokens), 0.01)
+        rows[:, 2 * b + 12], rows[:, b + 2], rows[:, b + 9] = 0.4, 0.35, 0.25
+        expected[:, 4 * b + 8] = 1.0
+        worker.expected_attention = lambda kv, kind, layer, n: expected
+        for width in pool_worker.COVER_FORWARD_WIDTHS:
+            out = worker._cover_forward(None, f"window_expected_coverfwd{width}", 0, rows, tokens)
+            page = np.repeat([1, 3, 5, 4, 2], b).astype(np.float32)
+            np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
+
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
         # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
