@@ -1,4 +1,5 @@
 // entrokv select: the eviction core on a .npy statistic, offline (no daemon).
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -28,6 +29,10 @@
 
 namespace entrokv::cli {
 namespace {
+
+// The options of --keys-mix-rule cover alone.
+constexpr std::array<const char*, 4> kCoverOptions = {
+    "cover-mass", "cover-question-kernel", "cover-keys-kernel", "cover-question-forward"};
 
 struct LoadedStatistic {
   NpyArray array;
@@ -324,7 +329,7 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
         absl::StrCat("--keys-mix-rule: must be average, max or cover, got \"", rule_name, "\""));
   }
   const bool cover = rule_name == "cover";
-  for (const char* option : {"cover-mass", "cover-question-kernel", "cover-keys-kernel"}) {
+  for (const char* option : kCoverOptions) {
     if (args.Given(option) && !cover) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", option, ": only with --keys-mix-rule cover"));
@@ -343,6 +348,7 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
     RETURN_IF_ERROR(ValidateNeighbourhoodKernel("--cover-keys-kernel", keys_kernel));
     cover_mix.question_kernel = static_cast<int>(question_kernel);
     cover_mix.keys_kernel = static_cast<int>(keys_kernel);
+    cover_mix.question_forward = args.GetFlag("cover-question-forward");
     RETURN_IF_ERROR(ValidateCoverMix("--cover-", cover_mix));
     RETURN_IF_ERROR(ValidateCoverPolicy("--keys-mix-rule", policy, options));
   }
@@ -377,8 +383,9 @@ absl::StatusOr<std::vector<LayerDecision>> Run(const ArgParser& args) {
   if (!args.Given("stats") && !args.Given("keys")) {
     return absl::InvalidArgumentError("give --stats, --keys, or both (a keys mix)");
   }
-  for (const char* mix_option : {"keys-weight", "keys-mix-rule", "cover-mass",
-                                 "cover-question-kernel", "cover-keys-kernel"}) {
+  std::vector<const char*> mix_options = {"keys-weight", "keys-mix-rule"};
+  mix_options.insert(mix_options.end(), kCoverOptions.begin(), kCoverOptions.end());
+  for (const char* mix_option : mix_options) {
     if (args.Given(mix_option) && !(args.Given("stats") && args.Given("keys"))) {
       return absl::InvalidArgumentError(
           absl::StrCat("--", mix_option, ": only with both --stats and --keys"));
@@ -534,6 +541,9 @@ int RunSelect(const std::vector<std::string>& argv) {
               "--keys-mix-rule cover: the max-pool width of --stats' page ranking (odd)");
   args.Option("cover-keys-kernel", "3",
               "--keys-mix-rule cover: the max-pool width of the keys' page ranking (odd)");
+  args.Flag("cover-question-forward", false,
+            "--keys-mix-rule cover: pool --stats forward, each token over itself and the "
+            "--cover-question-kernel - 1 before it (what follows a key ranks with it)");
   args.Option("query-mean", "",
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",

@@ -1,6 +1,7 @@
 #include "core/scoring/cover_mix.h"
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <vector>
 
@@ -19,12 +20,33 @@ std::vector<float> GroupMean(std::span<const std::span<const float>> rows) {
   return mean;
 }
 
-// The pages ranked by `row` max-pooled over `kernel` and projected by their maximum, best first,
-// ties to the lower page.
-std::vector<int64_t> RankPages(std::span<const float> row, int kernel, int page_size) {
+// `row` max-pooled over `kernel` tokens: centred on each token, or (forward) over the token and
+// the kernel - 1 before it. The forward window of token t is the centred one of token t - kernel/2,
+// whole because the kernel is odd; the first kernel/2 tokens see the row's start.
+std::vector<float> MaxPool(std::span<const float> row, int kernel, bool forward) {
   const auto tokens = static_cast<int64_t>(row.size());
+  std::vector<float> centred(row.size());
+  NeighbourhoodPool(row, 0, tokens, 0, kernel, NeighbourhoodKind::kMax, centred);
+  if (!forward) return centred;
+  const int64_t half = kernel / 2;
   std::vector<float> pooled(row.size());
-  NeighbourhoodPool(row, 0, tokens, 0, kernel, NeighbourhoodKind::kMax, pooled);
+  float start = std::numeric_limits<float>::lowest();
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (t < half) {
+      start = std::max(start, row[t]);
+      pooled[t] = start;
+    } else {
+      pooled[t] = centred[t - half];
+    }
+  }
+  return pooled;
+}
+
+// The pages ranked by `row` max-pooled over `kernel` (MaxPool) and projected by their maximum,
+// best first, ties to the lower page.
+std::vector<int64_t> RankPages(std::span<const float> row, int kernel, int page_size,
+                               bool forward = false) {
+  const std::vector<float> pooled = MaxPool(row, kernel, forward);
   const std::vector<float> maxima = PageMaxima(pooled, page_size);
   std::vector<int64_t> order(maxima.size());
   std::iota(order.begin(), order.end(), int64_t{0});
@@ -98,7 +120,8 @@ absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int g
     };
     if (total > 0.0) {
       double held = 0.0;
-      for (const int64_t page : RankPages(question_mean, mix.question_kernel, page_size)) {
+      for (const int64_t page :
+           RankPages(question_mean, mix.question_kernel, page_size, mix.question_forward)) {
         if (page < span.first || page >= span.end) continue;
         put(page);
         held += mass[page];

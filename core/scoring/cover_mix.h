@@ -26,6 +26,10 @@ struct CoverMix {
   // rankings: the question's rows, and the keys'.
   int question_kernel = 7;
   int keys_kernel = 3;
+  // The question's pool looks forward: each token takes the maximum over itself and the
+  // question_kernel - 1 tokens before it, so the tokens after one the question attends to (what
+  // follows a key: its value) rank with it, and none before it do. Otherwise the pool is centred.
+  bool question_forward = false;
 };
 
 // INVALID_ARGUMENT naming the parameter as `prefix` followed by mass, question_kernel or
@@ -53,7 +57,8 @@ struct CoverSpan {
 
 // Per KV group (`group_heads` consecutive heads of `rows` and of key_rows, [heads][tokens]):
 // the group's question row is the mean of its rows sent (MeanRows) and its keys' row the mean of
-// its key_rows. Each is max-pooled over its kernel (NeighbourhoodPool) and projected onto pages
+// its key_rows. Each is max-pooled over its kernel (NeighbourhoodPool; the question's forward
+// when mix.question_forward) and projected onto pages
 // of `page_size` tokens by their maximum, and each ranks the pages by that, ties to the lower
 // page. The order is the question's ranking restricted to `span` until the pages taken hold at
 // least `mix.mass` of the question row's mass in the span (summed in double; none when the span

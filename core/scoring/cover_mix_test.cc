@@ -68,6 +68,27 @@ TEST(CoverThenFillTest, TheQuestionsKernelPoolsBeforeTheRanking) {
               ElementsAre(1, 1, 2, 2, 4, 4, 3, 3, 1, 1, 2, 2, 4, 4, 3, 3));
 }
 
+// Pooled forward over 3 tokens, token 2's 3 reaches tokens 3 and 4, into page 2, and not token
+// 1: pages 1 and 2 rank first, then page 3 (token 7's 2), and the whole mass needs all three;
+// page 0 comes last. Centred, token 2's 3 reaches back into page 0, which ranks first; pages 1
+// and 3 then hold the mass, and page 2 comes last.
+TEST(CoverThenFillTest, AForwardPoolRanksThePagesAfterTheQuestionsTokens) {
+  const std::vector<float> question = {0, 0, 3, 0, 0, 0, 0, 2, 0, 0, 3, 0, 0, 0, 0, 2};
+  const CoverSpan whole{.first = 0, .end = 4};
+  const CoverMix forward{
+      .mass = 1.0, .question_kernel = 3, .keys_kernel = 1, .question_forward = true};
+  EXPECT_THAT(Mixed(question, forward, whole),
+              ElementsAre(1, 1, 4, 4, 3, 3, 2, 2, 1, 1, 4, 4, 3, 3, 2, 2));
+  EXPECT_THAT(Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 3, .keys_kernel = 1}, whole),
+              ElementsAre(4, 4, 3, 3, 1, 1, 2, 2, 4, 4, 3, 3, 1, 1, 2, 2));
+  // A kernel of 1 pools nothing either way.
+  EXPECT_EQ(
+      Mixed(question, CoverMix{.mass = 1.0, .question_kernel = 1, .keys_kernel = 1}, whole),
+      Mixed(question,
+            CoverMix{.mass = 1.0, .question_kernel = 1, .keys_kernel = 1, .question_forward = true},
+            whole));
+}
+
 // Groups rank alone: the second group's question favours page 1, the first's page 2.
 TEST(CoverThenFillTest, EachGroupOrdersItsOwnPages) {
   const std::vector<float> question = {0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0};

@@ -409,14 +409,17 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                         sent.data(), sent.size() * 4);
     // The cover rule, with the tail page protected: each layer's keys' rows ordered by page
-    // with the sent rows (CoverThenFill, its defaults), given as a statistic, decide alike.
+    // with the sent rows (CoverThenFill, its defaults; with the covariance, the question pooled
+    // forward), given as a statistic, decide alike.
+    const bool forward = with_covariance;
     std::vector<float> covered = rows;
     PolicyOptions tail;
     tail.protections.tail_page = true;
     for (size_t at = 0; at < covered.size(); at += kHeads * kTokens) {
       const StatisticView view =
           *StatisticView::Create(sent.data() + at, DType::kFloat32, kHeads, kTokens);
-      ASSERT_TRUE(CoverThenFill(view, CoverMix{}, kHeads / kGroups, 16, CoverSpanOf(tail, kTokens),
+      ASSERT_TRUE(CoverThenFill(view, CoverMix{.question_forward = forward}, kHeads / kGroups, 16,
+                                CoverSpanOf(tail, kTokens),
                                 std::span<float>(covered.data() + at, kHeads * kTokens))
                       .ok());
     }
@@ -424,7 +427,8 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
         Write("covered.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens}, covered.data(),
               covered.size() * 4);
     ASSERT_NO_FATAL_FAILURE(ExpectSameKeptPages(
-        absl::StrCat("select --stats ", sent_path, " --keys-mix-rule cover --protect-tail", scored),
+        absl::StrCat("select --stats ", sent_path, " --keys-mix-rule cover --protect-tail",
+                     forward ? " --cover-question-forward" : "", scored),
         absl::StrCat("select --stats ", covered_path, " --kv-heads 2 --protect-tail", rest)));
     const MixRule rule = with_covariance ? MixRule::kMax : MixRule::kAverage;
     ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rule, rows));
@@ -479,6 +483,8 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
             "--keys-mix-rule: must be average, max or cover, got \"union\""},
            {mix + " --keys-mix-rule cover --keys-weight 0.3", "--keys-weight: not with"},
            {mix + " --cover-mass 0.5", "--cover-mass: only with --keys-mix-rule cover"},
+           {mix + " --cover-question-forward",
+            "--cover-question-forward: only with --keys-mix-rule cover"},
            {mix + " --keys-mix-rule cover --cover-mass 0", "--cover-mass: must be in (0, 1]"},
            {mix + " --keys-mix-rule cover --cover-keys-kernel 2", "--cover-keys-kernel: must be"},
            {mix + " --keys-mix-rule cover --neighbourhood-kernel 3",

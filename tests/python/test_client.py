@@ -517,6 +517,23 @@ class ClientTest(unittest.TestCase):
             for decision in decisions:
                 for group in decision.groups:
                     self.assertEqual(list(group.kept_pages), [page])
+        # Pooled forward (over the default 7 tokens), token 27's score reaches page 2's first
+        # tokens, so pages 1 and 2 come first; centred, page 3's 0.8 follows page 1.
+        ahead = np.full_like(rows, 1e-3)
+        ahead[:, 27], ahead[:, 52] = 1.0, 0.8
+        for forward, pages in ((None, [1, 3]), (True, [1, 2])):
+            sequence = f"forward{forward}"
+            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
+            stats = [entrokv.mixed_statistic(ahead, keydiff, rule="cover", cover_mass=0.9,
+                                             cover_question_forward=forward)
+                     for _ in range(GEOMETRY["layers"])]
+            decisions = self.client.decide("keys", sequence, stats, pages=2, policy="mean",
+                                           protect_tail_page=False)
+            for decision in decisions:
+                for group in decision.groups:
+                    self.assertEqual(sorted(group.kept_pages), pages, forward)
+        with self.assertRaisesRegex(ValueError, 'cover_question_forward: only with rule="cover"'):
+            entrokv.mixed_statistic(rows, keydiff, cover_question_forward=True)
         with self.assertRaisesRegex(ValueError, 'keys_weight: not with rule="cover"'):
             entrokv.mixed_statistic(rows, keydiff, rule="cover", keys_weight=0.5)
         with self.assertRaisesRegex(ValueError, 'cover_mass: only with rule="cover"'):

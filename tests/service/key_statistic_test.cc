@@ -404,13 +404,17 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
   for (float& value : mean) value = normal(rng);
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
-    // Weight 0 and rule unset: half and half, averaged. The cover rule takes no weight.
-    for (const auto& [weight, rule] :
-         {std::pair{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED}, std::pair{0.25, v1::KEYS_MIX_RULE_AVERAGE},
-          std::pair{0.25, v1::KEYS_MIX_RULE_MAX}, std::pair{0.0, v1::KEYS_MIX_RULE_COVER}}) {
+    // Weight 0 and rule unset: half and half, averaged. The cover rule takes no weight; its
+    // question pool centred, then forward.
+    for (const auto& [weight, rule, forward] :
+         {std::tuple{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED, false},
+          std::tuple{0.25, v1::KEYS_MIX_RULE_AVERAGE, false},
+          std::tuple{0.25, v1::KEYS_MIX_RULE_MAX, false},
+          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, false},
+          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, true}}) {
       for (const bool expected_attention : {true, false}) {
         SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight, " ",
-                                  v1::KeysMixRule_Name(rule),
+                                  v1::KeysMixRule_Name(rule), forward ? " forward" : "",
                                   expected_attention ? " expected attention" : " keydiff"));
         const std::string keyed = absl::StrCat("mixed", index);
         const std::string sent = absl::StrCat("averaged", index);
@@ -437,6 +441,7 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
             mix->set_keys_dtype(v1::DTYPE_FLOAT16);
             mix->set_keys_weight(weight);
             mix->set_rule(rule);
+            mix->set_cover_question_forward(forward);
             if (expected_attention) {
               mix->mutable_keys()->set_score(v1::KEY_SCORE_EXPECTED_ATTENTION);
               mix->mutable_keys()->mutable_query_mean()->Assign(mean.begin(), mean.end());
@@ -451,8 +456,8 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
               // the sink page and the tail page are outside the span.
               PolicyOptions options;
               options.protections.tail_page = true;
-              ASSERT_TRUE(CoverThenFill(view, CoverMix{}, kHeads / kGroups, kPageSize,
-                                        CoverSpanOf(options, kPrompt),
+              ASSERT_TRUE(CoverThenFill(view, CoverMix{.question_forward = forward},
+                                        kHeads / kGroups, kPageSize, CoverSpanOf(options, kPrompt),
                                         rows[static_cast<size_t>(layer)])
                               .ok());
               continue;
@@ -501,6 +506,14 @@ TEST_F(KeyStatisticTest, BadKeysMixesNameTheFieldAndApplyNothing) {
   v1::DecideRequest stray_cover = good;  // a cover parameter with the average rule
   stray_cover.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->set_cover_mass(0.5);
   cases.push_back({stray_cover, "layers[0].statistic.keys_mix.cover_mass, cover_question_kernel"});
+  v1::DecideRequest stray_forward = good;  // the forward pool is the cover rule's too
+  stray_forward.mutable_layers(1)
+      ->mutable_statistic()
+      ->mutable_keys_mix()
+      ->set_cover_question_forward(true);
+  cases.push_back({stray_forward,
+                   "layers[1].statistic.keys_mix.cover_mass, cover_question_kernel, "
+                   "cover_keys_kernel, cover_question_forward: only with KEYS_MIX_RULE_COVER"});
   for (const auto& [mass, kernel, field] :
        {std::tuple{1.5, 0, "keys_mix.cover_mass"}, std::tuple{-0.5, 0, "keys_mix.cover_mass"},
         std::tuple{0.5, 4, "keys_mix.cover_question_kernel"}}) {

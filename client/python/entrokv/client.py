@@ -166,7 +166,8 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
                     dtype: Optional[str] = None, kind: Optional[str] = None,
                     rule: Optional[str] = None, cover_mass: Optional[float] = None,
                     cover_question_kernel: Optional[int] = None,
-                    cover_keys_kernel: Optional[int] = None) -> "types.Statistic":
+                    cover_keys_kernel: Optional[int] = None,
+                    cover_question_forward: Optional[bool] = None) -> "types.Statistic":
     """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon scales
     each head's two rows to sum to their shares, keys_weight (in (0, 1); None: 0.5) on the keys',
     and combines them by `rule` (a MIX_RULES name: "average", their sum, as None; "max", each
@@ -174,7 +175,9 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
     rule="cover" orders pages instead, per KV group: the pages the rows rank highest until they
     hold cover_mass (in (0, 1]; None: 0.5) of the rows' mass past the sink pages and before the
     protected tail, then the others as the keys rank them, each ranking max-pooled over its
-    kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3); no keys_weight, and the
+    kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3), the rows' centred or,
+    with cover_question_forward, forward (each token over itself and the kernel - 1 before it,
+    so what follows a token the question attends to ranks with it); no keys_weight, and the
     policy must pool no tokens itself (no neighbourhood_kernel, not snapkv).
     rows: an array [query_heads, tokens] (dtype and kind as in statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
     key_statistic() of the same heads and tokens. E.g. the question's rows with the keys'
@@ -196,7 +199,8 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
     if rule is not None and rule not in MIX_RULES:
         raise ValueError(f"rule: one of {', '.join(MIX_RULES)}, got {rule!r}")
     cover = {"cover_mass": cover_mass, "cover_question_kernel": cover_question_kernel,
-             "cover_keys_kernel": cover_keys_kernel}
+             "cover_keys_kernel": cover_keys_kernel,
+             "cover_question_forward": cover_question_forward}
     if rule == "cover" and keys_weight is not None:
         raise ValueError('keys_weight: not with rule="cover" (it orders pages, it adds no scores)')
     for name, value in cover.items():
