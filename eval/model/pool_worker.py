@@ -71,11 +71,16 @@ MIXED_KEY_WEIGHTS = (25, 75)
 # keys' (the daemon's cover rule, KEYS_MIX_RULE_COVER, with its default kernels: 7 and 3).
 # window_expected_cover<c>q<k>: the same with the question's rows max-pooled over k tokens (k in
 # COVER_QUESTION_KERNELS, half the mass), so that a page beside the question's tokens ranks with
-# them.
+# them. window_expected_coverfwd<w>: half the mass, the question's rows max-pooled forward
+# (cover_question_forward), each token over itself and the w - 1 tokens before it, so that the
+# tokens after one the question attends to (what follows a key) rank with it, and none before.
 COVER_MASSES = (25, 50, 65, 80)
 COVER_QUESTION_KERNELS = (15, 31)
-COVER = ({f"window_expected_cover{c}": (c, 7) for c in COVER_MASSES}
-         | {f"window_expected_cover50q{k}": (50, k) for k in COVER_QUESTION_KERNELS})
+COVER_FORWARD_WIDTHS = (7, 11)
+# Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward).
+COVER = ({f"window_expected_cover{c}": (c, 7, False) for c in COVER_MASSES}
+         | {f"window_expected_cover50q{k}": (50, k, False) for k in COVER_QUESTION_KERNELS}
+         | {f"window_expected_coverfwd{w}": (50, w, True) for w in COVER_FORWARD_WIDTHS})
 # window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
 # pages ranked by the average mix (the question's rows and expected attention, half and half,
 # max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
@@ -85,16 +90,10 @@ COVER_MIX_WIDTHS = (3, 7)
 # mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
 # the entropy weights leave it out) instead of only in the keys' order.
 COVER_SINK_MASSES = (25, 35, 40, 50)
-# window_expected_coverfwd<w>, an experiment of this worker's: the cover rule (half the mass)
-# with the question's rows max-pooled forward, each token over itself and the w - 1 tokens before
-# it, so that a token the question attends to ranks the w - 1 after it (what follows a key) with
-# it, and none before it.
-COVER_FORWARD_WIDTHS = (7, 11)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
-                + tuple(f"window_expected_coverfwd{w}" for w in COVER_FORWARD_WIDTHS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -113,8 +112,6 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
                **{f"window_expected_coversink{c}": "expected_attention"
                   for c in COVER_SINK_MASSES},
-               **{f"window_expected_coverfwd{w}": "expected_attention"
-                  for w in COVER_FORWARD_WIDTHS},
                **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -135,8 +132,7 @@ PAGE_UNION_WIDTHS = (7, 3)
 # The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
-                + tuple(f"window_expected_coverfwd{w}" for w in COVER_FORWARD_WIDTHS))
+                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES))
 # The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows mixed in, or before the question is known.
 DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
@@ -205,11 +201,11 @@ def policy_of(name: str, ratio: float) -> Policy:
     the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS;
     +winexpcover<c>, c in COVER_MASSES, the question's pages until they hold c% of its mass,
     then expected attention's (+winexpcover50q<k>: the question's rows over k tokens, k in
-    COVER_QUESTION_KERNELS); +winexpcovermix<w>, an experiment of the worker's, the same with
-    the first pages ranked by the average mix over w tokens: COVER_MIX_WIDTHS;
+    COVER_QUESTION_KERNELS; +winexpcoverfwd<w>: pooled forward over w, COVER_FORWARD_WIDTHS);
+    +winexpcovermix<w>, an experiment of the worker's, the same with the first pages ranked by
+    the average mix over w tokens: COVER_MIX_WIDTHS;
     +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
-    the question's: COVER_SINK_MASSES; +winexpcoverfwd<w>, an experiment of the worker's,
-    cover with the question's rows pooled forward over w tokens: COVER_FORWARD_WIDTHS);
+    the question's: COVER_SINK_MASSES);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -230,8 +226,6 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
              **{f"winexpcoversink{c}": f"window_expected_coversink{c}"
                 for c in COVER_SINK_MASSES},
-             **{f"winexpcoverfwd{w}": f"window_expected_coverfwd{w}"
-                for w in COVER_FORWARD_WIDTHS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -265,13 +259,6 @@ def neighbourhood_max(row: np.ndarray, width: int) -> np.ndarray:
     daemon's neighbourhood pooling, max)."""
     half = width // 2
     padded = np.pad(row, half, constant_values=-np.inf)
-    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
-
-
-def forward_max(row: np.ndarray, width: int) -> np.ndarray:
-    """Each token's maximum over itself and the `width` - 1 tokens before it: a token's score
-    carried to the `width` - 1 tokens after it."""
-    padded = np.pad(row, (width - 1, 0), constant_values=-np.inf)
     return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
 
 
@@ -583,18 +570,17 @@ class PoolWorker:
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
         if kind.startswith("window_expected_coversink"):
             return self._cover_with_sinks(kv, kind, layer, rows, tokens)
-        if kind.startswith("window_expected_coverfwd"):
-            return self._cover_forward(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
                                              covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
         if MIXED_RULES[kind] == "cover":
-            mass, question_kernel = COVER[kind]
+            mass, question_kernel, forward = COVER[kind]
             return entrokv.mixed_statistic(rows, keys, kind="window_mean", rule="cover",
                                            cover_mass=mass / 100,
-                                           cover_question_kernel=question_kernel)
+                                           cover_question_kernel=question_kernel,
+                                           cover_question_forward=forward or None)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
@@ -669,32 +655,6 @@ class PoolWorker:
             mass = mass.reshape(pages, self.page_size).sum(axis=1)
             mass[end:] = 0.0
             score = cover_scores(page_ranking(question, 7, self.page_size), mass, share, 0, end,
-                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
-        return out
-
-    def _cover_forward(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
-                       tokens: int) -> np.ndarray:
-        """window_expected_coverfwd<w>'s rows [query_heads, tokens]: the cover rule at half the
-        mass (past the sink page, before the tail) with the question's rows pooled forward over
-        w tokens (forward_max), then expected attention's order (over 3 tokens)."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
-        width = int(kind[len("window_expected_coverfwd"):])
-        expected = self.expected_attention(kv, kind, layer, tokens)
-        sent = np.asarray(rows, np.float64)
-        pages = -(-tokens // self.page_size)
-        first, end = -(-min(EXPECTED_SINKS, tokens) // self.page_size), pages - 1
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
-            question = sent[group].mean(axis=0)
-            mass = np.zeros(pages * self.page_size)
-            mass[:tokens] = question
-            mass = mass.reshape(pages, self.page_size).sum(axis=1)
-            mass[:first], mass[end:] = 0.0, 0.0
-            score = cover_scores(page_ranking(question, width, self.page_size, forward_max),
-                                 mass, 0.5, first, end,
                                  page_ranking(expected[group].mean(axis=0), 3, self.page_size))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out

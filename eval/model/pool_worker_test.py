@@ -50,13 +50,21 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
+def forward_max(row: np.ndarray, width: int) -> np.ndarray:
+    """Each token's maximum over itself and the `width` - 1 tokens before it (the cover rule's
+    question pool forward)."""
+    padded = np.pad(row, (width - 1, 0), constant_values=-np.inf)
+    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
+
+
 def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_size: int,
-                    mass: float, question_kernel: int = 7, keys_kernel: int = 3) -> np.ndarray:
+                    mass: float, question_kernel: int = 7, keys_kernel: int = 3,
+                    forward: bool = False) -> np.ndarray:
     """The cover rule (core/scoring/cover_mix.h) computed here, for the daemon's defaults (4
     sink tokens, the tail page protected): per KV group, the pages the question's rows rank
-    highest (the group mean, max-pooled, page maxima, ties to the lower page) past the sink page
-    and before the tail until they hold `mass` of its mass there, then the rest in the keys'
-    ranking; a page scores the page count less its place."""
+    highest (the group mean, max-pooled (forward if `forward`), page maxima, ties to the lower
+    page) past the sink page and before the tail until they hold `mass` of its mass there, then
+    the rest in the keys' ranking; a page scores the page count less its place."""
     heads, tokens = rows.shape
     pages = -(-tokens // page_size)
     first, end = -(-min(4, tokens) // page_size), pages - 1
@@ -71,7 +79,8 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         for p in range(first, end):
             held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
         order, taken, total = [], 0.0, held.sum()
-        for p in (pool_worker.page_ranking(question, question_kernel, page_size)
+        pool = forward_max if forward else pool_worker.neighbourhood_max
+        for p in (pool_worker.page_ranking(question, question_kernel, page_size, pool)
                   if total > 0 else []):
             if first <= p < end:
                 order.append(p)
@@ -448,26 +457,6 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             np.testing.assert_array_equal(
                 out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
 
-    def test_cover_forward_ranks_the_pages_after_the_question_s_tokens_with_them(self):
-        # Five pages, the sink page 0 and the tail page 4 outside the span. The question's rows
-        # put 0.4 on page 2's token 12 and 0.35 and 0.25 on page 1's tokens 2 and 9. Pooled
-        # forward, token 12 lifts page 3's first tokens to 0.4: pages 2 and 3 rank first (equal:
-        # the lower first), then page 1, which brings the held mass to the half. Expected
-        # attention (1 on page 4) orders the rest: page 4, then 0. A page scores 5 less its
-        # place. Pooled about each token (centred), page 3 would rank with the keys' pages.
-        worker = self.worker("cover-forward", capacity_frames=512)
-        c, b = self.model.config, worker.page_size
-        tokens = 5 * b
-        rows = np.zeros((c.query_heads, tokens))
-        expected = np.full((c.query_heads, tokens), 0.01)
-        rows[:, 2 * b + 12], rows[:, b + 2], rows[:, b + 9] = 0.4, 0.35, 0.25
-        expected[:, 4 * b + 8] = 1.0
-        worker.expected_attention = lambda kv, kind, layer, n: expected
-        for width in pool_worker.COVER_FORWARD_WIDTHS:
-            out = worker._cover_forward(None, f"window_expected_coverfwd{width}", 0, rows, tokens)
-            page = np.repeat([1, 3, 5, 4, 2], b).astype(np.float32)
-            np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
-
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
         # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
@@ -482,9 +471,9 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             def _mixed(self, kv, kind, layer, rows, tokens):
                 if pool_worker.MIXED_RULES[kind] == "cover":
                     expected = self.expected_attention(kv, kind, layer, tokens)
-                    mass, question_kernel = pool_worker.COVER[kind]
+                    mass, question_kernel, forward = pool_worker.COVER[kind]
                     return cover_then_fill(rows, expected, per_group, self.page_size,
-                                           mass / 100, question_kernel)
+                                           mass / 100, question_kernel, forward=forward)
                 out = rows.astype(np.float64)
                 out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
                 pages = -(-tokens // self.page_size)
