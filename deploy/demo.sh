@@ -53,13 +53,13 @@ if [ -f "$weights" ]; then
   echo "   KV cache is this daemon's pool: K/V written into its shared-memory frames, decisions"
   echo "   per layer, answers decoded greedily from the kept pages only. Single-needle and variable-"
   echo "   tracking prompts here; all four tasks in docs/evaluation/. Policies: page_entrokv, snapkv"
-  echo "   and the default (expected attention from the pool's keys mixed with the"
-  echo "   question's rows, neighbourhood width 3, pyramid layer allocator: entrokv.DEFAULT_POLICY)"
+  echo "   and the default (the question's pages first, then those expected attention from the"
+  echo "   pool's keys favours; pyramid layer allocator: entrokv.default_policy)"
   PYTHONPATH="$build/client/python${PYTHONPATH:+:$PYTHONPATH}" /usr/bin/python3 \
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
     --entrokv "$build/client/cli/entrokv" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
-    --policies page_entrokv,snapkv,mean+winexp+nb3max+pyramid --ratio 0.75
+    --policies page_entrokv,snapkv,mean+winexpcoverfwd7+pyramid --ratio 0.75
   echo "== serving under pool pressure: the same model behind a continuous-batching loop (time in"
   echo "   decode steps) whose pool holds 25% of the offered KV. fcfs and recompute keep every page,"
   echo "   fixed keeps 25% of each prompt, manager leaves the budgets to entrokvd (admission, quotas"

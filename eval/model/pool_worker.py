@@ -133,12 +133,13 @@ PAGE_UNION_WIDTHS = (7, 3)
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES))
-# The default policy (entrokv.DEFAULT_POLICY with entrokv.default_statistic) as this worker spells
-# it, by setting: with the question's rows mixed in, or before the question is known.
-DEFAULT_SPELLINGS = {"question_in": "mean+winexp+nb3max+pyramid",
+# The default policy (entrokv.default_policy with entrokv.default_statistic) as this worker spells
+# it, by setting: with the question's rows (the cover rule, pooled forward), or before the
+# question is known.
+DEFAULT_SPELLINGS = {"question_in": "mean+winexpcoverfwd7+pyramid",
                      "question_excluded": "mean+expattn+nb3max+pyramid"}
 # The kinds whose statistic is the default's, built by entrokv.default_statistic.
-DEFAULT_KINDS = ("window_expected", "keys_expected")
+DEFAULT_KINDS = ("window_expected_coverfwd7", "keys_expected")
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 

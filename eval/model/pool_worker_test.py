@@ -378,13 +378,14 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
                                    atol=1e-4)
 
     def test_the_default_spellings_are_the_client_s_default_policy(self):
-        # What the evaluation measured as the default is what entrokv.DEFAULT_POLICY asks for,
+        # What the evaluation measured as the default is what entrokv.default_policy asks for,
         # with entrokv.default_statistic's statistic (the worker builds it with that function).
         for setting, spelling in pool_worker.DEFAULT_SPELLINGS.items():
             with self.subTest(setting=setting):
                 policy = pool_worker.policy_of(spelling, 0.75)
                 self.assertEqual({"policy": policy.name, **dict(policy.params),
-                                  "allocator": policy.allocator}, entrokv.DEFAULT_POLICY)
+                                  "allocator": policy.allocator},
+                                 entrokv.default_policy(setting == "question_in"))
                 self.assertIn(policy.statistic, pool_worker.DEFAULT_KINDS)
                 self.assertEqual(policy.statistic in pool_worker.MIXED_KINDS,
                                  setting == "question_in")

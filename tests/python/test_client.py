@@ -532,6 +532,29 @@ class ClientTest(unittest.TestCase):
             for decision in decisions:
                 for group in decision.groups:
                     self.assertEqual(sorted(group.kept_pages), pages, forward)
+        # The default with the question: its rows by the cover rule, pooled forward, decided by
+        # default_policy(True); page 1 leads the order, so every layer keeps it (the tail page
+        # unprotected). The policy for the keys alone pools over 3 tokens, which the cover rule
+        # refuses by name.
+        mean = np.zeros((GEOMETRY["query_heads"], 32), np.float32)
+        covariance = np.tile(np.eye(32, dtype=np.float32), (GEOMETRY["query_heads"], 1, 1))
+        default = [entrokv.default_statistic(GEOMETRY["query_heads"], 64, mean, covariance,
+                                             question_rows=ahead, dtype="f16")
+                   for _ in range(GEOMETRY["layers"])]
+        self.assertEqual(default[0].keys_mix.rule, types.KEYS_MIX_RULE_COVER)
+        self.assertTrue(default[0].keys_mix.cover_question_forward)
+        self.assertEqual(entrokv.default_statistic(GEOMETRY["query_heads"], 64, mean, covariance,
+                                                   dtype="f16").WhichOneof("source"), "keys")
+        self.client.open_sequence("keys", "default", parent="s", prefix_pages=4)
+        for decision in self.client.decide("keys", "default", default, fraction=0.5,
+                                           protect_tail_page=False,
+                                           **entrokv.default_policy(True)):
+            for group in decision.groups:
+                self.assertIn(1, list(group.kept_pages))
+        self.client.open_sequence("keys", "default-pooled", parent="s", prefix_pages=4)
+        with self.assertRaisesRegex(entrokv.EntrokvError, "keys_mix.rule: the cover rule"):
+            self.client.decide("keys", "default-pooled", default, fraction=0.5,
+                               **entrokv.default_policy(False))
         with self.assertRaisesRegex(ValueError, 'cover_question_forward: only with rule="cover"'):
             entrokv.mixed_statistic(rows, keydiff, cover_question_forward=True)
         with self.assertRaisesRegex(ValueError, 'keys_weight: not with rule="cover"'):

@@ -1,6 +1,6 @@
 """Python client of entrokvd, the Page-EntroKV cache manager."""
 
-from entrokv.client import (DEFAULT_POLICY, NO_DECISION_CODES, Client, default_statistic,
+from entrokv.client import (NO_DECISION_CODES, Client, default_policy, default_statistic,
                             key_statistic, mixed_statistic, retry_service_config,
                             statistic_message)
 from entrokv.daemon import DaemonAddresses, parse_listening_line
@@ -17,7 +17,7 @@ from entrokv.records import (AdmissionHint, Appended, BlockTable, GroupDecision,
 Error = EntrokvError  # a short alias for the base class
 
 __all__ = [
-    "Client", "DEFAULT_POLICY", "NO_DECISION_CODES", "default_statistic", "key_statistic",
+    "Client", "NO_DECISION_CODES", "default_policy", "default_statistic", "key_statistic",
     "mixed_statistic", "retry_service_config",
     "statistic_message",
     "DaemonAddresses", "parse_listening_line", "DeviceBuffer", "device_statistic", "map_arena",

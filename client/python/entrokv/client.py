@@ -221,10 +221,19 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
 
 
 # The default policy, chosen on the development prompts (docs/evaluation/README.md): the heads'
-# rows averaged (mean), neighbourhood max pooling of width 3, pages spread over the layers by the
-# pyramid allocator; its statistic is default_statistic(). decide(..., **DEFAULT_POLICY).
-DEFAULT_POLICY = {"policy": "mean", "neighbourhood_kernel": 3, "neighbourhood_pooling": "max",
-                  "allocator": "pyramid"}
+# rows averaged (mean), pages spread over the layers by the pyramid allocator; its statistic is
+# default_statistic(). Before the question is known each row is also max-pooled over 3
+# neighbouring tokens; with the question, the statistic's cover rule orders the pages itself and
+# must not be pooled again. decide(..., **default_policy(with_question)).
+_DEFAULT_POLICY = {"policy": "mean", "allocator": "pyramid"}
+
+
+def default_policy(with_question: bool) -> Dict[str, Any]:
+    """The default policy's decide() arguments for default_statistic()'s statistic:
+    with_question when its question_rows were given."""
+    if with_question:
+        return dict(_DEFAULT_POLICY)
+    return {**_DEFAULT_POLICY, "neighbourhood_kernel": 3, "neighbourhood_pooling": "max"}
 
 
 def default_statistic(query_heads: int, tokens: int, query_mean: np.ndarray,
@@ -232,14 +241,20 @@ def default_statistic(query_heads: int, tokens: int, query_mean: np.ndarray,
                       dtype: str = "f32") -> "types.Statistic":
     """The default policy's statistic: the expected attention of the next queries (query_mean
     [query_heads, head_dim] and query_covariance [query_heads, head_dim, head_dim], RoPE applied
-    as the next positions would; key_statistic()), mixed half and half with the question's
-    rows [query_heads, tokens] when the worker has the question (mixed_statistic()), alone when
-    it decides before the question is known. dtype: the keys' element type in the pool."""
+    as the next positions would; key_statistic()), alone when the worker decides before the
+    question is known. With the question's rows [query_heads, tokens] (question_rows), the
+    cover rule orders each group's pages (mixed_statistic(rule="cover")): the pages the
+    question's rows rank highest, pooled forward over 7 tokens (cover_question_forward) so that
+    what follows a token the question attends to ranks with it, until they hold half its mass,
+    then expected attention's (the daemon's defaults for the share and the widths).
+    dtype: the keys' element type in the pool. Decide with default_policy(question_rows is not
+    None)."""
     keys = key_statistic(query_heads, tokens, score="expected_attention", dtype=dtype,
                          query_mean=query_mean, query_covariance=query_covariance)
     if question_rows is None:
         return keys
-    return mixed_statistic(question_rows, keys, kind="window_mean")
+    return mixed_statistic(question_rows, keys, kind="window_mean", rule="cover",
+                           cover_question_forward=True)
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
