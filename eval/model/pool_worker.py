@@ -275,6 +275,14 @@ def page_ranking(row: np.ndarray, width: int, page_size: int,
     return np.argsort(-pooled.reshape(pages, page_size).max(axis=1), kind="stable")
 
 
+def page_sums(row: np.ndarray, page_size: int) -> np.ndarray:
+    """Each page's sum of `row` (the last page's real tokens)."""
+    pages = -(-len(row) // page_size)
+    padded = np.zeros(pages * page_size)
+    padded[:len(row)] = row
+    return padded.reshape(pages, page_size).sum(axis=1)
+
+
 def cover_scores(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int, end: int,
                  fill_ranking: np.ndarray) -> np.ndarray:
     """The cover rule's page scores: the pages of `first_ranking` in [first, end) until they
@@ -581,7 +589,7 @@ class PoolWorker:
             return entrokv.mixed_statistic(rows, keys, kind="window_mean", rule="cover",
                                            cover_mass=mass / 100,
                                            cover_question_kernel=question_kernel,
-                                           cover_question_forward=forward or None)
+                                           cover_question_forward=forward)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
@@ -624,9 +632,7 @@ class PoolWorker:
         out = np.empty((c.query_heads, tokens), np.float32)
         for g in range(c.kv_heads):
             group = slice(g * per_group, (g + 1) * per_group)
-            mass = np.zeros(pages * self.page_size)
-            mass[:tokens] = sent[group].mean(axis=0)
-            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            mass = page_sums(sent[group].mean(axis=0), self.page_size)
             mass[:first], mass[end:] = 0.0, 0.0
             score = cover_scores(page_ranking(mix[group].mean(axis=0), width, self.page_size),
                                  mass, 0.5, first, end,
@@ -651,9 +657,9 @@ class PoolWorker:
         for g in range(c.kv_heads):
             group = slice(g * per_group, (g + 1) * per_group)
             question = sent[group].mean(axis=0)
-            mass = np.zeros(pages * self.page_size)
-            mass[EXPECTED_SINKS:tokens] = question[EXPECTED_SINKS:]
-            mass = mass.reshape(pages, self.page_size).sum(axis=1)
+            past_sinks = question.copy()
+            past_sinks[:EXPECTED_SINKS] = 0.0
+            mass = page_sums(past_sinks, self.page_size)
             mass[end:] = 0.0
             score = cover_scores(page_ranking(question, 7, self.page_size), mass, share, 0, end,
                                  page_ranking(expected[group].mean(axis=0), 3, self.page_size))

@@ -78,20 +78,12 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         held = np.zeros(pages)
         for p in range(first, end):
             held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
-        order, taken, total = [], 0.0, held.sum()
         pool = forward_max if forward else pool_worker.neighbourhood_max
-        for p in (pool_worker.page_ranking(question, question_kernel, page_size, pool)
-                  if total > 0 else []):
-            if first <= p < end:
-                order.append(p)
-                taken += held[p]
-                if taken >= mass * total:
-                    break
-        key_order = pool_worker.page_ranking(group_mean(keys[start:start + per_group]),
-                                             keys_kernel, page_size)
-        order += [p for p in key_order if p not in order]
-        score = np.empty(pages, np.float32)
-        score[order] = pages - np.arange(pages)
+        score = pool_worker.cover_scores(
+            pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
+            first, end,
+            pool_worker.page_ranking(group_mean(keys[start:start + per_group]), keys_kernel,
+                                     page_size))
         out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
     return out
 
@@ -414,6 +406,17 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         self.assertLess((kv.tables >= 0).mean(), 0.5)
         worker.close_sequence(kv)
 
+    def five_page_cover_worker(self, name: str):
+        """A worker and zero question rows [query_heads, 5 pages] for the worker's own cover
+        experiments; its expected attention is 1 on page 3's token 8, 0.6 on page 1's and 0.01
+        on every other token."""
+        worker = self.worker(name, capacity_frames=512)
+        c, b = self.model.config, worker.page_size
+        expected = np.full((c.query_heads, 5 * b), 0.01)
+        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
+        worker.expected_attention = lambda kv, kind, layer, n: expected
+        return worker, np.zeros((c.query_heads, 5 * b))
+
     def test_cover_by_the_mix_ranks_its_first_pages_by_the_average(self):
         # Five pages, the sink page 0 and the tail page 4 outside the span. The question's rows
         # put 0.6 on page 2 and 0.4 on page 3; expected attention puts 1 on page 3 and 0.6 on
@@ -422,14 +425,9 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         # attention (over 3 tokens) orders the rest: page 1, then 0 and 4 (equal: the lower
         # first). A page scores 5 less its place. Ranked by the question alone, page 2 would
         # come first and hold the half by itself.
-        worker = self.worker("cover-by-mix", capacity_frames=512)
-        c, b = self.model.config, worker.page_size
-        tokens = 5 * b
-        rows = np.zeros((c.query_heads, tokens))
-        expected = np.full((c.query_heads, tokens), 0.01)
+        worker, rows = self.five_page_cover_worker("cover-by-mix")
+        c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
         rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.6, 0.4
-        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
-        worker.expected_attention = lambda kv, kind, layer, n: expected
         for width in pool_worker.COVER_MIX_WIDTHS:
             out = worker._cover_by_mix(None, f"window_expected_covermix{width}", 0, rows, tokens)
             page = np.repeat([2, 3, 4, 5, 1], b).astype(np.float32)
@@ -443,14 +441,9 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         # page 1) orders the rest, equal pages the lower first. A page scores 5 less its place.
         # Counting the sink token's mass, page 0 would hold the half alone; the daemon's cover
         # would rank page 0 only among the keys' pages.
-        worker = self.worker("cover-with-sinks", capacity_frames=512)
-        c, b = self.model.config, worker.page_size
-        tokens = 5 * b
-        rows = np.zeros((c.query_heads, tokens))
-        expected = np.full((c.query_heads, tokens), 0.01)
+        worker, rows = self.five_page_cover_worker("cover-with-sinks")
+        c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
         rows[:, 0], rows[:, 8], rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.5, 0.3, 0.3, 0.2
-        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
-        worker.expected_attention = lambda kv, kind, layer, n: expected
         for share in pool_worker.COVER_SINK_MASSES:
             out = worker._cover_with_sinks(None, f"window_expected_coversink{share}", 0, rows,
                                            tokens)
