@@ -196,6 +196,20 @@ def read_results(out_dir: str) -> List[Dict[str, str]]:
         return list(csv.DictReader(f))
 
 
+def refuse_duplicates(rows: Sequence[Dict[str, str]]) -> None:
+    """Stops when a (prompt, setting) is in results.csv twice: it would count twice in the
+    cell's accuracy and interval."""
+    seen: Dict[tuple, int] = {}
+    for line, r in enumerate(rows, start=2):
+        key = _row_key(r["task"], r["length"], r["page_size"], r["layout"], r["prompt"],
+                       r["policy"], r["ratio"])
+        if key in seen:
+            raise SystemExit(f"results.csv: line {line} measures again the (task, length, page "
+                             f"size, layout, prompt, policy, ratio) {key} of line {seen[key]}; "
+                             f"keep one of them")
+        seen[key] = line
+
+
 def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv",
               model: str = MODEL) -> List[Dict[str, object]]:
     """summary.csv, tables.md, the plots, paired.csv and paired.md (`reference` against each
@@ -204,6 +218,7 @@ def summarize(out_dir: str, order: Sequence[str], reference: str = "page_entrokv
     results.csv; `order` is the policies' order in the tables and plots (the registry's), `model`
     names the model in the plots' titles."""
     rows = read_results(out_dir)
+    refuse_duplicates(rows)
     cells: Dict[tuple, List[dict]] = {}
     for r in rows:
         key = (r["task"], int(r["length"]), int(r["page_size"]), r["layout"], r["policy"],
@@ -482,7 +497,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "pass on a subset of the main pass's prompts, spread over all depths")
     ap.add_argument("--summarize-only", action="store_true")
     ap.add_argument("--append", action="store_true",
-                    help="add rows to an existing results.csv (a later pass, e.g. +window variants)")
+                    help="add rows to an existing results.csv (a later pass, e.g. +window "
+                         "variants); the (prompt, setting) pairs it already holds are skipped")
     ap.add_argument("--resume", action="store_true",
                     help="continue a stopped run (the same arguments, --append too if it had "
                          "it): run only the (prompt, setting) pairs results.csv lacks")
@@ -512,9 +528,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             args.entrokvd)
         args.address = args.server or daemon.address
         started = time.time()
-        args.measured = measured(results) if args.resume else set()
-        if args.append:
-            measured(results)  # its columns must be this script's
+        # A later pass (--append) measures only what results.csv lacks, as --resume does: a
+        # (prompt, setting) measured twice would count twice in summary.csv.
+        args.measured = measured(results) if args.resume or args.append else set()
         try:
             with open(results, "a" if args.append or args.resume else "w", newline="") as f:
                 writer = csv.DictWriter(f, fieldnames=FIELDS)

@@ -197,6 +197,11 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(evaluate._policies(part, ("mean", "page_entrokv")),
                          ["mean", "page_entrokv", "mean+window", "zeta"])
 
+    def test_a_prompt_measured_twice_is_refused(self):
+        rows = _rows("none", 0.0, [1, 1], 64) + _rows("mean", 0.75, [1, 0], 16)
+        with self.assertRaisesRegex(SystemExit, r"line 6 measures again .* of line 4"):
+            self.summarize(rows + rows[2:3])
+
     def test_a_pass_with_fewer_prompts_is_labelled_with_its_count(self):
         rows = (_rows("none", 0.0, [1] * 6, 64) + _rows("mean", 0.75, [1] * 6, 16) +
                 _rows("mean+window", 0.75, [1, 0], 16))
@@ -254,6 +259,29 @@ class ResumeTest(unittest.TestCase):
                 printed = self.evaluate(stopped, "--resume")  # nothing left: nothing run
                 self.assertEqual(self.rows(stopped), self.rows(whole))
                 self.assertEqual(printed.count("every prompt already measured"), 2)
+        finally:
+            self.assertEqual(self.daemon.stop(), 0)
+
+    def test_a_later_pass_measures_only_what_is_missing(self):
+        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
+        try:
+            with tempfile.TemporaryDirectory() as tmp:
+                self.weights = os.path.join(tmp, "w.npz")
+                np.savez(self.weights, config_json=np.array(json.dumps(
+                    dataclasses.asdict(numpy_model.Config()))), **random_model().w)
+                out = os.path.join(tmp, "out")
+                self.evaluate(out, "--also", "")
+                before = self.rows(out)
+                # The same settings again, then one new ratio beside them.
+                printed = self.evaluate(out, "--also", "", "--append")
+                self.assertIn("every prompt already measured", printed)
+                self.assertEqual(self.rows(out), before)
+                self.evaluate(out, "--also", "", "--append", "--ratios", "0.5,0.75")
+                added = [r for r in self.rows(out) if r not in before]
+                self.assertEqual(len(self.rows(out)), len(before) + len(added))
+                # 2 tasks x 3 prompts x (mean, snapkv) at 0.75, and nothing at 0.5.
+                self.assertEqual(len(added), 12)
+                self.assertEqual({r[evaluate.FIELDS.index("ratio")] for r in added}, {"0.75"})
         finally:
             self.assertEqual(self.daemon.stop(), 0)
 
