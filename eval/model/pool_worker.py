@@ -77,10 +77,13 @@ MIXED_KEY_WEIGHTS = (25, 75)
 COVER_MASSES = (25, 50, 65, 80)
 COVER_QUESTION_KERNELS = (15, 31)
 COVER_FORWARD_WIDTHS = (7, 11)
+# window_expected_cover<c>fwd7: the question's rows pooled forward over 7 tokens, c% of the mass.
+COVER_FORWARD_MASSES = (65, 80)
 # Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward).
 COVER = ({f"window_expected_cover{c}": (c, 7, False) for c in COVER_MASSES}
          | {f"window_expected_cover50q{k}": (50, k, False) for k in COVER_QUESTION_KERNELS}
-         | {f"window_expected_coverfwd{w}": (50, w, True) for w in COVER_FORWARD_WIDTHS})
+         | {f"window_expected_coverfwd{w}": (50, w, True) for w in COVER_FORWARD_WIDTHS}
+         | {f"window_expected_cover{c}fwd7": (c, 7, True) for c in COVER_FORWARD_MASSES})
 # window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
 # pages ranked by the average mix (the question's rows and expected attention, half and half,
 # max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
@@ -90,10 +93,16 @@ COVER_MIX_WIDTHS = (3, 7)
 # mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
 # the entropy weights leave it out) instead of only in the keys' order.
 COVER_SINK_MASSES = (25, 35, 40, 50)
+# window_expected_coverfill<w>, an experiment of this worker's: the cover rule pooled forward
+# over 7 tokens (window_expected_coverfwd7), with the rest of the quota filled in the average
+# mix's order (max-pooled over w tokens) instead of expected attention's alone, so that the pages
+# of needles the question attends to, past its first half of mass, still rank first.
+COVER_FILL_WIDTHS = (3, 7)
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -112,6 +121,8 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
                **{f"window_expected_coversink{c}": "expected_attention"
                   for c in COVER_SINK_MASSES},
+               **{f"window_expected_coverfill{w}": "expected_attention"
+                  for w in COVER_FILL_WIDTHS},
                **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -132,7 +143,8 @@ PAGE_UNION_WIDTHS = (7, 3)
 # The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES))
+                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS))
 # The default policy (entrokv.default_policy with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows (the cover rule, pooled forward), or before the
 # question is known.
@@ -202,11 +214,13 @@ def policy_of(name: str, ratio: float) -> Policy:
     the worker's, keeps the union of the two statistics' page rankings: PAGE_UNION_WIDTHS;
     +winexpcover<c>, c in COVER_MASSES, the question's pages until they hold c% of its mass,
     then expected attention's (+winexpcover50q<k>: the question's rows over k tokens, k in
-    COVER_QUESTION_KERNELS; +winexpcoverfwd<w>: pooled forward over w, COVER_FORWARD_WIDTHS);
+    COVER_QUESTION_KERNELS; +winexpcoverfwd<w>: pooled forward over w, COVER_FORWARD_WIDTHS;
+    +winexpcover<c>fwd7: c% of the mass, pooled forward over 7, COVER_FORWARD_MASSES);
     +winexpcovermix<w>, an experiment of the worker's, the same with the first pages ranked by
     the average mix over w tokens: COVER_MIX_WIDTHS;
     +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
-    the question's: COVER_SINK_MASSES);
+    the question's: COVER_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
+    cover pooled forward with the rest filled by the average mix over w: COVER_FILL_WIDTHS);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
@@ -227,6 +241,8 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
              **{f"winexpcoversink{c}": f"window_expected_coversink{c}"
                 for c in COVER_SINK_MASSES},
+             **{f"winexpcoverfill{w}": f"window_expected_coverfill{w}"
+                for w in COVER_FILL_WIDTHS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -260,6 +276,13 @@ def neighbourhood_max(row: np.ndarray, width: int) -> np.ndarray:
     daemon's neighbourhood pooling, max)."""
     half = width // 2
     padded = np.pad(row, half, constant_values=-np.inf)
+    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
+
+
+def forward_max(row: np.ndarray, width: int) -> np.ndarray:
+    """Each token's maximum over itself and the `width` - 1 tokens before it (the cover rule's
+    question pool forward, cover_question_forward)."""
+    padded = np.pad(row, (width - 1, 0), constant_values=-np.inf)
     return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
 
 
@@ -579,6 +602,8 @@ class PoolWorker:
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
         if kind.startswith("window_expected_coversink"):
             return self._cover_with_sinks(kv, kind, layer, rows, tokens)
+        if kind.startswith("window_expected_coverfill"):
+            return self._cover_then_mix(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -637,6 +662,34 @@ class PoolWorker:
             score = cover_scores(page_ranking(mix[group].mean(axis=0), width, self.page_size),
                                  mass, 0.5, first, end,
                                  page_ranking(expected[group].mean(axis=0), 3, self.page_size))
+            out[group] = np.repeat(score, self.page_size)[:tokens]
+        return out
+
+    def _cover_then_mix(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                        tokens: int) -> np.ndarray:
+        """window_expected_coverfill<w>'s rows [query_heads, tokens]: per group, the pages the
+        question's rows rank highest (the group mean, max-pooled forward over 7 tokens, page
+        maxima) past the sink page and before the tail until they hold half the question's mass
+        there, then the rest in the average mix's order (each head's two rows scaled to sum 1,
+        averaged; the group mean over w tokens); a page scores the page count less its place."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        width = int(kind[len("window_expected_coverfill"):])
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        sent = np.asarray(rows, np.float64)
+        mix = 0.5 * (sent / np.maximum(sent.sum(axis=1, keepdims=True), 1e-30)
+                     + expected / expected.sum(axis=1, keepdims=True))
+        pages = -(-tokens // self.page_size)
+        first, end = 1, pages - 1
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            question = sent[group].mean(axis=0)
+            mass = page_sums(question, self.page_size)
+            mass[:first], mass[end:] = 0.0, 0.0
+            score = cover_scores(page_ranking(question, 7, self.page_size, forward_max), mass,
+                                 0.5, first, end,
+                                 page_ranking(mix[group].mean(axis=0), width, self.page_size))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 

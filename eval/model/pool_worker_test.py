@@ -50,13 +50,6 @@ def plain_logits(model, prompt, answer_tokens):
     return prefill, np.stack(rows)
 
 
-def forward_max(row: np.ndarray, width: int) -> np.ndarray:
-    """Each token's maximum over itself and the `width` - 1 tokens before it (the cover rule's
-    question pool forward)."""
-    padded = np.pad(row, (width - 1, 0), constant_values=-np.inf)
-    return np.lib.stride_tricks.sliding_window_view(padded, width).max(axis=1)
-
-
 def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_size: int,
                     mass: float, question_kernel: int = 7, keys_kernel: int = 3,
                     forward: bool = False) -> np.ndarray:
@@ -78,7 +71,7 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         held = np.zeros(pages)
         for p in range(first, end):
             held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
-        pool = forward_max if forward else pool_worker.neighbourhood_max
+        pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
         score = pool_worker.cover_scores(
             pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
             first, end,
@@ -431,6 +424,21 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         for width in pool_worker.COVER_MIX_WIDTHS:
             out = worker._cover_by_mix(None, f"window_expected_covermix{width}", 0, rows, tokens)
             page = np.repeat([2, 3, 4, 5, 1], b).astype(np.float32)
+            np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
+
+    def test_cover_then_mix_fills_the_quota_in_the_average_mixs_order(self):
+        # Five pages, the sink page 0 and the tail page 4 outside the span. The question's rows
+        # put 0.55 on page 2 and 0.45 on page 1, both on token 8; page 2 holds the half alone.
+        # Expected attention (1 on page 3, 0.6 on page 1, of 2.38) would fill with page 3, then
+        # 1; the mix ranks page 1 (0.225 + 0.126) above page 3 (0.21). Then pages 0 and 4 (equal:
+        # the lower first). A page scores 5 less its place.
+        worker, rows = self.five_page_cover_worker("cover-then-mix")
+        c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
+        rows[:, b + 8], rows[:, 2 * b + 8] = 0.45, 0.55
+        for width in pool_worker.COVER_FILL_WIDTHS:
+            out = worker._cover_then_mix(None, f"window_expected_coverfill{width}", 0, rows,
+                                         tokens)
+            page = np.repeat([2, 4, 5, 3, 1], b).astype(np.float32)
             np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
 
     def test_cover_with_sinks_ranks_the_sink_page_by_the_question_without_its_sink_mass(self):
