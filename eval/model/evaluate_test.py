@@ -189,6 +189,10 @@ class SummaryTest(unittest.TestCase):
         for bad in ("mean+gf25+gf50", "mean+gf101"):
             with self.assertRaisesRegex(ValueError, r"\+gf"):
                 evaluate.policy_of(bad, 0.75)
+        sinks = evaluate.policy_of("mean+winexpcoverfwd7+pyramid+sinks", 0.75)
+        self.assertEqual(dict(sinks.params), {"protect_sink_pages": True})
+        with self.assertRaisesRegex(ValueError, r"\+sinks"):
+            evaluate.policy_of("mean+sinks+sinks", 0.75)
 
     def test_policies_follow_the_given_order_then_the_variants(self):
         part = [{"policy": p} for p in ("mean+window", "mean", "none", "page_entrokv", "zeta")]

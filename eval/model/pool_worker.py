@@ -93,16 +93,26 @@ COVER_MIX_WIDTHS = (3, 7)
 # mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
 # the entropy weights leave it out) instead of only in the keys' order.
 COVER_SINK_MASSES = (25, 35, 40, 50)
+# window_expected_coverfwdsink<c>: the same with the question's rows pooled forward over 7.
+COVER_FORWARD_SINK_MASSES = (50,)
+COVER_SINKS = ({f"window_expected_coversink{c}": (c, False) for c in COVER_SINK_MASSES}
+               | {f"window_expected_coverfwdsink{c}": (c, True) for c in COVER_FORWARD_SINK_MASSES})
 # window_expected_coverfill<w>, an experiment of this worker's: the cover rule pooled forward
 # over 7 tokens (window_expected_coverfwd7), with the rest of the quota filled in the average
 # mix's order (max-pooled over w tokens) instead of expected attention's alone, so that the pages
 # of needles the question attends to, past its first half of mass, still rank first.
 COVER_FILL_WIDTHS = (3, 7)
+# window_expected_coverhead<fwd|mid>7, an experiment of this worker's: the cover rule with each
+# head's question row max-pooled over 7 tokens (forward, or centred) before the group's mean is
+# taken, as snapkv pools, instead of the mean pooled; half the mass, then expected attention's
+# order over 3 tokens.
+COVER_HEAD_POOLS = {"window_expected_coverheadfwd7": True, "window_expected_coverheadmid7": False}
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
+                + tuple(COVER_SINKS)
                 + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
+                + tuple(COVER_HEAD_POOLS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -119,10 +129,10 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                "window_expected_max": "expected_attention",
                "window_expected_pages": "expected_attention",
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
-               **{f"window_expected_coversink{c}": "expected_attention"
-                  for c in COVER_SINK_MASSES},
+               **{kind: "expected_attention" for kind in COVER_SINKS},
                **{f"window_expected_coverfill{w}": "expected_attention"
                   for w in COVER_FILL_WIDTHS},
+               **{kind: "expected_attention" for kind in COVER_HEAD_POOLS},
                **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -143,8 +153,9 @@ PAGE_UNION_WIDTHS = (7, 3)
 # The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(f"window_expected_coversink{c}" for c in COVER_SINK_MASSES)
-                + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS))
+                + tuple(COVER_SINKS)
+                + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
+                + tuple(COVER_HEAD_POOLS))
 # The default policy (entrokv.default_policy with entrokv.default_statistic) as this worker spells
 # it, by setting: with the question's rows (the cover rule, pooled forward), or before the
 # question is known.
@@ -219,14 +230,19 @@ def policy_of(name: str, ratio: float) -> Policy:
     +winexpcovermix<w>, an experiment of the worker's, the same with the first pages ranked by
     the average mix over w tokens: COVER_MIX_WIDTHS;
     +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
-    the question's: COVER_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
-    cover pooled forward with the rest filled by the average mix over w: COVER_FILL_WIDTHS);
+    the question's: COVER_SINK_MASSES, +winexpcoverfwdsink<c> pooled forward:
+    COVER_FORWARD_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
+    cover pooled forward with the rest filled by the average mix over w: COVER_FILL_WIDTHS;
+    +winexpcoverheadfwd7 and +winexpcoverheadmid7, experiments of the worker's, cover with each
+    head's row pooled before the group mean: COVER_HEAD_POOLS);
     +nb<k><max|mean>
     (neighbourhood pooling of width k); +gf<percent> (group quotas that move, each group keeping
     at least that share of its quota: policy.group_floor); +pyramid (the budget spread over the
     layers by the pyramid allocator: linearly more pages in lower layers, budget.allocator);
     +mass or +mass<percent> (the layers' pages move to the layers whose scores need them, each
-    keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor).
+    keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor);
+    +sinks (the pages holding the sink tokens kept whatever their scores, inside the quota:
+    policy.protect_sink_pages).
     E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid, mean+expattn+mass25."""
     if name == "none":
         return Policy("none")
@@ -239,10 +255,10 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER},
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
-             **{f"winexpcoversink{c}": f"window_expected_coversink{c}"
-                for c in COVER_SINK_MASSES},
+             **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_SINKS},
              **{f"winexpcoverfill{w}": f"window_expected_coverfill{w}"
                 for w in COVER_FILL_WIDTHS},
+             **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_HEAD_POOLS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
@@ -258,6 +274,8 @@ def policy_of(name: str, ratio: float) -> Policy:
             params["group_floor"] = int(floor.group(1)) / 100
         elif suffix == "pyramid" and allocator is None:
             allocator = "pyramid"
+        elif suffix == "sinks" and "protect_sink_pages" not in params:
+            params["protect_sink_pages"] = True
         elif mass and allocator is None and (not mass.group(1) or int(mass.group(1)) <= 100):
             allocator = "mass"
             layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
@@ -600,10 +618,12 @@ class PoolWorker:
             return self._page_union(kv, layer, rows, tokens)
         if kind.startswith("window_expected_covermix"):
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
-        if kind.startswith("window_expected_coversink"):
+        if kind in COVER_SINKS:
             return self._cover_with_sinks(kv, kind, layer, rows, tokens)
         if kind.startswith("window_expected_coverfill"):
             return self._cover_then_mix(kv, kind, layer, rows, tokens)
+        if kind in COVER_HEAD_POOLS:
+            return self._cover_pooled_per_head(kv, kind, layer, rows, tokens)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
@@ -693,15 +713,42 @@ class PoolWorker:
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out
 
+    def _cover_pooled_per_head(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
+                               tokens: int) -> np.ndarray:
+        """window_expected_coverhead<fwd|mid>7's rows [query_heads, tokens]: per group, the
+        pages ranked by the mean of the heads' question rows each max-pooled over 7 tokens
+        (forward or centred: COVER_HEAD_POOLS), page maxima, past the sink page and before the
+        tail until they hold half the question's mass there (the unpooled group mean), then the
+        rest in expected attention's order (over 3 tokens); a page scores the page count less
+        its place."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        pool = forward_max if COVER_HEAD_POOLS[kind] else neighbourhood_max
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        sent = np.asarray(rows, np.float64)
+        pages = -(-tokens // self.page_size)
+        first, end = 1, pages - 1
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            mass = page_sums(sent[group].mean(axis=0), self.page_size)
+            mass[:first], mass[end:] = 0.0, 0.0
+            pooled = np.mean([pool(row, 7) for row in sent[group]], axis=0)
+            score = cover_scores(page_ranking(pooled, 1, self.page_size), mass, 0.5, first, end,
+                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
+            out[group] = np.repeat(score, self.page_size)[:tokens]
+        return out
+
     def _cover_with_sinks(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                           tokens: int) -> np.ndarray:
-        """window_expected_coversink<c>'s rows [query_heads, tokens]: the cover rule (the
-        question's rows over 7 tokens, then expected attention's over 3) with every page before
-        the tail among the question's pages and c% of the question's mass past the first
+        """COVER_SINKS' rows [query_heads, tokens]: the cover rule (the question's rows over 7
+        tokens, centred or forward, then expected attention's over 3) with every page before the
+        tail among the question's pages and c% of the question's mass past the first
         EXPECTED_SINKS tokens."""
         c = self.model.config
         per_group = c.query_heads // c.kv_heads
-        share = int(kind[len("window_expected_coversink"):]) / 100
+        share, forward = COVER_SINKS[kind][0] / 100, COVER_SINKS[kind][1]
+        pool = forward_max if forward else neighbourhood_max
         expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
         pages = -(-tokens // self.page_size)
@@ -714,7 +761,8 @@ class PoolWorker:
             past_sinks[:EXPECTED_SINKS] = 0.0
             mass = page_sums(past_sinks, self.page_size)
             mass[end:] = 0.0
-            score = cover_scores(page_ranking(question, 7, self.page_size), mass, share, 0, end,
+            score = cover_scores(page_ranking(question, 7, self.page_size, pool), mass, share,
+                                 0, end,
                                  page_ranking(expected[group].mean(axis=0), 3, self.page_size))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out

@@ -441,6 +441,24 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             page = np.repeat([2, 4, 5, 3, 1], b).astype(np.float32)
             np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
 
+    def test_cover_pooled_per_head_ranks_a_page_each_head_attends_to_first(self):
+        # Five pages, the sink page 0 and the tail page 4 outside the span. In each group of
+        # four heads, head h puts 0.5 on page 1's token 2 + h, and the first head 1.0 on page 2.
+        # Pooled per head over 7 tokens (forward or centred), their mean is 0.5 on page 1 and
+        # 0.25 on page 2: page 1 first, and it holds 0.5 of the question's 0.75, so the rest
+        # follow expected attention's order (page 3, then 0, 2, 4). The mean pooled would rank
+        # page 2 (0.25) above page 1 (0.125) and take both.
+        worker, rows = self.five_page_cover_worker("cover-pooled-per-head")
+        c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
+        per_group = c.query_heads // c.kv_heads
+        for head in range(c.query_heads):
+            rows[head, b + 2 + head % per_group] = 0.5
+        rows[::per_group, 2 * b + 8] = 1.0
+        for kind in pool_worker.COVER_HEAD_POOLS:
+            out = worker._cover_pooled_per_head(None, kind, 0, rows, tokens)
+            page = np.repeat([3, 5, 2, 4, 1], b).astype(np.float32)
+            np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
+
     def test_cover_with_sinks_ranks_the_sink_page_by_the_question_without_its_sink_mass(self):
         # Five pages, the tail page 4 protected. The question's rows put 0.5 on the sink token 0
         # and 0.3 on page 0's token 8, 0.3 on page 2 and 0.2 on page 3: the sink token ranks
@@ -452,9 +470,8 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         worker, rows = self.five_page_cover_worker("cover-with-sinks")
         c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
         rows[:, 0], rows[:, 8], rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.5, 0.3, 0.3, 0.2
-        for share in pool_worker.COVER_SINK_MASSES:
-            out = worker._cover_with_sinks(None, f"window_expected_coversink{share}", 0, rows,
-                                           tokens)
+        for kind, (share, _) in pool_worker.COVER_SINKS.items():  # centred or forward alike here
+            out = worker._cover_with_sinks(None, kind, 0, rows, tokens)
             page = [5, 3, 2, 4, 1] if share <= 37.5 else [5, 2, 4, 3, 1]
             np.testing.assert_array_equal(
                 out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
