@@ -318,7 +318,9 @@ TEST_F(TensorParallelTest, BadRankRequestsNameTheFieldAndApplyNothing) {
 TEST_F(TensorParallelTest, WaitingRanksHoldBoundedBytes) {
   ServerOptions options = LoopbackOptions();
   options.host_devices = 8;
-  options.rank_wait_ms = 2000;
+  // Long enough that the ranks sent one after another all wait together on a loaded machine
+  // (at 2 s, a rank once arrived after the first had expired); the waiting calls end with it.
+  options.rank_wait_ms = 5000;
   options.max_inflight_decisions = 1;
   options.max_message_bytes = 4096;  // 4096 bytes may wait: four ranks' 888 bytes, not five
   Restart(options);
