@@ -658,6 +658,35 @@ class PoolWorker:
             out[group] = numpy_model.softmax(exponent, axis=1)
         return out
 
+    def _cover_rows(self, tokens: int, first: int, share: float, mass_row, first_ranking,
+                    fill_ranking) -> np.ndarray:
+        """The rows [query_heads, tokens] of one of the worker's cover experiments: per group
+        (`group`, its heads' slice), the pages first_ranking(group) orders, in [first, tail page),
+        until they hold `share` of mass_row(group)'s mass there, then the rest in
+        fill_ranking(group)'s order (cover_scores); each of the group's heads gets its pages'
+        scores on their tokens."""
+        c = self.model.config
+        per_group = c.query_heads // c.kv_heads
+        end = -(-tokens // self.page_size) - 1
+        out = np.empty((c.query_heads, tokens), np.float32)
+        for g in range(c.kv_heads):
+            group = slice(g * per_group, (g + 1) * per_group)
+            mass = page_sums(mass_row(group), self.page_size)
+            mass[:first], mass[end:] = 0.0, 0.0
+            score = cover_scores(first_ranking(group), mass, share, first, end,
+                                 fill_ranking(group))
+            out[group] = np.repeat(score, self.page_size)[:tokens]
+        return out
+
+    def _average_mix(self, kv: "PoolKV", kind: str, layer: int, sent: np.ndarray,
+                     tokens: int) -> tuple:
+        """Expected attention [query_heads, tokens] and the average mix with the question's
+        rows `sent`: each head's two rows scaled to sum 1, averaged."""
+        expected = self.expected_attention(kv, kind, layer, tokens)
+        mix = 0.5 * (sent / np.maximum(sent.sum(axis=1, keepdims=True), 1e-30)
+                     + expected / expected.sum(axis=1, keepdims=True))
+        return expected, mix
+
     def _cover_by_mix(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                       tokens: int) -> np.ndarray:
         """window_expected_covermix<w>'s rows [query_heads, tokens]: per group, the pages the
@@ -665,25 +694,13 @@ class PoolWorker:
         mean, max-pooled over w tokens, page maxima) past the sink page and before the tail
         until they hold half the question's mass there, then the rest in expected attention's
         order (over 3 tokens); a page scores the page count less its place."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
         width = int(kind[len("window_expected_covermix"):])
-        expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
-        mix = 0.5 * (sent / np.maximum(sent.sum(axis=1, keepdims=True), 1e-30)
-                     + expected / expected.sum(axis=1, keepdims=True))
-        pages = -(-tokens // self.page_size)
-        first, end = 1, pages - 1
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
-            mass = page_sums(sent[group].mean(axis=0), self.page_size)
-            mass[:first], mass[end:] = 0.0, 0.0
-            score = cover_scores(page_ranking(mix[group].mean(axis=0), width, self.page_size),
-                                 mass, 0.5, first, end,
-                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
-        return out
+        expected, mix = self._average_mix(kv, kind, layer, sent, tokens)
+        return self._cover_rows(
+            tokens, 1, 0.5, lambda group: sent[group].mean(axis=0),
+            lambda group: page_ranking(mix[group].mean(axis=0), width, self.page_size),
+            lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
 
     def _cover_then_mix(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                         tokens: int) -> np.ndarray:
@@ -692,26 +709,13 @@ class PoolWorker:
         maxima) past the sink page and before the tail until they hold half the question's mass
         there, then the rest in the average mix's order (each head's two rows scaled to sum 1,
         averaged; the group mean over w tokens); a page scores the page count less its place."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
         width = int(kind[len("window_expected_coverfill"):])
-        expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
-        mix = 0.5 * (sent / np.maximum(sent.sum(axis=1, keepdims=True), 1e-30)
-                     + expected / expected.sum(axis=1, keepdims=True))
-        pages = -(-tokens // self.page_size)
-        first, end = 1, pages - 1
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
-            question = sent[group].mean(axis=0)
-            mass = page_sums(question, self.page_size)
-            mass[:first], mass[end:] = 0.0, 0.0
-            score = cover_scores(page_ranking(question, 7, self.page_size, forward_max), mass,
-                                 0.5, first, end,
-                                 page_ranking(mix[group].mean(axis=0), width, self.page_size))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
-        return out
+        _, mix = self._average_mix(kv, kind, layer, sent, tokens)
+        return self._cover_rows(
+            tokens, 1, 0.5, lambda group: sent[group].mean(axis=0),
+            lambda group: page_ranking(sent[group].mean(axis=0), 7, self.page_size, forward_max),
+            lambda group: page_ranking(mix[group].mean(axis=0), width, self.page_size))
 
     def _cover_pooled_per_head(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                                tokens: int) -> np.ndarray:
@@ -721,23 +725,14 @@ class PoolWorker:
         tail until they hold half the question's mass there (the unpooled group mean), then the
         rest in expected attention's order (over 3 tokens); a page scores the page count less
         its place."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
         pool = forward_max if COVER_HEAD_POOLS[kind] else neighbourhood_max
         expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
-        pages = -(-tokens // self.page_size)
-        first, end = 1, pages - 1
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
-            mass = page_sums(sent[group].mean(axis=0), self.page_size)
-            mass[:first], mass[end:] = 0.0, 0.0
-            pooled = np.mean([pool(row, 7) for row in sent[group]], axis=0)
-            score = cover_scores(page_ranking(pooled, 1, self.page_size), mass, 0.5, first, end,
-                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
-        return out
+        return self._cover_rows(
+            tokens, 1, 0.5, lambda group: sent[group].mean(axis=0),
+            lambda group: page_ranking(np.mean([pool(row, 7) for row in sent[group]], axis=0), 1,
+                                       self.page_size),
+            lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
 
     def _cover_with_sinks(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                           tokens: int) -> np.ndarray:
@@ -745,27 +740,20 @@ class PoolWorker:
         tokens, centred or forward, then expected attention's over 3) with every page before the
         tail among the question's pages and c% of the question's mass past the first
         EXPECTED_SINKS tokens."""
-        c = self.model.config
-        per_group = c.query_heads // c.kv_heads
-        share, forward = COVER_SINKS[kind][0] / 100, COVER_SINKS[kind][1]
+        share, forward = COVER_SINKS[kind]
         pool = forward_max if forward else neighbourhood_max
         expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
-        pages = -(-tokens // self.page_size)
-        end = pages - 1
-        out = np.empty((c.query_heads, tokens), np.float32)
-        for g in range(c.kv_heads):
-            group = slice(g * per_group, (g + 1) * per_group)
+
+        def past_sinks(group):
             question = sent[group].mean(axis=0)
-            past_sinks = question.copy()
-            past_sinks[:EXPECTED_SINKS] = 0.0
-            mass = page_sums(past_sinks, self.page_size)
-            mass[end:] = 0.0
-            score = cover_scores(page_ranking(question, 7, self.page_size, pool), mass, share,
-                                 0, end,
-                                 page_ranking(expected[group].mean(axis=0), 3, self.page_size))
-            out[group] = np.repeat(score, self.page_size)[:tokens]
-        return out
+            question[:EXPECTED_SINKS] = 0.0
+            return question
+
+        return self._cover_rows(
+            tokens, 0, share / 100, past_sinks,
+            lambda group: page_ranking(sent[group].mean(axis=0), 7, self.page_size, pool),
+            lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
 
     def _page_union(self, kv: "PoolKV", layer: int, rows: np.ndarray,
                     tokens: int) -> np.ndarray:
