@@ -222,6 +222,20 @@ class ResumeTest(unittest.TestCase):
 
     TIMES = ("decide_ms", "decode_ms")
 
+    def setUp(self):
+        """A folder, a random model's weights in it and a daemon, for each test (the daemon
+        last: tearDown stops it, and runs only when setUp succeeded)."""
+        folder = tempfile.TemporaryDirectory()
+        self.addCleanup(folder.cleanup)
+        self.tmp = folder.name
+        self.weights = os.path.join(self.tmp, "w.npz")
+        np.savez(self.weights, config_json=np.array(json.dumps(
+            dataclasses.asdict(numpy_model.Config()))), **random_model().w)
+        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
+
+    def tearDown(self):
+        self.assertEqual(self.daemon.stop(), 0)
+
     def evaluate(self, out, *extra):
         argv = ["--weights", self.weights, "--server", self.daemon.address,
                 "--entrokv", os.environ["ENTROKV_CLI"], "--out", out,
@@ -238,80 +252,53 @@ class ResumeTest(unittest.TestCase):
                           for r in csv.DictReader(f))
 
     def test_resume_runs_only_what_is_missing(self):
-        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                self.weights = os.path.join(tmp, "w.npz")
-                model = random_model()
-                np.savez(self.weights, config_json=np.array(json.dumps(
-                    dataclasses.asdict(numpy_model.Config()))), **model.w)
-                whole, stopped = os.path.join(tmp, "whole"), os.path.join(tmp, "stopped")
-                self.evaluate(whole)
-                # 2 tasks x 3 prompts x (none, mean, snapkv), then the layer pass's 6 x 3.
-                self.assertEqual(len(self.rows(whole)), 36)
-                os.makedirs(stopped)
-                with open(os.path.join(whole, "results.csv"), "rb") as f:
-                    lines = f.read().split(b"\n")
-                with open(os.path.join(stopped, "results.csv"), "wb") as f:
-                    # The header, 7 rows (prompt 2 of the first task half written), a cut line.
-                    f.write(b"\n".join(lines[:8]) + b"\n" + lines[8][:10])
-                printed = self.evaluate(stopped, "--resume")
-                self.assertEqual(self.rows(stopped), self.rows(whole))
-                # The main pass had 6 prompts: 2 whole, 1 lacking two settings; the layer pass none.
-                self.assertIn("group b16: 4/4 prompts", printed)
-                self.assertIn("layer b16: 6/6 prompts", printed)
-                printed = self.evaluate(stopped, "--resume")  # nothing left: nothing run
-                self.assertEqual(self.rows(stopped), self.rows(whole))
-                self.assertEqual(printed.count("every prompt already measured"), 2)
-        finally:
-            self.assertEqual(self.daemon.stop(), 0)
+        whole, stopped = os.path.join(self.tmp, "whole"), os.path.join(self.tmp, "stopped")
+        self.evaluate(whole)
+        # 2 tasks x 3 prompts x (none, mean, snapkv), then the layer pass's 6 x 3.
+        self.assertEqual(len(self.rows(whole)), 36)
+        os.makedirs(stopped)
+        with open(os.path.join(whole, "results.csv"), "rb") as f:
+            lines = f.read().split(b"\n")
+        with open(os.path.join(stopped, "results.csv"), "wb") as f:
+            # The header, 7 rows (prompt 2 of the first task half written), a cut line.
+            f.write(b"\n".join(lines[:8]) + b"\n" + lines[8][:10])
+        printed = self.evaluate(stopped, "--resume")
+        self.assertEqual(self.rows(stopped), self.rows(whole))
+        # The main pass had 6 prompts: 2 whole, 1 lacking two settings; the layer pass none.
+        self.assertIn("group b16: 4/4 prompts", printed)
+        self.assertIn("layer b16: 6/6 prompts", printed)
+        printed = self.evaluate(stopped, "--resume")  # nothing left: nothing run
+        self.assertEqual(self.rows(stopped), self.rows(whole))
+        self.assertEqual(printed.count("every prompt already measured"), 2)
 
     def test_a_later_pass_measures_only_what_is_missing(self):
-        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                self.weights = os.path.join(tmp, "w.npz")
-                np.savez(self.weights, config_json=np.array(json.dumps(
-                    dataclasses.asdict(numpy_model.Config()))), **random_model().w)
-                out = os.path.join(tmp, "out")
-                self.evaluate(out, "--also", "")
-                before = self.rows(out)
-                # The same settings again, then one new ratio beside them.
-                printed = self.evaluate(out, "--also", "", "--append")
-                self.assertIn("every prompt already measured", printed)
-                self.assertEqual(self.rows(out), before)
-                self.evaluate(out, "--also", "", "--append", "--ratios", "0.5,0.75")
-                added = [r for r in self.rows(out) if r not in before]
-                self.assertEqual(len(self.rows(out)), len(before) + len(added))
-                # 2 tasks x 3 prompts x (mean, snapkv) at 0.75, and nothing at 0.5.
-                self.assertEqual(len(added), 12)
-                self.assertEqual({r[evaluate.FIELDS.index("ratio")] for r in added}, {"0.75"})
-        finally:
-            self.assertEqual(self.daemon.stop(), 0)
+        out = os.path.join(self.tmp, "out")
+        self.evaluate(out, "--also", "")
+        before = self.rows(out)
+        # The same settings again, then one new ratio beside them.
+        printed = self.evaluate(out, "--also", "", "--append")
+        self.assertIn("every prompt already measured", printed)
+        self.assertEqual(self.rows(out), before)
+        self.evaluate(out, "--also", "", "--append", "--ratios", "0.5,0.75")
+        added = [r for r in self.rows(out) if r not in before]
+        self.assertEqual(len(self.rows(out)), len(before) + len(added))
+        # 2 tasks x 3 prompts x (mean, snapkv) at 0.75, and nothing at 0.5.
+        self.assertEqual(len(added), 12)
+        self.assertEqual({r[evaluate.FIELDS.index("ratio")] for r in added}, {"0.75"})
 
     def test_a_later_pass_on_every_kth_prompt_runs_the_main_pass_prompts(self):
-        self.daemon = pool_worker.LocalDaemon(os.environ["ENTROKVD"])
-        try:
-            with tempfile.TemporaryDirectory() as tmp:
-                self.weights = os.path.join(tmp, "w.npz")
-                np.savez(self.weights, config_json=np.array(json.dumps(
-                    dataclasses.asdict(numpy_model.Config()))), **random_model().w)
-                out = os.path.join(tmp, "out")
-                self.evaluate(out, "--also", "")
-                self.evaluate(out, "--append", "--resume", "--every", "2")
-                with open(os.path.join(out, "results.csv"), newline="") as f:
-                    rows = list(csv.DictReader(f))
-                main = {(r["task"], r["prompt"]): r["depth"] for r in rows
-                        if r["layout"] == "group"}
-                later = {(r["task"], r["prompt"]): r["depth"] for r in rows
-                         if r["layout"] == "layer"}
-                # Prompts 0 and 2 of each task's 3, the same prompts (depths) as the main pass.
-                self.assertEqual(sorted(later), [(t, p) for t in ("multi_key", "single_needle")
-                                                 for p in ("0", "2")])
-                self.assertEqual(later, {key: main[key] for key in later})
-                self.assertEqual(len(rows), 2 * 3 * 3 + 2 * 2 * 3)
-        finally:
-            self.assertEqual(self.daemon.stop(), 0)
+        out = os.path.join(self.tmp, "out")
+        self.evaluate(out, "--also", "")
+        self.evaluate(out, "--append", "--resume", "--every", "2")
+        with open(os.path.join(out, "results.csv"), newline="") as f:
+            rows = list(csv.DictReader(f))
+        main = {(r["task"], r["prompt"]): r["depth"] for r in rows if r["layout"] == "group"}
+        later = {(r["task"], r["prompt"]): r["depth"] for r in rows if r["layout"] == "layer"}
+        # Prompts 0 and 2 of each task's 3, the same prompts (depths) as the main pass.
+        self.assertEqual(sorted(later), [(t, p) for t in ("multi_key", "single_needle")
+                                         for p in ("0", "2")])
+        self.assertEqual(later, {key: main[key] for key in later})
+        self.assertEqual(len(rows), 2 * 3 * 3 + 2 * 2 * 3)
 
 
 if __name__ == "__main__":
