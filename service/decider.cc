@@ -394,16 +394,17 @@ absl::StatusOr<LayerWork::Keys> ResolveKeysMix(const std::string& field, const v
     if (mix.cover_question_kernel() != 0) parameters.question_kernel = mix.cover_question_kernel();
     if (mix.cover_keys_kernel() != 0) parameters.keys_kernel = mix.cover_keys_kernel();
     parameters.question_forward = mix.cover_question_forward();
+    parameters.rank_sinks = mix.cover_rank_sinks();
     RETURN_IF_ERROR(ValidateCoverMix(absl::StrCat(at, ".cover_"), parameters));
     keys.cover = parameters;
     return keys;
   }
   if (mix.cover_mass() != 0.0 || mix.cover_question_kernel() != 0 || mix.cover_keys_kernel() != 0 ||
-      mix.cover_question_forward()) {
+      mix.cover_question_forward() || mix.cover_rank_sinks()) {
     return absl::InvalidArgumentError(
         absl::StrCat(at,
                      ".cover_mass, cover_question_kernel, cover_keys_kernel, "
-                     "cover_question_forward: only with KEYS_MIX_RULE_COVER"));
+                     "cover_question_forward, cover_rank_sinks: only with KEYS_MIX_RULE_COVER"));
   }
   const double weight = mix.keys_weight();
   if (weight == 0.0) {

@@ -31,8 +31,9 @@ namespace entrokv::cli {
 namespace {
 
 // The options of --keys-mix-rule cover alone.
-constexpr std::array<const char*, 4> kCoverOptions = {
-    "cover-mass", "cover-question-kernel", "cover-keys-kernel", "cover-question-forward"};
+constexpr std::array<const char*, 5> kCoverOptions = {"cover-mass", "cover-question-kernel",
+                                                      "cover-keys-kernel", "cover-question-forward",
+                                                      "cover-rank-sinks"};
 
 struct LoadedStatistic {
   NpyArray array;
@@ -349,6 +350,7 @@ absl::StatusOr<LoadedStatistic> MixStatistic(const ArgParser& args, const Loaded
     cover_mix.question_kernel = static_cast<int>(question_kernel);
     cover_mix.keys_kernel = static_cast<int>(keys_kernel);
     cover_mix.question_forward = args.GetFlag("cover-question-forward");
+    cover_mix.rank_sinks = args.GetFlag("cover-rank-sinks");
     RETURN_IF_ERROR(ValidateCoverMix("--cover-", cover_mix));
     RETURN_IF_ERROR(ValidateCoverPolicy("--keys-mix-rule", policy, options));
   }
@@ -544,6 +546,9 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Flag("cover-question-forward", false,
             "--keys-mix-rule cover: pool --stats forward, each token over itself and the "
             "--cover-question-kernel - 1 before it (what follows a key ranks with it)");
+  args.Flag("cover-rank-sinks", false,
+            "--keys-mix-rule cover: rank the sink pages among --stats' pages too, the sink "
+            "tokens' mass left out of the share");
   args.Option("query-mean", "",
               "expected_attention: the queries' mean, float32 [H_Q, D] or [L, H_Q, D]");
   args.Option("query-covariance", "",

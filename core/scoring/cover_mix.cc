@@ -82,7 +82,8 @@ CoverSpan CoverSpanOf(const PolicyOptions& options, int64_t tokens) {
   const Protections& protections = options.protections;
   const int64_t newest = std::max<int64_t>(protections.tail_page ? 1 : 0, protections.recent_pages);
   return CoverSpan{.first = SinkPageCount(options, tokens),
-                   .end = PageCount(tokens, options.page_size) - newest};
+                   .end = PageCount(tokens, options.page_size) - newest,
+                   .sink_tokens = std::min<int64_t>(options.sink_tokens, tokens)};
 }
 
 absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int group_heads,
@@ -91,7 +92,7 @@ absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int g
   const int64_t tokens = rows.tokens();
   const auto width = static_cast<size_t>(tokens);
   const int64_t pages = PageCount(tokens, page_size);
-  span.first = std::clamp<int64_t>(span.first, 0, pages);
+  span.first = mix.rank_sinks ? 0 : std::clamp<int64_t>(span.first, 0, pages);
   span.end = std::clamp<int64_t>(span.end, span.first, pages);
   std::vector<std::vector<float>> scratch(static_cast<size_t>(group_heads));
   std::vector<std::span<const float>> question(static_cast<size_t>(group_heads));
@@ -109,7 +110,9 @@ absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int g
     double total = 0.0;
     for (int64_t p = span.first; p < span.end; ++p) {
       const int64_t end = std::min((p + 1) * page_size, tokens);
-      for (int64_t t = p * page_size; t < end; ++t) mass[p] += question_mean[t];
+      for (int64_t t = std::max(p * page_size, span.sink_tokens); t < end; ++t) {
+        mass[p] += question_mean[t];
+      }
       total += mass[p];
     }
     std::fill(taken.begin(), taken.end(), 0);

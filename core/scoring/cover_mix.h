@@ -30,6 +30,11 @@ struct CoverMix {
   // question_kernel - 1 tokens before it, so the tokens after one the question attends to (what
   // follows a key: its value) rank with it, and none before it do. Otherwise the pool is centred.
   bool question_forward = false;
+  // The sink pages rank among the question's pages too, by the question's row over all their
+  // tokens, with the sink tokens' mass left out of the share (as the entropy weights leave it
+  // out): a needle on the sink page is then kept for the question, not only for the keys.
+  // Otherwise the span starts past the sink pages, which only the keys' ranking orders.
+  bool rank_sinks = false;
 };
 
 // INVALID_ARGUMENT naming the parameter as `prefix` followed by mass, question_kernel or
@@ -44,15 +49,18 @@ struct CoverMix {
 
 // The pages of a layer whose question mass a cover mix counts: [first, end), past the sink
 // pages and before the pages a policy keeps anyway at the end (the tail page and the newest
-// protected ones), clipped to [0, pages).
+// protected ones), clipped to [0, pages). The mass of its first `sink_tokens` tokens counts for
+// nothing: they lie before the span unless CoverMix::rank_sinks starts it at page 0.
 struct CoverSpan {
   int64_t first = 0;
   int64_t end = 0;
+  int64_t sink_tokens = 0;
 };
 
 // The span of a layer of `tokens` tokens under `options`: past its sink pages (SinkPageCount,
 // protected or not: the sinks' attention is no question's need), before the newest pages its
-// protections keep (the tail page, protect_recent_pages). REQUIRES: options valid.
+// protections keep (the tail page, protect_recent_pages); its sink tokens are the first
+// min(sink_tokens, tokens). REQUIRES: options valid.
 [[nodiscard]] CoverSpan CoverSpanOf(const PolicyOptions& options, int64_t tokens);
 
 // Per KV group (`group_heads` consecutive heads of `rows` and of key_rows, [heads][tokens]):
@@ -62,7 +70,9 @@ struct CoverSpan {
 // of `page_size` tokens by their maximum, and each ranks the pages by that, ties to the lower
 // page. The order is the question's ranking restricted to `span` until the pages taken hold at
 // least `mix.mass` of the question row's mass in the span (summed in double; none when the span
-// holds none), then every other page in the keys' ranking. Page p's score is the number of
+// holds none), then every other page in the keys' ranking. With mix.rank_sinks the span starts
+// at page 0 (the sink pages rank by all their tokens, their mass leaves out the first
+// span.sink_tokens). Page p's score is the number of
 // pages less its place in the order (exact in float32 below 2^24 pages), written on each of its
 // tokens on every head of the group, over key_rows: a policy without a neighbourhood of its own
 // then keeps the first pages of the order.

@@ -89,6 +89,30 @@ TEST(CoverThenFillTest, AForwardPoolRanksThePagesAfterTheQuestionsTokens) {
             whole));
 }
 
+// Keys that rank the sink page last (3, 1, 2, 0) and a question that ranks it first by its sink
+// token's 9 (0, 2, 1, 3), with a mass of 1 on token 1 and 2 on page 2. Past the sinks, page 2
+// holds the share alone and page 0 comes last. Ranked with the sinks, page 0 holds 1 of 3 and page
+// 2 is needed too; were token 0's 9 counted, page 0 would hold 10 of 12 alone.
+TEST(CoverThenFillTest, RankedSinkPagesComeFirstWithoutTheSinksMass) {
+  const std::vector<float> question = {9, 1, 0, 0, 0, 2, 0, 0, 9, 1, 0, 0, 0, 2, 0, 0};
+  const std::vector<float> keys = {0, 0, 3, 0, 1, 0, 4, 0, 0, 0, 3, 0, 1, 0, 4, 0};
+  const StatisticView view = *StatisticView::Create(question.data(), DType::kFloat32, 2, 8);
+  const auto mixed = [&](bool rank_sinks, int64_t sink_tokens) {
+    std::vector<float> rows = keys;
+    EXPECT_TRUE(
+        CoverThenFill(
+            view,
+            CoverMix{.mass = 0.5, .question_kernel = 1, .keys_kernel = 1, .rank_sinks = rank_sinks},
+            /*group_heads=*/2, kPageSize,
+            CoverSpan{.first = 1, .end = 3, .sink_tokens = sink_tokens}, rows)
+            .ok());
+    return std::vector<float>(rows.begin(), rows.begin() + 8);
+  };
+  EXPECT_THAT(mixed(false, 1), ElementsAre(1, 1, 2, 2, 4, 4, 3, 3));
+  EXPECT_THAT(mixed(true, 1), ElementsAre(4, 4, 1, 1, 3, 3, 2, 2));
+  EXPECT_THAT(mixed(true, 0), ElementsAre(4, 4, 2, 2, 1, 1, 3, 3));
+}
+
 // Groups rank alone: the second group's question favours page 1, the first's page 2.
 TEST(CoverThenFillTest, EachGroupOrdersItsOwnPages) {
   const std::vector<float> question = {0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0};
@@ -117,6 +141,8 @@ TEST(CoverMixTest, TheSpanLeavesOutTheSinksAndTheProtectedNewestPages) {
   CoverSpan span = CoverSpanOf(options, 100);  // 7 pages
   EXPECT_EQ(span.first, 1);
   EXPECT_EQ(span.end, 6);
+  EXPECT_EQ(span.sink_tokens, 4);
+  EXPECT_EQ(CoverSpanOf(options, 3).sink_tokens, 3);
   options.sink_tokens = 20;
   options.protections.recent_pages = 3;
   span = CoverSpanOf(options, 100);

@@ -406,11 +406,14 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     // (MixRows: averaged, then by the max rule), decide as the mix given as a statistic.
     std::vector<float> sent(rows.size());
     for (float& value : sent) value = std::abs(normal(rng));
+    // Each row's largest value on the sink page, past the sinks: ranked with the sinks, page 0
+    // leads the cover order and is kept, which it is not otherwise.
+    for (size_t row = 0; row < sent.size(); row += kTokens) sent[row + 8] = 50.0F;
     const std::string sent_path = Write("sent.npy", NpyType::kFloat32, {kLayers, kHeads, kTokens},
                                         sent.data(), sent.size() * 4);
     // The cover rule, with the tail page protected: each layer's keys' rows ordered by page
     // with the sent rows (CoverThenFill, its defaults; with the covariance, the question pooled
-    // forward), given as a statistic, decide alike.
+    // forward and the sink pages ranked), given as a statistic, decide alike.
     const bool forward = with_covariance;
     std::vector<float> covered = rows;
     PolicyOptions tail;
@@ -418,8 +421,8 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
     for (size_t at = 0; at < covered.size(); at += kHeads * kTokens) {
       const StatisticView view =
           *StatisticView::Create(sent.data() + at, DType::kFloat32, kHeads, kTokens);
-      ASSERT_TRUE(CoverThenFill(view, CoverMix{.question_forward = forward}, kHeads / kGroups, 16,
-                                CoverSpanOf(tail, kTokens),
+      ASSERT_TRUE(CoverThenFill(view, CoverMix{.question_forward = forward, .rank_sinks = forward},
+                                kHeads / kGroups, 16, CoverSpanOf(tail, kTokens),
                                 std::span<float>(covered.data() + at, kHeads * kTokens))
                       .ok());
     }
@@ -428,7 +431,7 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
               covered.size() * 4);
     ASSERT_NO_FATAL_FAILURE(ExpectSameKeptPages(
         absl::StrCat("select --stats ", sent_path, " --keys-mix-rule cover --protect-tail",
-                     forward ? " --cover-question-forward" : "", scored),
+                     forward ? " --cover-question-forward --cover-rank-sinks" : "", scored),
         absl::StrCat("select --stats ", covered_path, " --kv-heads 2 --protect-tail", rest)));
     const MixRule rule = with_covariance ? MixRule::kMax : MixRule::kAverage;
     ASSERT_NO_FATAL_FAILURE(MixEachLayer(sent, kHeads, kTokens, 0.25, rule, rows));
@@ -485,6 +488,7 @@ TEST_F(SelectCliTest, ExpectedAttentionDecidesAsItsRowsDo) {
            {mix + " --cover-mass 0.5", "--cover-mass: only with --keys-mix-rule cover"},
            {mix + " --cover-question-forward",
             "--cover-question-forward: only with --keys-mix-rule cover"},
+           {mix + " --cover-rank-sinks", "--cover-rank-sinks: only with --keys-mix-rule cover"},
            {mix + " --keys-mix-rule cover --cover-mass 0", "--cover-mass: must be in (0, 1]"},
            {mix + " --keys-mix-rule cover --cover-keys-kernel 2", "--cover-keys-kernel: must be"},
            {mix + " --keys-mix-rule cover --neighbourhood-kernel 3",

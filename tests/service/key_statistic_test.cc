@@ -405,16 +405,18 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
   int index = 0;
   for (const v1::FrameLayout layout : {v1::FRAME_LAYOUT_GROUP, v1::FRAME_LAYOUT_LAYER}) {
     // Weight 0 and rule unset: half and half, averaged. The cover rule takes no weight; its
-    // question pool centred, then forward.
-    for (const auto& [weight, rule, forward] :
-         {std::tuple{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED, false},
-          std::tuple{0.25, v1::KEYS_MIX_RULE_AVERAGE, false},
-          std::tuple{0.25, v1::KEYS_MIX_RULE_MAX, false},
-          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, false},
-          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, true}}) {
+    // question pool centred, then forward, then forward with the sink pages ranked.
+    for (const auto& [weight, rule, forward, sinks] :
+         {std::tuple{0.0, v1::KEYS_MIX_RULE_UNSPECIFIED, false, false},
+          std::tuple{0.25, v1::KEYS_MIX_RULE_AVERAGE, false, false},
+          std::tuple{0.25, v1::KEYS_MIX_RULE_MAX, false, false},
+          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, false, false},
+          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, true, false},
+          std::tuple{0.0, v1::KEYS_MIX_RULE_COVER, true, true}}) {
       for (const bool expected_attention : {true, false}) {
         SCOPED_TRACE(absl::StrCat(v1::FrameLayout_Name(layout), " weight ", weight, " ",
                                   v1::KeysMixRule_Name(rule), forward ? " forward" : "",
+                                  sinks ? " sinks ranked" : "",
                                   expected_attention ? " expected attention" : " keydiff"));
         const std::string keyed = absl::StrCat("mixed", index);
         const std::string sent = absl::StrCat("averaged", index);
@@ -442,6 +444,7 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
             mix->set_keys_weight(weight);
             mix->set_rule(rule);
             mix->set_cover_question_forward(forward);
+            mix->set_cover_rank_sinks(sinks);
             if (expected_attention) {
               mix->mutable_keys()->set_score(v1::KEY_SCORE_EXPECTED_ATTENTION);
               mix->mutable_keys()->mutable_query_mean()->Assign(mean.begin(), mean.end());
@@ -453,10 +456,11 @@ TEST_F(KeyStatisticTest, AKeysMixDecidesAsTheSameMixSentWould) {
                 StatisticView::Create(values.data(), DType::kFloat32, kHeads, kPrompt));
             if (rule == v1::KEYS_MIX_RULE_COVER) {
               // Its defaults (half the mass, kernels 7 and 3) under the daemon's protections:
-              // the sink page and the tail page are outside the span.
+              // the tail page is outside the span, the sink page too unless it is ranked.
               PolicyOptions options;
               options.protections.tail_page = true;
-              ASSERT_TRUE(CoverThenFill(view, CoverMix{.question_forward = forward},
+              ASSERT_TRUE(CoverThenFill(view,
+                                        CoverMix{.question_forward = forward, .rank_sinks = sinks},
                                         kHeads / kGroups, kPageSize, CoverSpanOf(options, kPrompt),
                                         rows[static_cast<size_t>(layer)])
                               .ok());
@@ -513,7 +517,12 @@ TEST_F(KeyStatisticTest, BadKeysMixesNameTheFieldAndApplyNothing) {
       ->set_cover_question_forward(true);
   cases.push_back({stray_forward,
                    "layers[1].statistic.keys_mix.cover_mass, cover_question_kernel, "
-                   "cover_keys_kernel, cover_question_forward: only with KEYS_MIX_RULE_COVER"});
+                   "cover_keys_kernel, cover_question_forward, cover_rank_sinks: only with "
+                   "KEYS_MIX_RULE_COVER"});
+  v1::DecideRequest stray_sinks = good;  // and the sink pages' ranking
+  stray_sinks.mutable_layers(0)->mutable_statistic()->mutable_keys_mix()->set_cover_rank_sinks(
+      true);
+  cases.push_back({stray_sinks, "layers[0].statistic.keys_mix.cover_mass, cover_question_kernel"});
   for (const auto& [mass, kernel, field] :
        {std::tuple{1.5, 0, "keys_mix.cover_mass"}, std::tuple{-0.5, 0, "keys_mix.cover_mass"},
         std::tuple{0.5, 4, "keys_mix.cover_question_kernel"}}) {
