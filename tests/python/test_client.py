@@ -478,16 +478,21 @@ class ClientTest(unittest.TestCase):
         rows = np.full((GEOMETRY["query_heads"], 64), 1e-3, np.float32)
         rows[:, 16:32] = 1.0
         keydiff = entrokv.key_statistic(GEOMETRY["query_heads"], 64, "keydiff", dtype="f16")
-        for weight, page in ((None, 1), (0.9, 2)):
-            sequence = f"mixed{weight}"
+
+        def kept(sequence, sent, pages, **mix):
+            # Every (layer, group)'s kept pages, sorted, for `sent` mixed with keydiff's scores
+            # on every layer of a new child of "s" (mean pooling, the tail page unprotected).
             self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
-            stats = [entrokv.mixed_statistic(rows, keydiff, keys_weight=weight)
+            stats = [entrokv.mixed_statistic(sent, keydiff, **mix)
                      for _ in range(GEOMETRY["layers"])]
-            decisions = self.client.decide("keys", sequence, stats, pages=1, policy="mean",
-                                           protect_tail_page=False)
-            for decision in decisions:
-                for group in decision.groups:
-                    self.assertEqual(list(group.kept_pages), [page], weight)
+            return {tuple(sorted(group.kept_pages))
+                    for decision in self.client.decide("keys", sequence, stats, pages=pages,
+                                                       policy="mean", protect_tail_page=False)
+                    for group in decision.groups}
+
+        for weight, page in ((None, 1), (0.9, 2)):
+            self.assertEqual(kept(f"mixed{weight}", rows, 1, keys_weight=weight), {(page,)},
+                             weight)
         with self.assertRaisesRegex(ValueError, "keys: a key_statistic"):
             entrokv.mixed_statistic(rows, entrokv.statistic_message(rows))
         with self.assertRaisesRegex(ValueError, "keys: .* 32 tokens"):
@@ -505,34 +510,29 @@ class ClientTest(unittest.TestCase):
         # ranking unpooled: pooled over 3 tokens, page 1 would borrow page 2's first token).
         outside = np.zeros_like(rows)
         outside[:, :16] = 1.0
+        self.assertEqual(entrokv.mixed_statistic(rows, keydiff, rule="cover", cover_mass=0.9)
+                         .keys_mix.cover_mass, 0.9)
         for sent, page in ((rows, 1), (outside, 2)):
-            sequence = f"covered{page}"
-            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
-            stats = [entrokv.mixed_statistic(sent, keydiff, rule="cover", cover_mass=0.9,
-                                             cover_keys_kernel=1)
-                     for _ in range(GEOMETRY["layers"])]
-            self.assertEqual(stats[0].keys_mix.cover_mass, 0.9)
-            decisions = self.client.decide("keys", sequence, stats, pages=1, policy="mean",
-                                           protect_tail_page=False)
-            for decision in decisions:
-                for group in decision.groups:
-                    self.assertEqual(list(group.kept_pages), [page])
+            self.assertEqual(kept(f"covered{page}", sent, 1, rule="cover", cover_mass=0.9,
+                                  cover_keys_kernel=1), {(page,)})
         # Pooled forward (over the default 7 tokens), token 27's score reaches page 2's first
         # tokens, so pages 1 and 2 come first; centred, page 3's 0.8 follows page 1.
         ahead = np.full_like(rows, 1e-3)
         ahead[:, 27], ahead[:, 52] = 1.0, 0.8
-        for forward, pages in ((None, [1, 3]), (True, [1, 2])):
-            sequence = f"forward{forward}"
-            self.client.open_sequence("keys", sequence, parent="s", prefix_pages=4)
-            stats = [entrokv.mixed_statistic(ahead, keydiff, rule="cover", cover_mass=0.9,
-                                             cover_question_forward=forward)
-                     for _ in range(GEOMETRY["layers"])]
-            decisions = self.client.decide("keys", sequence, stats, pages=2, policy="mean",
-                                           protect_tail_page=False)
-            for decision in decisions:
-                for group in decision.groups:
-                    self.assertEqual(sorted(group.kept_pages), pages, forward)
-        # The default with the question: its rows by the cover rule, pooled forward, decided by
+        for forward, pages in ((None, (1, 3)), (True, (1, 2))):
+            self.assertEqual(kept(f"forward{forward}", ahead, 2, rule="cover", cover_mass=0.9,
+                                  cover_question_forward=forward), {pages}, forward)
+        # The sink page ranked among the question's pages (cover_rank_sinks): the sink token's 5
+        # ranks page 0 first and its token 6 holds most of the mass past the sink tokens, so
+        # page 0 alone is kept; otherwise the span starts at page 1 and page 2's 0.5 leads.
+        sinky = np.full_like(rows, 1e-3)
+        sinky[:, 0], sinky[:, 6], sinky[:, 40] = 5.0, 1.0, 0.5
+        for rank_sinks, page in ((None, 2), (True, 0)):
+            self.assertEqual(kept(f"sinks{rank_sinks}", sinky, 1, rule="cover",
+                                  cover_question_forward=True, cover_rank_sinks=rank_sinks),
+                             {(page,)}, rank_sinks)
+        # The default with the question: its rows by the cover rule, pooled forward with the sink
+        # pages ranked, decided by
         # default_policy(True); page 1 leads the order, so every layer keeps it (the tail page
         # unprotected). The policy for the keys alone pools over 3 tokens, which the cover rule
         # refuses by name.
@@ -543,6 +543,7 @@ class ClientTest(unittest.TestCase):
                    for _ in range(GEOMETRY["layers"])]
         self.assertEqual(default[0].keys_mix.rule, types.KEYS_MIX_RULE_COVER)
         self.assertTrue(default[0].keys_mix.cover_question_forward)
+        self.assertTrue(default[0].keys_mix.cover_rank_sinks)
         self.assertEqual(entrokv.default_statistic(GEOMETRY["query_heads"], 64, mean, covariance,
                                                    dtype="f16").WhichOneof("source"), "keys")
         self.client.open_sequence("keys", "default", parent="s", prefix_pages=4)
@@ -557,6 +558,8 @@ class ClientTest(unittest.TestCase):
                                **entrokv.default_policy(False))
         with self.assertRaisesRegex(ValueError, 'cover_question_forward: only with rule="cover"'):
             entrokv.mixed_statistic(rows, keydiff, cover_question_forward=True)
+        with self.assertRaisesRegex(ValueError, 'cover_rank_sinks: only with rule="cover"'):
+            entrokv.mixed_statistic(rows, keydiff, cover_rank_sinks=True)
         with self.assertRaisesRegex(ValueError, 'keys_weight: not with rule="cover"'):
             entrokv.mixed_statistic(rows, keydiff, rule="cover", keys_weight=0.5)
         with self.assertRaisesRegex(ValueError, 'cover_mass: only with rule="cover"'):
@@ -565,7 +568,9 @@ class ClientTest(unittest.TestCase):
             entrokv.mixed_statistic(rows, keydiff, rule="cover", cover_mass=0.0)
         # The daemon refuses a policy that pools tokens again, by name.
         with self.assertRaisesRegex(entrokv.EntrokvError, "keys_mix.rule: the cover rule"):
-            self.client.decide("keys", "covered1", stats, pages=1, policy="mean",
+            self.client.decide("keys", "covered1",
+                               [entrokv.mixed_statistic(rows, keydiff, rule="cover")]
+                               * GEOMETRY["layers"], pages=1, policy="mean",
                                neighbourhood_kernel=3)
 
     def test_statistic_kind_is_sent(self):

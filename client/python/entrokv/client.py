@@ -167,7 +167,8 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
                     rule: Optional[str] = None, cover_mass: Optional[float] = None,
                     cover_question_kernel: Optional[int] = None,
                     cover_keys_kernel: Optional[int] = None,
-                    cover_question_forward: Optional[bool] = None) -> "types.Statistic":
+                    cover_question_forward: Optional[bool] = None,
+                    cover_rank_sinks: Optional[bool] = None) -> "types.Statistic":
     """Values sent and the daemon's scores of the keys in the frames, mixed: the daemon scales
     each head's two rows to sum to their shares, keys_weight (in (0, 1); None: 0.5) on the keys',
     and combines them by `rule` (a MIX_RULES name: "average", their sum, as None; "max", each
@@ -177,8 +178,10 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
     protected tail, then the others as the keys rank them, each ranking max-pooled over its
     kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3), the rows' centred or,
     with cover_question_forward, forward (each token over itself and the kernel - 1 before it,
-    so what follows a token the question attends to ranks with it); no keys_weight, and the
-    policy must pool no tokens itself (no neighbourhood_kernel, not snapkv).
+    so what follows a token the question attends to ranks with it); with cover_rank_sinks, the
+    sink pages rank among the rows' pages too, the sink tokens' mass left out of the share; no
+    keys_weight, and the policy must pool no tokens itself (no neighbourhood_kernel, not
+    snapkv).
     rows: an array [query_heads, tokens] (dtype and kind as in statistic_message) or a Statistic with values (shared memory, a device buffer); keys: a
     key_statistic() of the same heads and tokens. E.g. the question's rows with the keys'
     expected attention. A host pool only; not with accumulate."""
@@ -200,7 +203,8 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
         raise ValueError(f"rule: one of {', '.join(MIX_RULES)}, got {rule!r}")
     cover = {"cover_mass": cover_mass, "cover_question_kernel": cover_question_kernel,
              "cover_keys_kernel": cover_keys_kernel,
-             "cover_question_forward": cover_question_forward}
+             "cover_question_forward": cover_question_forward,
+             "cover_rank_sinks": cover_rank_sinks}
     if rule == "cover" and keys_weight is not None:
         raise ValueError('keys_weight: not with rule="cover" (it orders pages, it adds no scores)')
     for name, value in cover.items():
@@ -245,8 +249,10 @@ def default_statistic(query_heads: int, tokens: int, query_mean: np.ndarray,
     question is known. With the question's rows [query_heads, tokens] (question_rows), the
     cover rule orders each group's pages (mixed_statistic(rule="cover")): the pages the
     question's rows rank highest, pooled forward over 7 tokens (cover_question_forward) so that
-    what follows a token the question attends to ranks with it, until they hold half its mass,
-    then expected attention's (the daemon's defaults for the share and the widths).
+    what follows a token the question attends to ranks with it, the sink pages among them
+    (cover_rank_sinks: a needle beside the sinks is kept for the question), until they hold half
+    its mass past the sink tokens, then expected attention's (the daemon's defaults for the share
+    and the widths).
     dtype: the keys' element type in the pool. Decide with default_policy(question_rows is not
     None)."""
     keys = key_statistic(query_heads, tokens, score="expected_attention", dtype=dtype,
@@ -254,7 +260,7 @@ def default_statistic(query_heads: int, tokens: int, query_mean: np.ndarray,
     if question_rows is None:
         return keys
     return mixed_statistic(question_rows, keys, kind="window_mean", rule="cover",
-                           cover_question_forward=True)
+                           cover_question_forward=True, cover_rank_sinks=True)
 
 
 def _budget(pages: Optional[int], fraction: Optional[float],
