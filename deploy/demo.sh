@@ -59,7 +59,7 @@ if [ -f "$weights" ]; then
     "$repo/eval/model/pool_worker.py" --server "$server" --weights "$weights" \
     --entrokv "$build/client/cli/entrokv" \
     --prompts "$model_prompts" --length 1024 --tasks single_needle,variable_tracking \
-    --policies page_entrokv,snapkv,mean+winexpcoverfwd7+pyramid --ratio 0.75
+    --policies page_entrokv,snapkv,mean+winexpcoverfwdsink50+pyramid --ratio 0.75
   echo "== serving under pool pressure: the same model behind a continuous-batching loop (time in"
   echo "   decode steps) whose pool holds 25% of the offered KV. fcfs and recompute keep every page,"
   echo "   fixed keeps 25% of each prompt, manager leaves the budgets to entrokvd (admission, quotas"

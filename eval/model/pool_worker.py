@@ -79,11 +79,17 @@ COVER_QUESTION_KERNELS = (15, 31)
 COVER_FORWARD_WIDTHS = (7, 11)
 # window_expected_cover<c>fwd7: the question's rows pooled forward over 7 tokens, c% of the mass.
 COVER_FORWARD_MASSES = (65, 80)
-# Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward).
-COVER = ({f"window_expected_cover{c}": (c, 7, False) for c in COVER_MASSES}
-         | {f"window_expected_cover50q{k}": (50, k, False) for k in COVER_QUESTION_KERNELS}
-         | {f"window_expected_coverfwd{w}": (50, w, True) for w in COVER_FORWARD_WIDTHS}
-         | {f"window_expected_cover{c}fwd7": (c, 7, True) for c in COVER_FORWARD_MASSES})
+# window_expected_coverfwdsink<c>: pooled forward over 7, c% of the mass, the sink pages ranked
+# among the question's pages (cover_rank_sinks: their sink tokens' mass left out of the share).
+COVER_FORWARD_SINK_MASSES = (50,)
+# Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward,
+# cover_rank_sinks).
+COVER = ({f"window_expected_cover{c}": (c, 7, False, False) for c in COVER_MASSES}
+         | {f"window_expected_cover50q{k}": (50, k, False, False) for k in COVER_QUESTION_KERNELS}
+         | {f"window_expected_coverfwd{w}": (50, w, True, False) for w in COVER_FORWARD_WIDTHS}
+         | {f"window_expected_cover{c}fwd7": (c, 7, True, False) for c in COVER_FORWARD_MASSES}
+         | {f"window_expected_coverfwdsink{c}": (c, 7, True, True)
+            for c in COVER_FORWARD_SINK_MASSES})
 # window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
 # pages ranked by the average mix (the question's rows and expected attention, half and half,
 # max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
@@ -91,12 +97,10 @@ COVER = ({f"window_expected_cover{c}": (c, 7, False) for c in COVER_MASSES}
 COVER_MIX_WIDTHS = (3, 7)
 # window_expected_coversink<c>, an experiment of this worker's: the cover rule with c% of the
 # mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
-# the entropy weights leave it out) instead of only in the keys' order.
+# the entropy weights leave it out) instead of only in the keys' order; the question's rows
+# pooled centred over 7 (window_expected_coverfwdsink<c> is the daemon's, pooled forward).
 COVER_SINK_MASSES = (25, 35, 40, 50)
-# window_expected_coverfwdsink<c>: the same with the question's rows pooled forward over 7.
-COVER_FORWARD_SINK_MASSES = (50,)
-COVER_SINKS = ({f"window_expected_coversink{c}": (c, False) for c in COVER_SINK_MASSES}
-               | {f"window_expected_coverfwdsink{c}": (c, True) for c in COVER_FORWARD_SINK_MASSES})
+COVER_SINKS = {f"window_expected_coversink{c}": c for c in COVER_SINK_MASSES}
 # window_expected_coverfill<w>, an experiment of this worker's: the cover rule pooled forward
 # over 7 tokens (window_expected_coverfwd7), with the rest of the quota filled in the average
 # mix's order (max-pooled over w tokens) instead of expected attention's alone, so that the pages
@@ -157,12 +161,12 @@ WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
                 + tuple(COVER_HEAD_POOLS))
 # The default policy (entrokv.default_policy with entrokv.default_statistic) as this worker spells
-# it, by setting: with the question's rows (the cover rule, pooled forward), or before the
-# question is known.
-DEFAULT_SPELLINGS = {"question_in": "mean+winexpcoverfwd7+pyramid",
+# it, by setting: with the question's rows (the cover rule, pooled forward, the sink pages
+# ranked), or before the question is known.
+DEFAULT_SPELLINGS = {"question_in": "mean+winexpcoverfwdsink50+pyramid",
                      "question_excluded": "mean+expattn+nb3max+pyramid"}
 # The kinds whose statistic is the default's, built by entrokv.default_statistic.
-DEFAULT_KINDS = ("window_expected_coverfwd7", "keys_expected")
+DEFAULT_KINDS = ("window_expected_coverfwdsink50", "keys_expected")
 # Where POSIX shm_open names live on Linux (glibc): the daemon's host arena is /dev/shm/<name>.
 _SHM_DIR = "/dev/shm"
 
@@ -229,9 +233,9 @@ def policy_of(name: str, ratio: float) -> Policy:
     +winexpcover<c>fwd7: c% of the mass, pooled forward over 7, COVER_FORWARD_MASSES);
     +winexpcovermix<w>, an experiment of the worker's, the same with the first pages ranked by
     the average mix over w tokens: COVER_MIX_WIDTHS;
-    +winexpcoversink<c>, an experiment of the worker's, cover with the sink pages ranked among
-    the question's: COVER_SINK_MASSES, +winexpcoverfwdsink<c> pooled forward:
-    COVER_FORWARD_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
+    +winexpcoverfwdsink<c>: pooled forward over 7 with the sink pages ranked among the
+    question's, COVER_FORWARD_SINK_MASSES; +winexpcoversink<c>, an experiment of the worker's,
+    the same pooled centred: COVER_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
     cover pooled forward with the rest filled by the average mix over w: COVER_FILL_WIDTHS;
     +winexpcoverheadfwd7 and +winexpcoverheadmid7, experiments of the worker's, cover with each
     head's row pooled before the group mean: COVER_HEAD_POOLS);
@@ -630,11 +634,12 @@ class PoolWorker:
                                              covariance, question_rows=rows, dtype=self.element)
         keys = self._key_statistic(kv, kind, layer, tokens)
         if MIXED_RULES[kind] == "cover":
-            mass, question_kernel, forward = COVER[kind]
+            mass, question_kernel, forward, rank_sinks = COVER[kind]
             return entrokv.mixed_statistic(rows, keys, kind="window_mean", rule="cover",
                                            cover_mass=mass / 100,
                                            cover_question_kernel=question_kernel,
-                                           cover_question_forward=forward)
+                                           cover_question_forward=forward,
+                                           cover_rank_sinks=rank_sinks)
         return entrokv.mixed_statistic(rows, keys, kind="window_mean",
                                        keys_weight=MIXED_WEIGHTS[kind], rule=MIXED_RULES[kind])
 
@@ -736,12 +741,11 @@ class PoolWorker:
 
     def _cover_with_sinks(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
                           tokens: int) -> np.ndarray:
-        """COVER_SINKS' rows [query_heads, tokens]: the cover rule (the question's rows over 7
-        tokens, centred or forward, then expected attention's over 3) with every page before the
-        tail among the question's pages and c% of the question's mass past the first
-        EXPECTED_SINKS tokens."""
-        share, forward = COVER_SINKS[kind]
-        pool = forward_max if forward else neighbourhood_max
+        """COVER_SINKS' rows [query_heads, tokens]: the cover rule (the question's rows centred
+        over 7 tokens, then expected attention's over 3) with every page before the tail among
+        the question's pages and c% of the question's mass past the first EXPECTED_SINKS
+        tokens."""
+        share = COVER_SINKS[kind]
         expected = self.expected_attention(kv, kind, layer, tokens)
         sent = np.asarray(rows, np.float64)
 
@@ -752,7 +756,7 @@ class PoolWorker:
 
         return self._cover_rows(
             tokens, 0, share / 100, past_sinks,
-            lambda group: page_ranking(sent[group].mean(axis=0), 7, self.page_size, pool),
+            lambda group: page_ranking(sent[group].mean(axis=0), 7, self.page_size),
             lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
 
     def _page_union(self, kv: "PoolKV", layer: int, rows: np.ndarray,

@@ -52,15 +52,17 @@ def plain_logits(model, prompt, answer_tokens):
 
 def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_size: int,
                     mass: float, question_kernel: int = 7, keys_kernel: int = 3,
-                    forward: bool = False) -> np.ndarray:
+                    forward: bool = False, rank_sinks: bool = False) -> np.ndarray:
     """The cover rule (core/scoring/cover_mix.h) computed here, for the daemon's defaults (4
     sink tokens, the tail page protected): per KV group, the pages the question's rows rank
     highest (the group mean, max-pooled (forward if `forward`), page maxima, ties to the lower
-    page) past the sink page and before the tail until they hold `mass` of its mass there, then
-    the rest in the keys' ranking; a page scores the page count less its place."""
+    page) past the sink page (from page 0 with `rank_sinks`) and before the tail until they hold
+    `mass` of its mass there past the sink tokens, then the rest in the keys' ranking; a page
+    scores the page count less its place."""
     heads, tokens = rows.shape
     pages = -(-tokens // page_size)
-    first, end = -(-min(4, tokens) // page_size), pages - 1
+    sinks = min(4, tokens)
+    first, end = 0 if rank_sinks else -(-sinks // page_size), pages - 1
 
     def group_mean(block):  # MeanRows: the sum in double, scaled once, rounded to float
         return (block.astype(np.float64).sum(axis=0) * (1.0 / len(block))).astype(np.float32)
@@ -70,7 +72,8 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         question = group_mean(rows[start:start + per_group])
         held = np.zeros(pages)
         for p in range(first, end):
-            held[p] = sum(float(x) for x in question[p * page_size:(p + 1) * page_size])
+            counted = question[max(p * page_size, sinks):(p + 1) * page_size]
+            held[p] = sum(float(x) for x in counted)
         pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
         score = pool_worker.cover_scores(
             pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
@@ -465,12 +468,12 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         # page 0 first, and its mass past the sink tokens is 0.3 of 0.8. Up to a share of 0.375
         # page 0 holds it alone; past it page 2 follows. Expected attention (1 on page 3, 0.6 on
         # page 1) orders the rest, equal pages the lower first. A page scores 5 less its place.
-        # Counting the sink token's mass, page 0 would hold the half alone; the daemon's cover
-        # would rank page 0 only among the keys' pages.
+        # Counting the sink token's mass, page 0 would hold the half alone; without
+        # cover_rank_sinks the daemon's cover ranks page 0 only among the keys' pages.
         worker, rows = self.five_page_cover_worker("cover-with-sinks")
         c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
         rows[:, 0], rows[:, 8], rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.5, 0.3, 0.3, 0.2
-        for kind, (share, _) in pool_worker.COVER_SINKS.items():  # centred or forward alike here
+        for kind, share in pool_worker.COVER_SINKS.items():
             out = worker._cover_with_sinks(None, kind, 0, rows, tokens)
             page = [5, 3, 2, 4, 1] if share <= 37.5 else [5, 2, 4, 3, 1]
             np.testing.assert_array_equal(
@@ -490,9 +493,10 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             def _mixed(self, kv, kind, layer, rows, tokens):
                 if pool_worker.MIXED_RULES[kind] == "cover":
                     expected = self.expected_attention(kv, kind, layer, tokens)
-                    mass, question_kernel, forward = pool_worker.COVER[kind]
+                    mass, question_kernel, forward, rank_sinks = pool_worker.COVER[kind]
                     return cover_then_fill(rows, expected, per_group, self.page_size,
-                                           mass / 100, question_kernel, forward=forward)
+                                           mass / 100, question_kernel, forward=forward,
+                                           rank_sinks=rank_sinks)
                 out = rows.astype(np.float64)
                 out /= np.maximum(out.sum(axis=1, keepdims=True), 1e-30)
                 pages = -(-tokens // self.page_size)
