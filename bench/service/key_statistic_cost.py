@@ -132,16 +132,18 @@ def main():
                         query_mean=mean, query_covariance=covariance), rule="cover")
                         for layer in range(args.layers)],
                 # The question's rows pooled forward (cover_question_forward): with the
-                # covariance, the question-in default (entrokv.default_statistic).
+                # covariance and the sink pages ranked (cover_rank_sinks), the question-in
+                # default (entrokv.default_statistic).
                 "bytes covered pooled forward, then filled by expected attention, mean":
                     lambda: [entrokv.mixed_statistic(stats[layer], entrokv.key_statistic(
                         args.query_heads, args.tokens, "expected_attention", args.dtype,
                         query_mean=mean), rule="cover", cover_question_forward=True)
                         for layer in range(args.layers)],
-                "the question-in default (the above with the covariance)": lambda: [
-                    entrokv.default_statistic(args.query_heads, args.tokens, mean, covariance,
-                                              question_rows=stats[layer], dtype=args.dtype)
-                    for layer in range(args.layers)],
+                "the question-in default (the above, the sink pages ranked, with the covariance)":
+                    lambda: [entrokv.default_statistic(args.query_heads, args.tokens, mean,
+                                                       covariance, question_rows=stats[layer],
+                                                       dtype=args.dtype)
+                             for layer in range(args.layers)],
             }
             keep = max(1, int(args.keep * pages))
             for round_index in range(args.rounds):
