@@ -81,7 +81,7 @@ COVER_FORWARD_WIDTHS = (7, 11)
 COVER_FORWARD_MASSES = (65, 80)
 # window_expected_coverfwdsink<c>: pooled forward over 7, c% of the mass, the sink pages ranked
 # among the question's pages (cover_rank_sinks: their sink tokens' mass left out of the share).
-COVER_FORWARD_SINK_MASSES = (50,)
+COVER_FORWARD_SINK_MASSES = (25, 35, 50)
 # Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward,
 # cover_rank_sinks).
 COVER = ({f"window_expected_cover{c}": (c, 7, False, False) for c in COVER_MASSES}
