@@ -82,6 +82,9 @@ COVER_FORWARD_MASSES = (65, 80)
 # window_expected_coverfwdsink<c>: pooled forward over 7, c% of the mass, the sink pages ranked
 # among the question's pages (cover_rank_sinks: their sink tokens' mass left out of the share).
 COVER_FORWARD_SINK_MASSES = (25, 35, 50)
+# window_expected_coversink<c>: the same pooled centred, c% of the mass (an experiment of this
+# worker's before the daemon had cover_rank_sinks).
+COVER_SINK_MASSES = (25, 35, 40, 50)
 # Each cover kind's (cover_mass in %, cover_question_kernel, cover_question_forward,
 # cover_rank_sinks).
 COVER = ({f"window_expected_cover{c}": (c, 7, False, False) for c in COVER_MASSES}
@@ -89,18 +92,13 @@ COVER = ({f"window_expected_cover{c}": (c, 7, False, False) for c in COVER_MASSE
          | {f"window_expected_coverfwd{w}": (50, w, True, False) for w in COVER_FORWARD_WIDTHS}
          | {f"window_expected_cover{c}fwd7": (c, 7, True, False) for c in COVER_FORWARD_MASSES}
          | {f"window_expected_coverfwdsink{c}": (c, 7, True, True)
-            for c in COVER_FORWARD_SINK_MASSES})
+            for c in COVER_FORWARD_SINK_MASSES}
+         | {f"window_expected_coversink{c}": (c, 7, False, True) for c in COVER_SINK_MASSES})
 # window_expected_covermix<w>, an experiment of this worker's: the cover rule with the first
 # pages ranked by the average mix (the question's rows and expected attention, half and half,
 # max-pooled over w tokens) instead of the question's rows alone; still until they hold half the
 # question's mass, then expected attention's order.
 COVER_MIX_WIDTHS = (3, 7)
-# window_expected_coversink<c>, an experiment of this worker's: the cover rule with c% of the
-# mass, the sink pages ranked among the question's pages (their sink tokens' mass left out, as
-# the entropy weights leave it out) instead of only in the keys' order; the question's rows
-# pooled centred over 7 (window_expected_coverfwdsink<c> is the daemon's, pooled forward).
-COVER_SINK_MASSES = (25, 35, 40, 50)
-COVER_SINKS = {f"window_expected_coversink{c}": c for c in COVER_SINK_MASSES}
 # window_expected_coverfill<w>, an experiment of this worker's: the cover rule pooled forward
 # over 7 tokens (window_expected_coverfwd7), with the rest of the quota filled in the average
 # mix's order (max-pooled over w tokens) instead of expected attention's alone, so that the pages
@@ -114,7 +112,6 @@ COVER_HEAD_POOLS = {"window_expected_coverheadfwd7": True, "window_expected_cove
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(COVER_SINKS)
                 + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
                 + tuple(COVER_HEAD_POOLS)
                 + tuple(COVER)
@@ -133,7 +130,6 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                "window_expected_max": "expected_attention",
                "window_expected_pages": "expected_attention",
                **{f"window_expected_covermix{w}": "expected_attention" for w in COVER_MIX_WIDTHS},
-               **{kind: "expected_attention" for kind in COVER_SINKS},
                **{f"window_expected_coverfill{w}": "expected_attention"
                   for w in COVER_FILL_WIDTHS},
                **{kind: "expected_attention" for kind in COVER_HEAD_POOLS},
@@ -157,7 +153,6 @@ PAGE_UNION_WIDTHS = (7, 3)
 # The mixed kinds this worker computes itself, sent as rows (the daemon has no such mix).
 WORKER_MIXES = (("window_expected_pages",)
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
-                + tuple(COVER_SINKS)
                 + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
                 + tuple(COVER_HEAD_POOLS))
 # The default policy (entrokv.default_policy with entrokv.default_statistic) as this worker spells
@@ -234,8 +229,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     +winexpcovermix<w>, an experiment of the worker's, the same with the first pages ranked by
     the average mix over w tokens: COVER_MIX_WIDTHS;
     +winexpcoverfwdsink<c>: pooled forward over 7 with the sink pages ranked among the
-    question's, COVER_FORWARD_SINK_MASSES; +winexpcoversink<c>, an experiment of the worker's,
-    the same pooled centred: COVER_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
+    question's, COVER_FORWARD_SINK_MASSES; +winexpcoversink<c>, the same pooled centred:
+    COVER_SINK_MASSES; +winexpcoverfill<w>, an experiment of the worker's,
     cover pooled forward with the rest filled by the average mix over w: COVER_FILL_WIDTHS;
     +winexpcoverheadfwd7 and +winexpcoverheadmid7, experiments of the worker's, cover with each
     head's row pooled before the group mean: COVER_HEAD_POOLS);
@@ -259,7 +254,6 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexp{w}": f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER},
              **{f"winexpcovermix{w}": f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS},
-             **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_SINKS},
              **{f"winexpcoverfill{w}": f"window_expected_coverfill{w}"
                 for w in COVER_FILL_WIDTHS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_HEAD_POOLS},
@@ -622,8 +616,6 @@ class PoolWorker:
             return self._page_union(kv, layer, rows, tokens)
         if kind.startswith("window_expected_covermix"):
             return self._cover_by_mix(kv, kind, layer, rows, tokens)
-        if kind in COVER_SINKS:
-            return self._cover_with_sinks(kv, kind, layer, rows, tokens)
         if kind.startswith("window_expected_coverfill"):
             return self._cover_then_mix(kv, kind, layer, rows, tokens)
         if kind in COVER_HEAD_POOLS:
@@ -737,26 +729,6 @@ class PoolWorker:
             tokens, 1, 0.5, lambda group: sent[group].mean(axis=0),
             lambda group: page_ranking(np.mean([pool(row, 7) for row in sent[group]], axis=0), 1,
                                        self.page_size),
-            lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
-
-    def _cover_with_sinks(self, kv: "PoolKV", kind: str, layer: int, rows: np.ndarray,
-                          tokens: int) -> np.ndarray:
-        """COVER_SINKS' rows [query_heads, tokens]: the cover rule (the question's rows centred
-        over 7 tokens, then expected attention's over 3) with every page before the tail among
-        the question's pages and c% of the question's mass past the first EXPECTED_SINKS
-        tokens."""
-        share = COVER_SINKS[kind]
-        expected = self.expected_attention(kv, kind, layer, tokens)
-        sent = np.asarray(rows, np.float64)
-
-        def past_sinks(group):
-            question = sent[group].mean(axis=0)
-            question[:EXPECTED_SINKS] = 0.0
-            return question
-
-        return self._cover_rows(
-            tokens, 0, share / 100, past_sinks,
-            lambda group: page_ranking(sent[group].mean(axis=0), 7, self.page_size),
             lambda group: page_ranking(expected[group].mean(axis=0), 3, self.page_size))
 
     def _page_union(self, kv: "PoolKV", layer: int, rows: np.ndarray,

@@ -469,12 +469,19 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
         # page 0 holds it alone; past it page 2 follows. Expected attention (1 on page 3, 0.6 on
         # page 1) orders the rest, equal pages the lower first. A page scores 5 less its place.
         # Counting the sink token's mass, page 0 would hold the half alone; without
-        # cover_rank_sinks the daemon's cover ranks page 0 only among the keys' pages.
-        worker, rows = self.five_page_cover_worker("cover-with-sinks")
-        c, b, tokens = self.model.config, worker.page_size, rows.shape[1]
+        # cover_rank_sinks the daemon's cover ranks page 0 only among the keys' pages. This is
+        # the reference the daemon's +winexpcoversink<c> is checked against
+        # (test_a_keys_mix_decides_as_its_mix_sent_as_rows).
+        c, b = self.model.config, 16  # pages of 16 tokens, the worker's default
+        rows = np.zeros((c.query_heads, 5 * b), np.float32)
         rows[:, 0], rows[:, 8], rows[:, 2 * b + 8], rows[:, 3 * b + 8] = 0.5, 0.3, 0.3, 0.2
-        for kind, share in pool_worker.COVER_SINKS.items():
-            out = worker._cover_with_sinks(None, kind, 0, rows, tokens)
+        expected = np.full((c.query_heads, 5 * b), 0.01, np.float32)
+        expected[:, 3 * b + 8], expected[:, b + 8] = 1.0, 0.6
+        for share in pool_worker.COVER_SINK_MASSES:
+            mass, question_kernel, forward, rank_sinks = pool_worker.COVER[
+                f"window_expected_coversink{share}"]
+            out = cover_then_fill(rows, expected, c.query_heads // c.kv_heads, b, mass / 100,
+                                  question_kernel, forward=forward, rank_sinks=rank_sinks)
             page = [5, 3, 2, 4, 1] if share <= 37.5 else [5, 2, 4, 3, 1]
             np.testing.assert_array_equal(
                 out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
