@@ -81,7 +81,7 @@ COVER_FORWARD_WIDTHS = (7, 11)
 COVER_FORWARD_MASSES = (65, 80)
 # window_expected_coverfwdsink<c>: pooled forward over 7, c% of the mass, the sink pages ranked
 # among the question's pages (cover_rank_sinks: their sink tokens' mass left out of the share).
-COVER_FORWARD_SINK_MASSES = (25, 35, 50)
+COVER_FORWARD_SINK_MASSES = (5, 10, 15, 25, 35, 50)
 # window_expected_coversink<c>: the same pooled centred, c% of the mass (an experiment of this
 # worker's before the daemon had cover_rank_sinks).
 COVER_SINK_MASSES = (25, 35, 40, 50)
@@ -322,18 +322,47 @@ def page_sums(row: np.ndarray, page_size: int) -> np.ndarray:
     return padded.reshape(pages, page_size).sum(axis=1)
 
 
-def cover_scores(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int, end: int,
-                 fill_ranking: np.ndarray) -> np.ndarray:
-    """The cover rule's page scores: the pages of `first_ranking` in [first, end) until they
-    hold `share` of `mass` (per page, zero outside the span), then the rest in `fill_ranking`;
-    a page scores the page count less its place."""
+def group_mean(block: np.ndarray) -> np.ndarray:
+    """A group's rows [heads, tokens] averaged as the daemon's MeanRows does: the sum in double,
+    scaled once, rounded to float32."""
+    return (block.astype(np.float64).sum(axis=0) * (1.0 / len(block))).astype(np.float32)
+
+
+def cover_span_mass(question: np.ndarray, page_size: int, rank_sinks: bool,
+                    sink_tokens: int = 4) -> Tuple[np.ndarray, int, int]:
+    """The cover rule's span for a group's question row (float32, its heads' mean) under the
+    daemon's defaults (4 sink tokens, the tail page protected): (each page's mass in the span,
+    summed in double past the sink tokens, zero outside it; first; end). The span runs from past
+    the sink page (page 0 with `rank_sinks`) to before the tail page (core CoverSpanOf)."""
+    tokens = len(question)
+    pages = -(-tokens // page_size)
+    sinks = min(sink_tokens, tokens)
+    first, end = 0 if rank_sinks else -(-sinks // page_size), pages - 1
+    held = np.zeros(pages)
+    for p in range(first, end):
+        held[p] = sum(float(x) for x in question[max(p * page_size, sinks):(p + 1) * page_size])
+    return held, first, end
+
+
+def cover_pages(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int,
+                end: int) -> List[int]:
+    """The cover rule's first pages, in order: those of `first_ranking` in [first, end) until
+    they hold `share` of `mass` (per page, zero outside the span); none when it holds none."""
     order, taken, total = [], 0.0, mass.sum()
     for p in first_ranking if total > 0 else []:
         if first <= p < end:
-            order.append(p)
+            order.append(int(p))
             taken += mass[p]
             if taken >= share * total:
                 break
+    return order
+
+
+def cover_scores(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int, end: int,
+                 fill_ranking: np.ndarray) -> np.ndarray:
+    """The cover rule's page scores: its first pages (cover_pages), then the rest in
+    `fill_ranking`; a page scores the page count less its place."""
+    order = cover_pages(first_ranking, mass, share, first, end)
     order += [p for p in fill_ranking if p not in order]
     pages = len(fill_ranking)
     score = np.empty(pages)

@@ -60,26 +60,16 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
     `mass` of its mass there past the sink tokens, then the rest in the keys' ranking; a page
     scores the page count less its place."""
     heads, tokens = rows.shape
-    pages = -(-tokens // page_size)
-    sinks = min(4, tokens)
-    first, end = 0 if rank_sinks else -(-sinks // page_size), pages - 1
-
-    def group_mean(block):  # MeanRows: the sum in double, scaled once, rounded to float
-        return (block.astype(np.float64).sum(axis=0) * (1.0 / len(block))).astype(np.float32)
-
     out = np.empty((heads, tokens), np.float32)
     for start in range(0, heads, per_group):
-        question = group_mean(rows[start:start + per_group])
-        held = np.zeros(pages)
-        for p in range(first, end):
-            counted = question[max(p * page_size, sinks):(p + 1) * page_size]
-            held[p] = sum(float(x) for x in counted)
+        question = pool_worker.group_mean(rows[start:start + per_group])
+        keys_mean = pool_worker.group_mean(keys[start:start + per_group])
+        held, first, end = pool_worker.cover_span_mass(question, page_size, rank_sinks)
         pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
         score = pool_worker.cover_scores(
             pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
             first, end,
-            pool_worker.page_ranking(group_mean(keys[start:start + per_group]), keys_kernel,
-                                     page_size))
+            pool_worker.page_ranking(keys_mean, keys_kernel, page_size))
         out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
     return out
 
