@@ -542,7 +542,8 @@ int RunSelect(const std::vector<std::string>& argv) {
   args.Option("cover-question-kernel", "7",
               "--keys-mix-rule cover: the max-pool width of --stats' page ranking (odd)");
   args.Option("cover-keys-kernel", "3",
-              "--keys-mix-rule cover: the max-pool width of the keys' page ranking (odd)");
+              "--keys-mix-rule cover: the max-pool width of the keys' page ranking (odd; "
+              "each head pooled before the group's mean)");
   args.Flag("cover-question-forward", false,
             "--keys-mix-rule cover: pool --stats forward, each token over itself and the "
             "--cover-question-kernel - 1 before it (what follows a key ranks with it)");

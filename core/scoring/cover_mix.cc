@@ -42,17 +42,26 @@ std::vector<float> MaxPool(std::span<const float> row, int kernel, bool forward)
   return pooled;
 }
 
-// The pages ranked by `row` max-pooled over `kernel` (MaxPool) and projected by their maximum,
-// best first, ties to the lower page.
-std::vector<int64_t> RankPages(std::span<const float> row, int kernel, int page_size,
-                               bool forward = false) {
-  const std::vector<float> pooled = MaxPool(row, kernel, forward);
+// The pages ranked by `pooled`'s page maxima, best first, ties to the lower page.
+std::vector<int64_t> RankPages(std::span<const float> pooled, int page_size) {
   const std::vector<float> maxima = PageMaxima(pooled, page_size);
   std::vector<int64_t> order(maxima.size());
   std::iota(order.begin(), order.end(), int64_t{0});
   std::stable_sort(order.begin(), order.end(),
                    [&maxima](int64_t a, int64_t b) { return maxima[a] > maxima[b]; });
   return order;
+}
+
+// The keys' row as a policy with a neighbourhood pools a group (PoolingRows, then MeanRows):
+// each head's row max-pooled over `kernel` (centred), then their mean.
+std::vector<float> PooledKeys(std::span<const std::span<const float>> keys, int kernel) {
+  std::vector<std::vector<float>> pooled;
+  std::vector<std::span<const float>> rows;
+  pooled.reserve(keys.size());
+  for (const std::span<const float> row : keys) {
+    rows.emplace_back(pooled.emplace_back(MaxPool(row, kernel, /*forward=*/false)));
+  }
+  return GroupMean(rows);
 }
 
 }  // namespace
@@ -123,15 +132,16 @@ absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix, int g
     };
     if (total > 0.0) {
       double held = 0.0;
-      for (const int64_t page :
-           RankPages(question_mean, mix.question_kernel, page_size, mix.question_forward)) {
+      const std::vector<float> question_pooled =
+          MaxPool(question_mean, mix.question_kernel, mix.question_forward);
+      for (const int64_t page : RankPages(question_pooled, page_size)) {
         if (page < span.first || page >= span.end) continue;
         put(page);
         held += mass[page];
         if (held >= mix.mass * total) break;
       }
     }
-    for (const int64_t page : RankPages(GroupMean(keys), mix.keys_kernel, page_size)) {
+    for (const int64_t page : RankPages(PooledKeys(keys, mix.keys_kernel), page_size)) {
       if (taken[page] == 0) put(page);
     }
     for (int h = first; h < first + group_heads; ++h) {

@@ -64,20 +64,23 @@ struct CoverSpan {
 [[nodiscard]] CoverSpan CoverSpanOf(const PolicyOptions& options, int64_t tokens);
 
 // Per KV group (`group_heads` consecutive heads of `rows` and of key_rows, [heads][tokens]):
-// the group's question row is the mean of its rows sent (MeanRows) and its keys' row the mean of
-// its key_rows. Each is max-pooled over its kernel (NeighbourhoodPool; the question's forward
-// when mix.question_forward) and projected onto pages
-// of `page_size` tokens by their maximum, and each ranks the pages by that, ties to the lower
-// page. The order is the question's ranking restricted to `span` until the pages taken hold at
-// least `mix.mass` of the question row's mass in the span (summed in double; none when the span
-// holds none), then every other page in the keys' ranking. With mix.rank_sinks the span starts
-// at page 0 (the sink pages rank by all their tokens, their mass leaves out the first
-// span.sink_tokens). Page p's score is the number of
-// pages less its place in the order (exact in float32 below 2^24 pages), written on each of its
-// tokens on every head of the group, over key_rows: a policy without a neighbourhood of its own
-// then keeps the first pages of the order.
+// the group's question row is the mean of its rows sent (MeanRows), max-pooled over
+// question_kernel (NeighbourhoodPool; forward when mix.question_forward). Its keys' row is the
+// mean of its key_rows each max-pooled (centred) over keys_kernel: the order in which a policy
+// with that neighbourhood would rank the keys alone (expected attention alone's, for the
+// default). Each row is projected onto pages of `page_size` tokens by their maximum, and each
+// ranks the pages by that, ties to the lower page. The order is the question's ranking restricted
+// to `span` until the pages taken hold at least `mix.mass` of the question row's mass in the span
+// (summed in double; none when the span holds none), then every other page in the keys' ranking.
+// With mix.rank_sinks the span starts at page 0 (the sink pages rank by all their tokens, their
+// mass leaves out the first span.sink_tokens). Page p's score is the number of pages less its
+// place in the order (exact in float32 below 2^24 pages), written on each of its tokens on every
+// head of the group, over key_rows: a policy without a neighbourhood of its own then keeps the
+// first pages of the order.
+//
 // INVALID_ARGUMENT naming the head and token of a sent value that is negative or not finite
 // (ValidateValues), key_rows unchanged.
+//
 // REQUIRES: mix valid; group_heads >= 1 divides rows.query_heads(); key_rows.size() ==
 // query_heads * tokens with values >= 0 and finite; page_size >= 1.
 [[nodiscard]] absl::Status CoverThenFill(const StatisticView& rows, const CoverMix& mix,

@@ -113,6 +113,21 @@ TEST(CoverThenFillTest, RankedSinkPagesComeFirstWithoutTheSinksMass) {
   EXPECT_THAT(mixed(true, 0), ElementsAre(4, 4, 2, 2, 1, 1, 3, 3));
 }
 
+// The keys' heads are each pooled before their mean, as a policy with that neighbourhood pools
+// them: head 0's 6 on token 2 and head 1's on token 3 meet on page 1 at 6 (pooled over 3, their
+// mean is 3, 6, 6, 3 on tokens 1-4), ahead of pages 0 and 2 at 3. The mean pooled after would
+// be 3 on tokens 1-4 and rank pages 0, 1, 2 alike. With no question mass the keys' order is the
+// whole order.
+TEST(CoverThenFillTest, TheKeysRankAsAPolicyPoolsThemHeadByHead) {
+  const std::vector<float> question(16, 0.0f);
+  const StatisticView view = *StatisticView::Create(question.data(), DType::kFloat32, 2, 8);
+  std::vector<float> rows = {0, 0, 6, 0, 0, 0, 0, 0, 0, 0, 0, 6, 0, 0, 0, 0};
+  ASSERT_TRUE(CoverThenFill(view, CoverMix{.mass = 0.5, .question_kernel = 1, .keys_kernel = 3},
+                            /*group_heads=*/2, kPageSize, kSpan, rows)
+                  .ok());
+  EXPECT_THAT(rows, ElementsAre(3, 3, 4, 4, 2, 2, 1, 1, 3, 3, 4, 4, 2, 2, 1, 1));
+}
+
 // Groups rank alone: the second group's question favours page 1, the first's page 2.
 TEST(CoverThenFillTest, EachGroupOrdersItsOwnPages) {
   const std::vector<float> question = {0, 0, 0, 0, 0, 6, 0, 0, 0, 0, 6, 0, 0, 0, 0, 0};

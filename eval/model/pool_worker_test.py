@@ -57,19 +57,22 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
     sink tokens, the tail page protected): per KV group, the pages the question's rows rank
     highest (the group mean, max-pooled (forward if `forward`), page maxima, ties to the lower
     page) past the sink page (from page 0 with `rank_sinks`) and before the tail until they hold
-    `mass` of its mass there past the sink tokens, then the rest in the keys' ranking; a page
-    scores the page count less its place."""
+    `mass` of its mass there past the sink tokens, then the rest in the keys' ranking (each
+    head's row max-pooled, then their mean); a page scores the page count less its place."""
     heads, tokens = rows.shape
     out = np.empty((heads, tokens), np.float32)
     for start in range(0, heads, per_group):
         question = pool_worker.group_mean(rows[start:start + per_group])
-        keys_mean = pool_worker.group_mean(keys[start:start + per_group])
+        # The keys as a policy with that neighbourhood pools them: each head, then the mean.
+        heads_pooled = [pool_worker.neighbourhood_max(row, keys_kernel)
+                        for row in keys[start:start + per_group]]
+        keys_pooled = pool_worker.group_mean(np.stack(heads_pooled))
         held, first, end = pool_worker.cover_span_mass(question, page_size, rank_sinks)
         pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
         score = pool_worker.cover_scores(
             pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
             first, end,
-            pool_worker.page_ranking(keys_mean, keys_kernel, page_size))
+            pool_worker.page_ranking(keys_pooled, 1, page_size))
         out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
     return out
 

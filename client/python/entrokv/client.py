@@ -176,7 +176,8 @@ def mixed_statistic(rows: Any, keys: "types.Statistic", keys_weight: Optional[fl
     rule="cover" orders pages instead, per KV group: the pages the rows rank highest until they
     hold cover_mass (in (0, 1]; None: 0.5) of the rows' mass past the sink pages and before the
     protected tail, then the others as the keys rank them, each ranking max-pooled over its
-    kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3), the rows' centred or,
+    kernel (cover_question_kernel, cover_keys_kernel; None: 7 and 3; the keys head by head
+    before the group's mean, as a policy's neighbourhood pools them), the rows' centred or,
     with cover_question_forward, forward (each token over itself and the kernel - 1 before it,
     so what follows a token the question attends to ranks with it); with cover_rank_sinks, the
     sink pages rank among the rows' pages too, the sink tokens' mass left out of the share; no
