@@ -10,7 +10,7 @@ question's (the cover rule's first pages) and how many the keys' ranking chose.
 The prompts are evaluate.py's (the same seed and count give the same prompts). Each is prefilled
 once, keeping the policy's question rows; per ratio a fork is decided by the daemon and its block
 tables say which pages each (layer, group) kept. The cover rule's first pages are computed here
-from the same rows as the daemon computes them (pool_worker.cover_pages; pool_worker_test holds
+from the same rows as the daemon computes them (pool_worker.question_cover; pool_worker_test holds
 that reference to the daemon's decisions): the pages the question's rows rank highest until they
 hold the policy's share of its mass. A kept page is the question's when it is one of those, the
 tail's when it is the page being written (kept anyway), and the keys' otherwise. Prints a
@@ -36,20 +36,16 @@ import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
+from needle_kept import kept_pages  # noqa: E402
 
 
 def question_cover(rows: np.ndarray, per_group: int, page_size: int, kind: str) -> List[set]:
     """[group]: the cover rule's first pages for one layer's question rows [query_heads, tokens]
     under the cover kind `kind` (pool_worker.COVER: its share, kernel, pooling and sinks)."""
     share, kernel, forward, rank_sinks = pool_worker.COVER[kind]
-    pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
-    covers = []
-    for start in range(0, rows.shape[0], per_group):
-        question = pool_worker.group_mean(rows[start:start + per_group])
-        mass, first, end = pool_worker.cover_span_mass(question, page_size, rank_sinks)
-        ranking = pool_worker.page_ranking(question, kernel, page_size, pool)
-        covers.append(set(pool_worker.cover_pages(ranking, mass, share / 100, first, end)))
-    return covers
+    return [set(pool_worker.question_cover(pool_worker.group_mean(rows[start:start + per_group]),
+                                           page_size, share / 100, kernel, forward, rank_sinks))
+            for start in range(0, rows.shape[0], per_group)]
 
 
 def split_kept(kept: set, cover: set, tail: int) -> Tuple[int, int]:
@@ -78,8 +74,7 @@ def measure(worker: pool_worker.PoolWorker, example: tasks.Example, policy_spell
             child = worker.fork(parent)
             try:
                 decisions = worker.decide(child, policy)
-                kept = [[set(np.flatnonzero(groups >= 0).tolist()) for groups in layer]
-                        for layer in child.tables]
+                kept = kept_pages(child)
             finally:
                 worker.close_sequence(child)
             counts = np.zeros((c.layers, c.kv_heads, 4), np.int64)

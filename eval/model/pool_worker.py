@@ -358,11 +358,21 @@ def cover_pages(first_ranking: np.ndarray, mass: np.ndarray, share: float, first
     return order
 
 
-def cover_scores(first_ranking: np.ndarray, mass: np.ndarray, share: float, first: int, end: int,
-                 fill_ranking: np.ndarray) -> np.ndarray:
-    """The cover rule's page scores: its first pages (cover_pages), then the rest in
+def question_cover(question: np.ndarray, page_size: int, share: float, kernel: int,
+                   forward: bool, rank_sinks: bool) -> List[int]:
+    """The daemon's cover rule's first pages for a group's question row (float32, its heads'
+    mean: group_mean), in order: the row max-pooled over `kernel` (forward or centred), ranked by
+    page maxima (page_ranking), taken in the span until they hold `share` of its mass there
+    (cover_span_mass, cover_pages)."""
+    mass, first, end = cover_span_mass(question, page_size, rank_sinks)
+    pool = forward_max if forward else neighbourhood_max
+    return cover_pages(page_ranking(question, kernel, page_size, pool), mass, share, first, end)
+
+
+def cover_scores(first_pages: List[int], fill_ranking: np.ndarray) -> np.ndarray:
+    """The cover rule's page scores: `first_pages` (cover_pages), then the rest in
     `fill_ranking`; a page scores the page count less its place."""
-    order = cover_pages(first_ranking, mass, share, first, end)
+    order = list(first_pages)
     order += [p for p in fill_ranking if p not in order]
     pages = len(fill_ranking)
     score = np.empty(pages)
@@ -699,7 +709,7 @@ class PoolWorker:
             group = slice(g * per_group, (g + 1) * per_group)
             mass = page_sums(mass_row(group), self.page_size)
             mass[:first], mass[end:] = 0.0, 0.0
-            score = cover_scores(first_ranking(group), mass, share, first, end,
+            score = cover_scores(cover_pages(first_ranking(group), mass, share, first, end),
                                  fill_ranking(group))
             out[group] = np.repeat(score, self.page_size)[:tokens]
         return out

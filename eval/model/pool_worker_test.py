@@ -67,11 +67,9 @@ def cover_then_fill(rows: np.ndarray, keys: np.ndarray, per_group: int, page_siz
         heads_pooled = [pool_worker.neighbourhood_max(row, keys_kernel)
                         for row in keys[start:start + per_group]]
         keys_pooled = pool_worker.group_mean(np.stack(heads_pooled))
-        held, first, end = pool_worker.cover_span_mass(question, page_size, rank_sinks)
-        pool = pool_worker.forward_max if forward else pool_worker.neighbourhood_max
         score = pool_worker.cover_scores(
-            pool_worker.page_ranking(question, question_kernel, page_size, pool), held, mass,
-            first, end,
+            pool_worker.question_cover(question, page_size, mass, question_kernel, forward,
+                                       rank_sinks),
             pool_worker.page_ranking(keys_pooled, 1, page_size))
         out[start:start + per_group] = np.repeat(score, page_size)[:tokens]
     return out
