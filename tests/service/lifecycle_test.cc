@@ -380,12 +380,15 @@ TEST_F(LifecycleTest, WithoutDegradingAPassedAnswerWithinIsDeadlineExceeded) {
   const grpc::Status bad = stub_->Decide(&bad_context, request, &response);
   EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(bad.error_message(), HasSubstr("answer_within_ms"));
-  // A budget that passes while the scored decision is held before it is applied.
-  request.set_answer_within_ms(5);
+  // A budget that passes while the scored decision is held before it is applied. Scoring
+  // takes about a millisecond; the budget is wide so that a loaded machine still scores within
+  // it (5 ms did not, under CI's parallel tests), and the hook holds past it.
+  constexpr int kBudgetMs = 300;
+  request.set_answer_within_ms(kBudgetMs);
   std::atomic<int> held{0};
   server_->service().decider().SetBeforeApplyHookForTest([&held](const auto&) {
     ++held;
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    std::this_thread::sleep_for(std::chrono::milliseconds(kBudgetMs + 100));
   });
   grpc::ClientContext context;
   const grpc::Status late = stub_->Decide(&context, request, &response);
