@@ -52,16 +52,11 @@ std::vector<int64_t> RankPages(std::span<const float> pooled, int page_size) {
   return order;
 }
 
-// The keys' row as a policy with a neighbourhood pools a group (PoolingRows, then MeanRows):
-// each head's row max-pooled over `kernel` (centred), then their mean.
+// The keys' row as a policy with a neighbourhood pools a group (NeighbourhoodRows, then
+// MeanRows): each head's row max-pooled over `kernel` (centred), then their mean.
 std::vector<float> PooledKeys(std::span<const std::span<const float>> keys, int kernel) {
-  std::vector<std::vector<float>> pooled;
-  std::vector<std::span<const float>> rows;
-  pooled.reserve(keys.size());
-  for (const std::span<const float> row : keys) {
-    rows.emplace_back(pooled.emplace_back(MaxPool(row, kernel, /*forward=*/false)));
-  }
-  return GroupMean(rows);
+  const auto tokens = static_cast<int64_t>(keys.front().size());
+  return GroupMean(NeighbourhoodRows(keys, tokens, kernel, NeighbourhoodKind::kMax).rows());
 }
 
 }  // namespace

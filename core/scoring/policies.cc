@@ -34,29 +34,10 @@ void SelectFromPooled(std::span<const float> pooled, const GroupInput& input,
 
 // The rows a group's pooling takes: the group's rows, or their neighbourhood pooling
 // (PolicyOptions::neighbourhood_kernel).
-class PoolingRows {
- public:
-  PoolingRows(const GroupInput& input, const PolicyOptions& options) {
-    if (options.neighbourhood_kernel <= 1) {
-      rows_ = input.rows;
-      return;
-    }
-    pooled_.resize(input.rows.size());
-    for (size_t h = 0; h < input.rows.size(); ++h) {
-      pooled_[h].resize(static_cast<size_t>(input.tokens));
-      NeighbourhoodPool(input.rows[h], 0, input.tokens, 0, options.neighbourhood_kernel,
-                        options.neighbourhood, pooled_[h]);
-      spans_.emplace_back(pooled_[h]);
-    }
-    rows_ = spans_;
-  }
-  std::span<const std::span<const float>> rows() const { return rows_; }
-
- private:
-  std::vector<std::vector<float>> pooled_;
-  std::vector<std::span<const float>> spans_;
-  std::span<const std::span<const float>> rows_;
-};
+NeighbourhoodRows PoolingRows(const GroupInput& input, const PolicyOptions& options) {
+  return NeighbourhoodRows(input.rows, input.tokens, options.neighbourhood_kernel,
+                           options.neighbourhood);
+}
 
 // The weighted pooling policies' last two steps: pool the rows with selection->weights, keep the
 // top pages.
@@ -126,7 +107,7 @@ class MaxPolicy final : public Policy {
   Pooling pooling() const override { return {.kind = PoolingKind::kMax}; }
   GroupSelection SelectGroup(const GroupInput& input, const PolicyOptions& options) const override {
     std::vector<float> pooled(static_cast<size_t>(input.tokens), 0.0f);
-    const PoolingRows rows(input, options);
+    const NeighbourhoodRows rows = PoolingRows(input, options);
     for (const std::span<const float> row : rows.rows()) {
       for (size_t t = 0; t < pooled.size(); ++t) pooled[t] = std::max(pooled[t], row[t]);
     }

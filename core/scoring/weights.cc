@@ -105,4 +105,19 @@ void MeanRows(std::span<const std::span<const float>> rows, std::span<float> out
   }
 }
 
+NeighbourhoodRows::NeighbourhoodRows(std::span<const std::span<const float>> rows, int64_t tokens,
+                                     int kernel, NeighbourhoodKind kind) {
+  if (kernel <= 1) {
+    rows_ = rows;
+    return;
+  }
+  pooled_.resize(rows.size());
+  for (size_t h = 0; h < rows.size(); ++h) {
+    pooled_[h].resize(static_cast<size_t>(tokens));
+    NeighbourhoodPool(rows[h], 0, tokens, 0, kernel, kind, pooled_[h]);
+    spans_.emplace_back(pooled_[h]);
+  }
+  rows_ = spans_;
+}
+
 }  // namespace entrokv

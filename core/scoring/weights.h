@@ -41,6 +41,23 @@ inline constexpr int kMaxNeighbourhoodKernel = 63;
 void NeighbourhoodPool(std::span<const float> slice, int64_t slice_first, int64_t tokens,
                        int64_t first, int kernel, NeighbourhoodKind kind, std::span<float> out);
 
+// A group's rows as a policy with a neighbourhood pools them: each whole row pooled by
+// NeighbourhoodPool over `kernel` tokens, or the rows themselves when kernel <= 1. rows() refers
+// to this object (and, unpooled, to `rows`): neither may go first.
+class NeighbourhoodRows {
+ public:
+  NeighbourhoodRows(std::span<const std::span<const float>> rows, int64_t tokens, int kernel,
+                    NeighbourhoodKind kind);
+  NeighbourhoodRows(const NeighbourhoodRows&) = delete;
+  NeighbourhoodRows& operator=(const NeighbourhoodRows&) = delete;
+  [[nodiscard]] std::span<const std::span<const float>> rows() const { return rows_; }
+
+ private:
+  std::vector<std::vector<float>> pooled_;
+  std::vector<std::span<const float>> spans_;
+  std::span<const std::span<const float>> rows_;
+};
+
 }  // namespace entrokv
 
 #endif  // ENTROKV_CORE_SCORING_WEIGHTS_H_
