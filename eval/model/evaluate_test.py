@@ -193,6 +193,11 @@ class SummaryTest(unittest.TestCase):
         self.assertEqual(dict(sinks.params), {"protect_sink_pages": True})
         with self.assertRaisesRegex(ValueError, r"\+sinks"):
             evaluate.policy_of("mean+sinks+sinks", 0.75)
+        recent = evaluate.policy_of("mean+winexpcoverfwdsink50+pyramid+recent2", 0.75)
+        self.assertEqual(dict(recent.params), {"protect_recent_pages": 2})
+        for bad in ("mean+recent2+recent3", "mean+recent", "mean+recentx"):
+            with self.assertRaisesRegex(ValueError, r"\+recent<k>"):
+                evaluate.policy_of(bad, 0.75)
 
     def test_policies_follow_the_given_order_then_the_variants(self):
         part = [{"policy": p} for p in ("mean+window", "mean", "none", "page_entrokv", "zeta")]

@@ -12,7 +12,8 @@ once and forked per policy as evaluate.py does (pool_worker.run_forked). After e
 decisions, the block tables say which pages of every (layer, group) are kept; a needle counts as
 kept in a (layer, group) when every page of its span is (realtrace_report.needle_layer_records).
 Prints a markdown report: per policy the answers, the share of (layer, group) pairs keeping the
-whole needle, per layer; then the prompts where the first two policies disagree.
+whole needle, per layer; then the prompts where the first two policies disagree (with --layer L,
+the pages of layer L each of the two keeps and the other does not, the needles' pages named).
 """
 from __future__ import annotations
 
@@ -44,21 +45,36 @@ def measure(worker: pool_worker.PoolWorker, example: tasks.Example,
             policies: Sequence[pool_worker.Policy], question_excluded: bool) -> List[dict]:
     """One prompt: per policy, whether it answered and [needle][layer][group] kept."""
     kept: Dict[str, list] = {}
+    pages: Dict[str, List[List[set]]] = {}
 
     def on_decided(policy: pool_worker.Policy, kv: pool_worker.PoolKV) -> None:
-        kept[policy.label()] = needle_layer_records(kept_pages(kv), example.needle_spans,
+        pages[policy.label()] = kept_pages(kv)
+        kept[policy.label()] = needle_layer_records(pages[policy.label()], example.needle_spans,
                                                     worker.page_size)
 
     results = worker.run_forked(example, policies, question_excluded=question_excluded,
                                 on_decided=on_decided)
-    pages = sum(len(span_pages(begin, end, worker.page_size))
-                for begin, end in example.needle_spans)
+    needles = [span_pages(begin, end, worker.page_size) for begin, end in example.needle_spans]
     return [{"correct": bool(r.correct), "kept": np.array(kept[r.policy], bool),
-             "frames": r.kept_frames, "needle_pages": pages} for r in results]
+             "pages": pages[r.policy], "frames": r.kept_frames,
+             "needle_pages": sum(len(n) for n in needles), "needles": needles}
+            for r in results]
 
 
-def report(names: Sequence[str], rows: List[List[dict]], cell: str) -> str:
-    """The markdown report; rows[prompt][policy]."""
+def page_differences(first: List[set], second: List[set], needles: Sequence[Sequence[int]]) -> str:
+    """One layer's pages [group] kept by only one of two policies, as `g<group>: <first's> /
+    <second's>` per group that differs; a page of the i-th needle's span reads `<page>(n<i>)`."""
+    def named(pages: set) -> str:
+        return " ".join(f"{p}" + "".join(f"(n{i + 1})" for i, needle in enumerate(needles)
+                                         if p in needle) for p in sorted(pages)) or "none"
+    return "; ".join(f"g{g}: {named(a - b)} / {named(b - a)}"
+                     for g, (a, b) in enumerate(zip(first, second)) if a != b) or "the same"
+
+
+def report(names: Sequence[str], rows: List[List[dict]], cell: str,
+           layer: Optional[int] = None) -> str:
+    """The markdown report; rows[prompt][policy]. With `layer`, the disagreements also list the
+    pages of that layer only one of the first two policies keeps (page_differences)."""
     layers = rows[0][0]["kept"].shape[1]
     out = [f"# Needle pages kept: {cell}", "",
            f"{len(rows)} prompts. A needle is kept in a (layer, group) when every page of its "
@@ -77,14 +93,18 @@ def report(names: Sequence[str], rows: List[List[dict]], cell: str) -> str:
         a, b = names[0], names[1]
         out += ["", f"Prompts where {a} and {b} disagree: the share of (needle, layer, group) "
                 "pairs each keeps whole; needle pages: the pages the needles' spans cover.", "",
-                "| prompt | needle pages | answered by | " + f"{a} | {b} |",
-                "|---|---|---|---|---|"]
+                "| prompt | needle pages | answered by | " + f"{a} | {b} |"
+                + ("" if layer is None else
+                   f" layer {layer}: pages only {a} / only {b} keeps (n<i>: the i-th needle's) |"),
+                "|---|---|---|---|---|" + ("" if layer is None else "---|")]
         for index, row in enumerate(rows):
             if row[0]["correct"] != row[1]["correct"]:
                 winner = a if row[0]["correct"] else b
+                pages = ("" if layer is None else " " + page_differences(
+                    row[0]["pages"][layer], row[1]["pages"][layer], row[0]["needles"]) + " |")
                 out.append(f"| {index} | {row[0]['needle_pages']} | {winner} | "
                            f"{100 * row[0]['kept'].mean():.1f}% | "
-                           f"{100 * row[1]['kept'].mean():.1f}% |")
+                           f"{100 * row[1]['kept'].mean():.1f}% |" + pages)
     return "\n".join(out) + "\n"
 
 
@@ -102,6 +122,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     ap.add_argument("--question-excluded", action="store_true")
     ap.add_argument("--page-size", type=int, default=16)
     ap.add_argument("--out", help="also write the report here")
+    ap.add_argument("--layer", type=int,
+                    help="list the pages of this layer only one of the first two policies keeps "
+                         "on the prompts they disagree on")
     args = ap.parse_args(argv)
 
     registry = policy_registry.load(args.entrokv)
@@ -112,6 +135,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ValueError as error:
         ap.error(f"--policies: {error}")
     model = numpy_model.Model.load(args.weights)
+    if args.layer is not None and not 0 <= args.layer < model.config.layers:
+        ap.error(f"--layer: the model has layers 0 to {model.config.layers - 1}, "
+                 f"got {args.layer}")
     daemon = pool_worker.LocalDaemon(args.entrokvd)
     rows = []
     try:
@@ -131,7 +157,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     setting = "the question excluded" if args.question_excluded else "the question in"
     cell = (f"{args.task} {args.length} tokens, ratio {args.ratio}, seed {args.seed}, "
             f"{setting}")
-    text = report([p.label() for p in policies], rows, cell)
+    text = report([p.label() for p in policies], rows, cell, args.layer)
     print(text, end="")
     if args.out:
         with open(args.out, "w") as f:

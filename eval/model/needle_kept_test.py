@@ -45,9 +45,10 @@ class NeedleKeptTest(DaemonFixture, unittest.TestCase):
         self.assertFalse(streaming_excluded["kept"].any())
 
     def test_the_report_lists_the_prompts_the_first_two_disagree_on(self):
-        def row(correct, kept):
+        def row(correct, kept, pages=({1, 2},)):
             return {"correct": correct, "kept": np.array(kept, bool).reshape(1, 2, 1),
-                    "frames": 4, "needle_pages": 2}
+                    "frames": 4, "needle_pages": 2, "needles": [[2, 3]],
+                    "pages": [[set(p) for p in pages]] * 2}
         rows = [[row(True, [1, 1]), row(True, [1, 0])],
                 [row(False, [0, 0]), row(True, [1, 0])],
                 [row(True, [1, 1]), row(False, [0, 0])]]
@@ -58,6 +59,12 @@ class NeedleKeptTest(DaemonFixture, unittest.TestCase):
         self.assertIn("| 1 | 2 | b | 0.0% | 50.0% |", disagreements)
         self.assertIn("| 2 | 2 | a | 100.0% | 0.0% |", disagreements)
         self.assertNotIn("| 0 |", disagreements)
+        # With a layer: the pages of that layer only one of the two keeps, a needle's named.
+        rows[1][1] = row(True, [1, 0], ({1, 3}, {5}))
+        rows[1][0] = row(False, [0, 0], ({1, 2}, {5}))
+        text = needle_kept.report(["a", "b"], rows, "a cell", layer=1)
+        self.assertIn("| 1 | 2 | b | 0.0% | 50.0% | g0: 2(n1) / 3(n1) |", text)
+        self.assertIn("| 2 | 2 | a | 100.0% | 0.0% | the same |", text)
 
 
 if __name__ == "__main__":

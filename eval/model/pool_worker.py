@@ -109,11 +109,23 @@ COVER_FILL_WIDTHS = (3, 7)
 # taken, as snapkv pools, instead of the mean pooled; half the mass, then expected attention's
 # order over 3 tokens.
 COVER_HEAD_POOLS = {"window_expected_coverheadfwd7": True, "window_expected_coverheadmid7": False}
+# window_expected_coverfwdsink50<only|skip>2[g0], an experiment of this worker's: the default
+# rule (window_expected_coverfwdsink50) with the question's rows sent only on layer 2 (only2),
+# on every layer but layer 2 (skip2), or only to layer 2's first KV group (only2g0). Elsewhere
+# the rows are zeros, the cover holds no question mass, and the rule keeps expected attention
+# alone's order: which layers' question pages variable tracking pays for, and which the
+# retrieval tasks need (docs/evaluation/development-question-layers-question-in/).
+# Each kind's test of a (layer, KV group): whether it is sent the question's rows.
+COVER_LAYER_SETS = {
+    "window_expected_coverfwdsink50only2": lambda layer, group: layer == 2,
+    "window_expected_coverfwdsink50skip2": lambda layer, group: layer != 2,
+    "window_expected_coverfwdsink50only2g0": lambda layer, group: layer == 2 and group == 0}
 MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", "window_expected",
                  "window_expected_max", "window_expected_pages")
                 + tuple(f"window_expected_covermix{w}" for w in COVER_MIX_WIDTHS)
                 + tuple(f"window_expected_coverfill{w}" for w in COVER_FILL_WIDTHS)
                 + tuple(COVER_HEAD_POOLS)
+                + tuple(COVER_LAYER_SETS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
@@ -133,6 +145,7 @@ MIXED_KINDS = {"window_keydiff": "keydiff", "window_expected": "expected_attenti
                **{f"window_expected_coverfill{w}": "expected_attention"
                   for w in COVER_FILL_WIDTHS},
                **{kind: "expected_attention" for kind in COVER_HEAD_POOLS},
+               **{kind: "expected_attention" for kind in COVER_LAYER_SETS},
                **{kind: "expected_attention" for kind in COVER},
                **{f"window_expected_k{w}": "expected_attention" for w in MIXED_KEY_WEIGHTS}}
 # The keys' share of each mixed kind's mix (keys_mix.keys_weight).
@@ -241,7 +254,8 @@ def policy_of(name: str, ratio: float) -> Policy:
     +mass or +mass<percent> (the layers' pages move to the layers whose scores need them, each
     keeping at least that share of the mean, 50 by default: allocator "mass", budget.layer_floor);
     +sinks (the pages holding the sink tokens kept whatever their scores, inside the quota:
-    policy.protect_sink_pages).
+    policy.protect_sink_pages); +recent<k> (the newest k pages kept, the tail page among them,
+    inside the quota: policy.protect_recent_pages).
     E.g. page_entrokv+window+nb7max, mean+keydiff+gf25, snapkv+pyramid, mean+expattn+mass25."""
     if name == "none":
         return Policy("none")
@@ -257,12 +271,14 @@ def policy_of(name: str, ratio: float) -> Policy:
              **{f"winexpcoverfill{w}": f"window_expected_coverfill{w}"
                 for w in COVER_FILL_WIDTHS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_HEAD_POOLS},
+             **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_LAYER_SETS},
              **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
         floor = re.fullmatch(r"gf(\d+)", suffix)
         mass = re.fullmatch(r"mass(\d*)", suffix)
+        recent = re.fullmatch(r"recent(\d+)", suffix)
         if suffix in kinds and statistic is None:
             statistic = kinds[suffix]
         elif neighbourhood and "neighbourhood_kernel" not in params:
@@ -274,13 +290,16 @@ def policy_of(name: str, ratio: float) -> Policy:
             allocator = "pyramid"
         elif suffix == "sinks" and "protect_sink_pages" not in params:
             params["protect_sink_pages"] = True
+        elif recent and "protect_recent_pages" not in params:
+            params["protect_recent_pages"] = int(recent.group(1))
         elif mass and allocator is None and (not mass.group(1) or int(mass.group(1)) <= 100):
             allocator = "mass"
             layer_floor = int(mass.group(1)) / 100 if mass.group(1) else None
         else:
             raise ValueError(f"policy {name}: each suffix must be +window, +last, +acc, "
                              f"+keydiff, +knorm, +expattn(m|w), +winkeys, +winexp(max), "
-                             f"+nb<k><max|mean>, +gf<0-100>, +pyramid or +mass[<0-100>], "
+                             f"+nb<k><max|mean>, +gf<0-100>, +pyramid, +mass[<0-100>], "
+                             f"+sinks or +recent<k>, "
                              f"at most one of each kind")
     return Policy(base, ratio=ratio, statistic=statistic,
                   params=tuple(params.items()), allocator=allocator, layer_floor=layer_floor,
@@ -378,6 +397,17 @@ def cover_scores(first_pages: List[int], fill_ranking: np.ndarray) -> np.ndarray
     score = np.empty(pages)
     score[order] = pages - np.arange(pages)
     return score
+
+
+def question_rows_sent(kind: str, layer: int, rows: np.ndarray, per_group: int) -> np.ndarray:
+    """The question's rows [query_heads, tokens] a COVER_LAYER_SETS kind sends on `layer`: each
+    KV group's (`per_group` consecutive heads) as they are where the kind sends them, zeros
+    elsewhere."""
+    sent = np.array(rows, copy=True)
+    for group in range(len(sent) // per_group):
+        if not COVER_LAYER_SETS[kind](layer, group):
+            sent[group * per_group:(group + 1) * per_group] = 0
+    return sent
 
 
 def question_window(prompt: np.ndarray) -> int:
@@ -659,6 +689,12 @@ class PoolWorker:
             return self._cover_then_mix(kv, kind, layer, rows, tokens)
         if kind in COVER_HEAD_POOLS:
             return self._cover_pooled_per_head(kv, kind, layer, rows, tokens)
+        if kind in COVER_LAYER_SETS:
+            c = self.model.config
+            sent = question_rows_sent(kind, layer, rows, c.query_heads // c.kv_heads)
+            mean, covariance = kv.moments[kind][layer]
+            return entrokv.default_statistic(c.query_heads, tokens, mean, covariance,
+                                             question_rows=sent, dtype=self.element)
         if kind in DEFAULT_KINDS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,

@@ -453,6 +453,19 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             page = np.repeat([3, 5, 2, 4, 1], b).astype(np.float32)
             np.testing.assert_array_equal(out, np.tile(page, (c.query_heads, 1)))
 
+    def test_the_layer_experiments_send_the_question_only_where_they_say(self):
+        # Two groups of two heads: only2 sends every row on layer 2 and none elsewhere, skip2 the
+        # reverse, only2g0 the first group's rows on layer 2 alone.
+        rows = np.arange(1, 4 * 8 + 1, dtype=np.float32).reshape(4, 8)
+        zeros = np.zeros_like(rows)
+        sent = lambda kind, layer: pool_worker.question_rows_sent(  # noqa: E731
+            f"window_expected_coverfwdsink50{kind}", layer, rows, 2)
+        for layer in range(6):
+            np.testing.assert_array_equal(sent("only2", layer), rows if layer == 2 else zeros)
+            np.testing.assert_array_equal(sent("skip2", layer), zeros if layer == 2 else rows)
+        np.testing.assert_array_equal(sent("only2g0", 2), np.vstack([rows[:2], zeros[2:]]))
+        np.testing.assert_array_equal(sent("only2g0", 1), zeros)
+
     def test_cover_with_sinks_ranks_the_sink_page_by_the_question_without_its_sink_mass(self):
         # Five pages, the tail page 4 protected. The question's rows put 0.5 on the sink token 0
         # and 0.3 on page 0's token 8, 0.3 on page 2 and 0.2 on page 3: the sink token ranks
@@ -489,6 +502,14 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
 
         class Reference(pool_worker.PoolWorker):
             def _mixed(self, kv, kind, layer, rows, tokens):
+                if kind in pool_worker.COVER_LAYER_SETS:  # the default's rule on the rows sent
+                    rows = pool_worker.question_rows_sent(kind, layer, rows, per_group)
+                    expected = self.expected_attention(kv, kind, layer, tokens)
+                    mass, question_kernel, forward, rank_sinks = pool_worker.COVER[
+                        pool_worker.DEFAULT_KINDS[0]]
+                    return cover_then_fill(rows, expected, per_group, self.page_size,
+                                           mass / 100, question_kernel, forward=forward,
+                                           rank_sinks=rank_sinks)
                 if pool_worker.MIXED_RULES[kind] == "cover":
                     expected = self.expected_attention(kv, kind, layer, tokens)
                     mass, question_kernel, forward, rank_sinks = pool_worker.COVER[kind]
