@@ -65,6 +65,13 @@ KEY_KINDS = {"keys_keydiff": "keydiff", "keys_norm": "norm",
 # directions (query_covariance_factor: p x head_dim per token and head, not head_dim^2).
 LOW_RANKS = (4, 8, 16)
 KEY_KINDS.update({f"keys_expected_r{p}": "expected_attention" for p in LOW_RANKS})
+# keys_expected_w<a>l2w<b>, an experiment of this worker's: expected attention computed here (as
+# the daemon scores it: expected_attention), each head's row max-pooled over b tokens on layer 2
+# and over a tokens on the other layers, sent as rows to a policy with no neighbourhood of its
+# own; w3l2w3 is the question-excluded default's scoring done by the worker.
+LAYER_WIDTHS = {"keys_expected_w3l2w3": (3, 3), "keys_expected_w3l2w5": (3, 5),
+                "keys_expected_w5l2w3": (5, 3)}
+KEY_KINDS.update({kind: "expected_attention" for kind in LAYER_WIDTHS})
 # window_expected_k<w>: window_expected with w% of the mix on the keys' row (50 otherwise).
 MIXED_KEY_WEIGHTS = (25, 75)
 # window_expected_cover<c>: the question's pages first, until they hold c% of its mass, then the
@@ -128,6 +135,7 @@ MOMENT_KINDS = (("keys_expected", "keys_expected_window", "keys_expected_mean", 
                 + tuple(COVER_LAYER_SETS)
                 + tuple(COVER)
                 + tuple(f"keys_expected_r{p}" for p in LOW_RANKS)
+                + tuple(LAYER_WIDTHS)
                 + tuple(f"window_expected_k{w}" for w in MIXED_KEY_WEIGHTS))
 # Expected attention's query statistics: the prompt's queries past the first EXPECTED_SINKS,
 # rotated as the next EXPECTED_FUTURE positions would be (not tuned: the question and the
@@ -229,7 +237,9 @@ def policy_of(name: str, ratio: float) -> Policy:
     sums); +keydiff, +knorm, +expattn, +expattnm or +expattnw (no statistic sent: the daemon
     scores the keys in its frames, docs/decisions.md; +expattn with the prompt queries' mean and
     covariance, +expattnm with their mean alone, +expattnw with the observation window's,
-    +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS);
+    +expattnr<p> with the covariance's p largest directions alone, p in LOW_RANKS;
+    +expattnw<a>l2w<b>, an experiment of the worker's, expected attention pooled by the worker
+    over b tokens on layer 2 and a on the others: LAYER_WIDTHS);
     +winkeys or +winexp (the window statistic sent with a keys mix: the daemon averages it half
     and half with keydiff's scores, or with each head's expected attention as +expattn's;
     +winexp25 and +winexp75 put 25% or 75% of the mix on the keys' row; +winexpmax keeps each
@@ -272,7 +282,8 @@ def policy_of(name: str, ratio: float) -> Policy:
                 for w in COVER_FILL_WIDTHS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_HEAD_POOLS},
              **{kind.replace("window_expected_", "winexp"): kind for kind in COVER_LAYER_SETS},
-             **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS}}
+             **{f"expattnr{p}": f"keys_expected_r{p}" for p in LOW_RANKS},
+             **{kind.replace("keys_expected_", "expattn"): kind for kind in LAYER_WIDTHS}}
     statistic, params, allocator, layer_floor = None, {}, None, None
     for suffix in suffixes:
         neighbourhood = re.fullmatch(r"nb(\d+)(max|mean)", suffix)
@@ -830,6 +841,11 @@ class PoolWorker:
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
         scores the keys in the sequence's frames (expected attention with the layer's query
         statistics kept on `kv`)."""
+        if kind in LAYER_WIDTHS:
+            other, on_layer_2 = LAYER_WIDTHS[kind]
+            width = on_layer_2 if layer == 2 else other
+            expected = self.expected_attention(kv, kind, layer, tokens)
+            return np.stack([neighbourhood_max(row, width) for row in expected]).astype(np.float32)
         mean, covariance = kv.moments[kind][layer] if kind in MOMENT_KINDS else (None, None)
         if kind in DEFAULT_KINDS:
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,

@@ -490,6 +490,24 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
             np.testing.assert_array_equal(
                 out, np.tile(np.repeat(page, b).astype(np.float32), (c.query_heads, 1)))
 
+    def test_expected_attention_pooled_by_the_worker_decides_as_the_daemon_pools_it(self):
+        # keys_expected_w3l2w3 (the worker scores and pools, width 3 on every layer) keeps the
+        # pages of the daemon's expected attention pooled over 3 (mean+expattn+nb3max); w3l2w5
+        # the same pages on every layer but layer 2, and other pages there (at ratio 0.5 on
+        # this prompt).
+        example = tasks.make_example("multi_key", 333, 6)
+        kept = {}
+        for name in ("mean+expattn+nb3max", "mean+expattnw3l2w3", "mean+expattnw3l2w5"):
+            worker = self.worker(f"layer-widths-{name.replace('+', '-')}", capacity_frames=2048)
+            kv, _ = worker.prefill(example.prompt, policy=pool_worker.policy_of(name, 0.5))
+            kept[name] = kv.tables >= 0
+            worker.close_sequence(kv)
+        daemon, same, wider = kept.values()
+        self.assertLess(daemon.mean(), 0.5)  # pages were evicted
+        np.testing.assert_array_equal(same, daemon)
+        np.testing.assert_array_equal(np.delete(wider, 2, axis=0), np.delete(daemon, 2, axis=0))
+        self.assertFalse((wider[2] == daemon[2]).all())
+
     def test_a_keys_mix_decides_as_its_mix_sent_as_rows(self):
         # window_expected(_k<w>|_max|_cover<c>) and window_keydiff send the window rows with a
         # keys mix: the daemon mixes them with its scores of the keys in the frames (w% on the
