@@ -700,13 +700,10 @@ class PoolWorker:
             return self._cover_then_mix(kv, kind, layer, rows, tokens)
         if kind in COVER_HEAD_POOLS:
             return self._cover_pooled_per_head(kv, kind, layer, rows, tokens)
-        if kind in COVER_LAYER_SETS:
+        if kind in COVER_LAYER_SETS:  # the default's statistic on the rows the kind sends
             c = self.model.config
-            sent = question_rows_sent(kind, layer, rows, c.query_heads // c.kv_heads)
-            mean, covariance = kv.moments[kind][layer]
-            return entrokv.default_statistic(c.query_heads, tokens, mean, covariance,
-                                             question_rows=sent, dtype=self.element)
-        if kind in DEFAULT_KINDS:
+            rows = question_rows_sent(kind, layer, rows, c.query_heads // c.kv_heads)
+        if kind in DEFAULT_KINDS or kind in COVER_LAYER_SETS:
             mean, covariance = kv.moments[kind][layer]
             return entrokv.default_statistic(self.model.config.query_heads, tokens, mean,
                                              covariance, question_rows=rows, dtype=self.element)
@@ -840,7 +837,8 @@ class PoolWorker:
     def _key_statistic(self, kv: "PoolKV", kind: str, layer: int, tokens: int):
         """A keys statistic of every query head over `tokens` tokens: no values, the daemon
         scores the keys in the sequence's frames (expected attention with the layer's query
-        statistics kept on `kv`)."""
+        statistics kept on `kv`). A LAYER_WIDTHS kind is scored and pooled here instead, and its
+        rows [query_heads, tokens] are sent."""
         if kind in LAYER_WIDTHS:
             other, on_layer_2 = LAYER_WIDTHS[kind]
             width = on_layer_2 if layer == 2 else other

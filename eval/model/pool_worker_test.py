@@ -520,17 +520,13 @@ class PoolWorkerTest(DaemonFixture, unittest.TestCase):
 
         class Reference(pool_worker.PoolWorker):
             def _mixed(self, kv, kind, layer, rows, tokens):
+                rule = kind
                 if kind in pool_worker.COVER_LAYER_SETS:  # the default's rule on the rows sent
                     rows = pool_worker.question_rows_sent(kind, layer, rows, per_group)
+                    rule = pool_worker.DEFAULT_KINDS[0]
+                if pool_worker.MIXED_RULES[rule] == "cover":
                     expected = self.expected_attention(kv, kind, layer, tokens)
-                    mass, question_kernel, forward, rank_sinks = pool_worker.COVER[
-                        pool_worker.DEFAULT_KINDS[0]]
-                    return cover_then_fill(rows, expected, per_group, self.page_size,
-                                           mass / 100, question_kernel, forward=forward,
-                                           rank_sinks=rank_sinks)
-                if pool_worker.MIXED_RULES[kind] == "cover":
-                    expected = self.expected_attention(kv, kind, layer, tokens)
-                    mass, question_kernel, forward, rank_sinks = pool_worker.COVER[kind]
+                    mass, question_kernel, forward, rank_sinks = pool_worker.COVER[rule]
                     return cover_then_fill(rows, expected, per_group, self.page_size,
                                            mass / 100, question_kernel, forward=forward,
                                            rank_sinks=rank_sinks)
