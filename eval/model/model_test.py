@@ -460,6 +460,26 @@ class WarmUpTest(unittest.TestCase):
             self.assertEqual(answer[-1], tasks.EOS)
             np.testing.assert_array_equal(y[i][question + 2:len(row) - 1].numpy(), answer)
 
+    def test_early_tasks_keep_every_needle_of_the_answer_far_from_the_question(self):
+        mix = ["early_multi_value", "multi_key", "early_multi_key", "multi_value"]
+        x, y, _ = train.batch(mix, 512, 16, 3)
+        x_plain, _, _ = train.batch(["multi_value", "multi_key", "multi_key", "multi_value"],
+                                    512, 16, 3)
+        for i in range(16):
+            if not mix[(3 + i) % 4].startswith("early_"):
+                np.testing.assert_array_equal(x[i], x_plain[i])
+                continue
+            row = [t for t in x[i].tolist() if t != tasks.PAD]
+            question = row.index(tasks.Q)
+            key = row[question + 1:question + 3]  # KEY k
+            needles = [j for j in range(question) if row[j:j + 2] == key]
+            self.assertTrue(needles)
+            self.assertLessEqual(max(needles), train.EARLY_END * 512, i)
+            # What is taught is the answer after the question, then EOS.
+            taught = y[i][question + 2:len(row) - 1].numpy()
+            np.testing.assert_array_equal(taught, row[question + 3:])
+            self.assertEqual(row[-1], tasks.EOS)
+
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):
         for seed, twins in [(seed, twins) for seed in range(40) for twins in (False, True)]:
             text = train.values_example(seed, twins)[0].tolist()
