@@ -318,7 +318,7 @@ DEEP_TASKS = {"deep_" + name: name for name in tasks.TASKS}
 # `early_<task>`: the task redrawn until every needle its answer depends on ends in the first
 # EARLY_END of the prompt, far from the question: the r = 8 model's multi-value misses (80
 # prompts, 1K and 2K) had their last value a median 42% and 35% of the prompt before the
-# question, the prompts it answered 17% and 19%.
+# question, the prompts it answered 17% and 19%. Trained on, it did not help (TRAINING.md).
 EARLY_END = 0.6
 EARLY_TASKS = {"early_" + name: name for name in tasks.TASKS}
 
