@@ -55,9 +55,8 @@ def main() -> int:
     ap.add_argument("--length", type=int, default=1024)
     ap.add_argument("--rows", type=int, default=32)
     args = ap.parse_args()
-    known = set(train.WARM_UP_FORMS) | set(train.tasks.TASKS) | set(train.DEEP_TASKS)
     forms = args.forms.split(",")
-    unknown = [f for f in forms if f not in known or f in train.FAR_WARM_UPS]
+    unknown = [f for f in forms if f not in train.MIX_FORMS or f in train.FAR_WARM_UPS]
     if unknown:
         ap.error(f"--forms: unknown or spread (far_) form {', '.join(unknown)}")
     if args.rows < 1:

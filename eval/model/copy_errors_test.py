@@ -40,10 +40,9 @@ class CopyErrorsTest(unittest.TestCase):
 
     def test_form_errors_sum_the_rows_and_count_those_with_an_error(self):
         def forward(tokens):  # even lengths: the next token (right); odd: the current one
-            logits = one_hot(tokens)
             if len(tokens) % 2 == 0:
                 return one_hot(np.append(tokens[1:], tasks.EOS))
-            return logits
+            return one_hot(tokens)
 
         rows = []
         for i in range(4):
@@ -55,6 +54,7 @@ class CopyErrorsTest(unittest.TestCase):
         self.assertEqual(taught, sum(t for _, t in per_row))
         self.assertEqual(bad, sum(w > 0 for w, _ in per_row))
         self.assertGreater(bad, 0)
+
 
 if __name__ == "__main__":
     unittest.main()

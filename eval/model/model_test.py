@@ -440,17 +440,22 @@ class WarmUpTest(unittest.TestCase):
                 at = found + len(fact)
             self.assertTrue(all(t >= tasks.WORD0 or t == tasks.SEP for t in row[at:question]))
 
-    def test_deep_tasks_ask_a_needle_in_the_last_quarter_and_leave_other_rows_alone(self):
-        mix = ["deep_multi_key", "multi_value", "deep_single_needle", "deep_multi_key"]
-        x, y, _ = train.batch(mix, 512, 32, 5)
-        x_plain, _, _ = train.batch(["multi_key", "multi_value", "single_needle", "multi_key"],
-                                    512, 32, 5)
-        for i in range(32):
-            if not mix[(5 + i) % 4].startswith("deep_"):
+    def formed_rows(self, mix, plain, length, size, seed):
+        """train.batch(mix)'s rows whose task has a form (deep_, early_), each as (i, row without
+        padding, targets, question index), after checking every other row is plain's row."""
+        x, y, _ = train.batch(mix, length, size, seed)
+        x_plain, _, _ = train.batch(plain, length, size, seed)
+        for i in range(size):
+            if mix[(seed + i) % len(mix)] == plain[(seed + i) % len(plain)]:
                 np.testing.assert_array_equal(x[i], x_plain[i])
                 continue
             row = [t for t in x[i].tolist() if t != tasks.PAD]
-            question = row.index(tasks.Q)
+            yield i, row, y[i], row.index(tasks.Q)
+
+    def test_deep_tasks_ask_a_needle_in_the_last_quarter_and_leave_other_rows_alone(self):
+        mix = ["deep_multi_key", "multi_value", "deep_single_needle", "deep_multi_key"]
+        plain = ["multi_key", "multi_value", "single_needle", "multi_key"]
+        for i, row, y, question in self.formed_rows(mix, plain, 512, 32, 5):
             key = row[question + 1:question + 3]  # KEY k
             needle = next(j for j in range(question) if row[j:j + 2] == key)
             self.assertGreater(needle, 0.7 * question, i)
@@ -458,26 +463,19 @@ class WarmUpTest(unittest.TestCase):
             answer = row[question + 3:]
             self.assertEqual(answer[:-1], row[needle + 2:needle + 2 + len(answer) - 1])
             self.assertEqual(answer[-1], tasks.EOS)
-            np.testing.assert_array_equal(y[i][question + 2:len(row) - 1].numpy(), answer)
+            np.testing.assert_array_equal(y[question + 2:len(row) - 1].numpy(), answer)
 
     def test_early_tasks_keep_every_needle_of_the_answer_far_from_the_question(self):
         mix = ["early_multi_value", "multi_key", "early_multi_key", "multi_value"]
-        x, y, _ = train.batch(mix, 512, 16, 3)
-        x_plain, _, _ = train.batch(["multi_value", "multi_key", "multi_key", "multi_value"],
-                                    512, 16, 3)
-        for i in range(16):
-            if not mix[(3 + i) % 4].startswith("early_"):
-                np.testing.assert_array_equal(x[i], x_plain[i])
-                continue
-            row = [t for t in x[i].tolist() if t != tasks.PAD]
-            question = row.index(tasks.Q)
+        plain = ["multi_value", "multi_key", "multi_key", "multi_value"]
+        for i, row, y, question in self.formed_rows(mix, plain, 512, 16, 3):
             key = row[question + 1:question + 3]  # KEY k
             needles = [j for j in range(question) if row[j:j + 2] == key]
             self.assertTrue(needles)
             self.assertLessEqual(max(needles), train.EARLY_END * 512, i)
             # What is taught is the answer after the question, then EOS.
-            taught = y[i][question + 2:len(row) - 1].numpy()
-            np.testing.assert_array_equal(taught, row[question + 3:])
+            np.testing.assert_array_equal(y[question + 2:len(row) - 1].numpy(),
+                                          row[question + 3:])
             self.assertEqual(row[-1], tasks.EOS)
 
     def test_values_answer_every_value_of_the_key_in_prompt_order(self):

@@ -321,6 +321,8 @@ DEEP_TASKS = {"deep_" + name: name for name in tasks.TASKS}
 # question, the prompts it answered 17% and 19%. Trained on, it did not help (TRAINING.md).
 EARLY_END = 0.6
 EARLY_TASKS = {"early_" + name: name for name in tasks.TASKS}
+# Every name a curriculum's mix may use ("all" aside).
+MIX_FORMS = frozenset(tasks.TASKS) | set(WARM_UP_FORMS) | set(DEEP_TASKS) | set(EARLY_TASKS)
 
 
 def early_example(task, length, rng):
@@ -553,8 +555,7 @@ def main():
         fields = stage.split(":")
         names = fields[3].split("+") if len(fields) > 3 else ["all"]
         mix = tuple(t for name in names for t in (tasks.TASKS if name == "all" else [name]))
-        unknown = sorted(set(mix) - set(tasks.TASKS) - set(WARM_UP_FORMS) - set(DEEP_TASKS)
-                         - set(EARLY_TASKS))
+        unknown = sorted(set(mix) - MIX_FORMS)
         if unknown:
             ap.error(f"--curriculum stage {stage}: unknown task {', '.join(unknown)}")
         span = int(fields[4]) if len(fields) > 4 else 0
