@@ -23,7 +23,6 @@ import concurrent.futures
 import csv
 import gzip
 import io
-import math
 import os
 import sys
 import time
@@ -40,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
+from significance import mcnemar, wilson  # noqa: E402,F401  (the report's arithmetic)
 import tasks  # noqa: E402
 import verdict  # noqa: E402
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
@@ -51,28 +51,8 @@ FIELDS = ("task", "length", "page_size", "layout", "prompt", "depth", "policy", 
           "decode_ms")
 
 
-def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
-    """The Wilson score interval: sound at 0% and 100%, where the normal approximation is not."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 # The policy grammar (+window, +expattn, +nb7max, +pyramid, +mass25, ...) is the worker's.
 policy_of = pool_worker.policy_of
-
-
-def mcnemar(better: int, worse: int) -> float:
-    """Exact two-sided McNemar p of a paired comparison: under no difference, each of the
-    better + worse discordant prompts goes either way with probability 1/2."""
-    n = better + worse
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(better, worse) + 1)) / 2 ** n
-    return min(1.0, 2.0 * tail)
 
 
 # ---- running ------------------------------------------------------------------------------------

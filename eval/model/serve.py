@@ -63,7 +63,7 @@ import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
-from evaluate import mcnemar, wilson  # noqa: E402
+from significance import mcnemar, wilson  # noqa: E402
 
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
