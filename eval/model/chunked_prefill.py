@@ -155,10 +155,9 @@ def summarize(rows: List[Dict[str, str]], names: Sequence[str],
             kept = np.mean([int(r["kept_frames"]) for r in cell])
             paired = "-"
             if arm != "end":
-                better = sum(int(by[(name, arm, t, p)]["correct"]) >
-                             int(by[(name, "end", t, p)]["correct"]) for t, p in prompts)
-                worse = sum(int(by[(name, arm, t, p)]["correct"]) <
-                            int(by[(name, "end", t, p)]["correct"]) for t, p in prompts)
+                better, worse = evaluate.discordant(
+                    [int(r["correct"]) for r in cell],
+                    [int(by[(name, "end", t, p)]["correct"]) for t, p in prompts])
                 p = evaluate.mcnemar(better, worse)
                 paired = f"+{better} / -{worse} (p {'< 0.001' if p < 0.001 else f'= {p:.3f}'})"
             lines.append(f"| {name} | {arm} | {correct}/{n} = {100 * correct / n:.1f}% "

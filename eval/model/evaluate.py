@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
-from significance import mcnemar, wilson  # noqa: E402,F401  (the report's arithmetic)
+from significance import discordant, mcnemar, wilson  # noqa: E402,F401  (the report's arithmetic)
 import tasks  # noqa: E402
 import verdict  # noqa: E402
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
@@ -261,8 +261,7 @@ def comparisons(rows: List[dict], reference: str = "page_entrokv") -> List[Dict[
         for other in sorted(set(cells[key]) - {reference}):
             theirs = cells[key][other]
             common = sorted(set(mine) & set(theirs))
-            better = sum(mine[i] > theirs[i] for i in common)
-            worse = sum(mine[i] < theirs[i] for i in common)
+            better, worse = discordant([mine[i] for i in common], [theirs[i] for i in common])
             out.append(dict(task=key[0], length=key[1], page_size=key[2], layout=key[3],
                             ratio=key[4], reference=reference, policy=other, prompts=len(common),
                             reference_correct=sum(mine[i] for i in common),

@@ -20,12 +20,12 @@ import collections
 import json
 import os
 import sys
-from typing import List, Sequence, Tuple
+from typing import List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import numpy_model  # noqa: E402
 import tasks  # noqa: E402
-from significance import mcnemar  # noqa: E402
+from significance import discordant, mcnemar  # noqa: E402
 from weights_check import WEIGHTS  # noqa: E402  (the committed weights)
 
 
@@ -43,13 +43,6 @@ def read_answers(path: str, cell: dict) -> List[bool]:
             raise ValueError(f"{path} answered other prompts: its {key} is {saved.get(key)!r}, "
                              f"this run's {value!r}")
     return [bool(c) for c in saved["correct"]]
-
-
-def paired(before: Sequence[bool], after: Sequence[bool]) -> Tuple[int, int]:
-    """(fixed, newly missed): prompts `after` answers and `before` missed, and the reverse."""
-    fixed = sum(1 for b, a in zip(before, after) if a and not b)
-    missed = sum(1 for b, a in zip(before, after) if b and not a)
-    return fixed, missed
 
 
 def main() -> int:
@@ -91,7 +84,7 @@ def main() -> int:
     print("  misses by RULER credit: " +
           (", ".join(f"{k:g}: {v}" for k, v in sorted(missed.items())) or "none"))
     if before is not None:
-        fixed, newly = paired(before, answered)
+        fixed, newly = discordant(answered, before)
         print(f"  against {args.against} ({sum(before)}/{n}): fixed {fixed}, newly missed "
               f"{newly}, exact McNemar p = {mcnemar(fixed, newly):.3f}")
     if args.answers:

@@ -63,7 +63,7 @@ import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
 import tasks  # noqa: E402
-from significance import mcnemar, wilson  # noqa: E402
+from significance import discordant, mcnemar, wilson  # noqa: E402
 
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
 
@@ -559,8 +559,8 @@ def paired(rows: List[Dict[str, object]], a: str, b: str) -> List[Dict[str, obje
         by = {(r["strategy"], r["request"]): r for r in rows if r["pool_share"] == share}
         common = [i for (s, i) in by if s == a and (b, i) in by
                   and by[(a, i)]["done"] is not None and by[(b, i)]["done"] is not None]
-        better = sum(by[(a, i)]["correct"] > by[(b, i)]["correct"] for i in common)
-        worse = sum(by[(a, i)]["correct"] < by[(b, i)]["correct"] for i in common)
+        better, worse = discordant([by[(a, i)]["correct"] for i in common],
+                                   [by[(b, i)]["correct"] for i in common])
         out.append({"pool_share": share, "a": a, "b": b, "requests": len(common),
                     "a_correct": sum(by[(a, i)]["correct"] for i in common),
                     "b_correct": sum(by[(b, i)]["correct"] for i in common),

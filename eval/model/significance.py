@@ -4,7 +4,7 @@ dependency beyond the standard library, so tools that never talk to a daemon can
 from __future__ import annotations
 
 import math
-from typing import Tuple
+from typing import Sequence, Tuple
 
 
 def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
@@ -15,6 +15,12 @@ def wilson(correct: int, n: int, z: float = 1.959964) -> Tuple[float, float]:
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
     return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def discordant(a: Sequence[int], b: Sequence[int]) -> Tuple[int, int]:
+    """Of prompts paired by position (1 or True: answered), how many only `a` answered and how
+    many only `b` did: the two counts McNemar's test reads."""
+    return (sum(x > y for x, y in zip(a, b)), sum(x < y for x, y in zip(a, b)))
 
 
 def mcnemar(better: int, worse: int) -> float:

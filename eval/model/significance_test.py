@@ -1,4 +1,4 @@
-"""Wilson intervals and exact McNemar p values against values worked by hand."""
+"""Wilson intervals, discordant counts and exact McNemar p values against values worked by hand."""
 import unittest
 
 import significance
@@ -15,6 +15,16 @@ class WilsonTest(unittest.TestCase):
         low, high = significance.wilson(10, 10)
         self.assertAlmostEqual(low, 0.7225, places=4)
         self.assertAlmostEqual(high, 1.0, places=9)
+
+
+class DiscordantTest(unittest.TestCase):
+    def test_counts_the_prompts_only_one_side_answered(self):
+        before = [True, False, False, True, True]
+        after = [True, True, False, False, False]
+        self.assertEqual(significance.discordant(after, before), (1, 2))
+        self.assertEqual(significance.discordant(before, after), (2, 1))
+        self.assertEqual(significance.discordant(before, before), (0, 0))
+        self.assertEqual(significance.discordant([1, 0, 1], [0, 0, 1]), (1, 0))
 
 
 class McNemarTest(unittest.TestCase):
