@@ -42,6 +42,9 @@ def read_answers(path: str, cell: dict) -> List[bool]:
         if saved.get(key) != value:
             raise ValueError(f"{path} answered other prompts: its {key} is {saved.get(key)!r}, "
                              f"this run's {value!r}")
+    if len(saved["correct"]) != cell["prompts"]:
+        raise ValueError(f"{path} holds {len(saved['correct'])} answers for "
+                         f"{cell['prompts']} prompts")
     return [bool(c) for c in saved["correct"]]
 
 

@@ -22,6 +22,10 @@ class AnswersTest(unittest.TestCase):
             with self.assertRaisesRegex(ValueError, "seed is 7, this run's 31337"):
                 ruler_metric.read_answers(path, cell)
             with open(path, "w") as f:
+                json.dump({**cell, "correct": [True] * 79}, f)
+            with self.assertRaisesRegex(ValueError, "holds 79 answers for 80 prompts"):
+                ruler_metric.read_answers(path, cell)
+            with open(path, "w") as f:
                 json.dump({**cell, "correct": [True, False] * 40}, f)
             self.assertEqual(ruler_metric.read_answers(path, cell), [True, False] * 40)
 
