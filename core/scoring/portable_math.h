@@ -70,13 +70,16 @@ ENTROKV_HOST_DEVICE double Log(double x) {
   return A::Add(A::Mul(e, kLn2High), A::Add(A::Mul(e, kLn2Low), log_m));
 }
 
-// e^y for finite y: y = k ln 2 + t with |t| <= ln(2) / 2, e^t by its Taylor series to t^13 (the
-// next term is below 2^-57), scaled by 2^k. 0 below -746 (where e^y rounds to 0), inf above 710.
+// e^y: y = k ln 2 + t with |t| <= ln(2) / 2, e^t by its Taylor series to t^13 (the next term is
+// below 2^-57), scaled by 2^k. 0 below -746 (where e^y rounds to 0), inf above 710, NaN for NaN
+// (a statistic with a bad value reaches here before it is refused; k must never be NaN, whose
+// conversion to int is undefined).
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
 template <typename A>
 ENTROKV_HOST_DEVICE double Exp(double y) {
+  if (y != y) return y;
   if (y < -746.0) return 0.0;
   if (y > 710.0) return HUGE_VAL;
   const double k = A::Rint(A::Mul(y, 0x1.71547652b82fep+0));  // y / ln 2
