@@ -4,7 +4,7 @@
 # it; plain add_executable targets link it themselves. -Werror is off in a plain build, so that a
 # user's compiler (another g++, another build type) never fails the build over a warning; the
 # project's own scripts (deploy/local.sh, deploy/tsan.sh), and so CI, turn it on, and CI builds
-# two build types with it (docs/testing.md).
+# with it: g++'s Release build, clang's sanitized build and g++'s TSan build (docs/testing.md).
 option(ENTROKV_WERROR "Treat warnings in the project's own code as errors" OFF)
 set(_entrokv_warning_flags -Wall -Wextra -Wno-unused-parameter)
 if(ENTROKV_WERROR)
@@ -12,6 +12,12 @@ if(ENTROKV_WERROR)
 endif()
 # nvcc takes host-compiler flags through -Xcompiler (its own -Werror means something else).
 list(JOIN _entrokv_warning_flags "," _entrokv_host_warning_flags)
+# Clang checks the lock annotations (ABSL_GUARDED_BY, ABSL_EXCLUSIVE_LOCKS_REQUIRED, ...) that
+# g++ ignores. C++ units only (nvcc's host compiler may be g++). CI's sanitized build is clang's,
+# so every unit is analysed there (docs/testing.md, "Thread-safety analysis").
+if(CMAKE_CXX_COMPILER_ID STREQUAL "Clang")
+  list(APPEND _entrokv_warning_flags -Wthread-safety)
+endif()
 add_library(entrokv_warnings INTERFACE)
 target_compile_options(entrokv_warnings INTERFACE
   "$<$<COMPILE_LANGUAGE:CXX>:${_entrokv_warning_flags}>"
