@@ -31,10 +31,10 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import evaluate  # noqa: E402  (wilson, mcnemar)
 import numpy_model  # noqa: E402
 import policies as policy_registry  # noqa: E402
 import pool_worker  # noqa: E402
+from significance import discordant, mcnemar, wilson  # noqa: E402
 import tasks  # noqa: E402
 
 import entrokv  # noqa: E402  (client/python; PYTHONPATH=<build>/client/python)
@@ -140,7 +140,7 @@ def summarize(rows: List[Dict[str, str]], names: Sequence[str],
     prompts = sorted({(r["task"], r["prompt"]) for r in rows})
     n = len(prompts)
     none = sum(int(by[("none", "none", t, p)]["correct"]) for t, p in prompts)
-    low, high = evaluate.wilson(none, n)
+    low, high = wilson(none, n)
     lines = [f"{n} prompts. No eviction: {none}/{n} = {100 * none / n:.1f}% "
              f"[{100 * low:.1f}, {100 * high:.1f}].", "",
              "| policy | arm | accuracy [Wilson 95%] | peak frames (mean) | kept after prefill "
@@ -150,15 +150,15 @@ def summarize(rows: List[Dict[str, str]], names: Sequence[str],
         for arm in arms:
             cell = [by[(name, arm, t, p)] for t, p in prompts]
             correct = sum(int(r["correct"]) for r in cell)
-            low, high = evaluate.wilson(correct, n)
+            low, high = wilson(correct, n)
             peak = np.mean([int(r["peak_frames"]) for r in cell])
             kept = np.mean([int(r["kept_frames"]) for r in cell])
             paired = "-"
             if arm != "end":
-                better, worse = evaluate.discordant(
+                better, worse = discordant(
                     [int(r["correct"]) for r in cell],
                     [int(by[(name, "end", t, p)]["correct"]) for t, p in prompts])
-                p = evaluate.mcnemar(better, worse)
+                p = mcnemar(better, worse)
                 paired = f"+{better} / -{worse} (p {'< 0.001' if p < 0.001 else f'= {p:.3f}'})"
             lines.append(f"| {name} | {arm} | {correct}/{n} = {100 * correct / n:.1f}% "
                          f"[{100 * low:.1f}, {100 * high:.1f}] | {peak:.0f} | {kept:.0f} | "

@@ -102,6 +102,20 @@ class ChunkedPrefillTest(unittest.TestCase):
                 self.assertTrue(np.all(heads[:, ~seen] == 0))
                 self.assertTrue(np.all(heads[:, seen] > 0))
 
+    def test_the_summary_pairs_each_chunked_arm_with_the_decision_at_the_end(self):
+        # Six prompts: the chunked arm alone answers 0, 1 and 2, the end arm alone answers 3.
+        rows = []
+        for arm, correct in (("none", [1] * 6), ("end", [0, 0, 0, 1, 1, 0]),
+                             ("chunk64", [1, 1, 1, 0, 1, 0])):
+            rows += [dict(policy="none" if arm == "none" else "h2o", arm=arm, task="multi_key",
+                          prompt=str(i), correct=str(c), peak_frames="8", kept_frames="4")
+                     for i, c in enumerate(correct)]
+        table = chunked_prefill.summarize(rows, ["h2o"], [64])
+        (line,) = [x for x in table.splitlines() if x.startswith("| h2o | chunk64 | 4/6 = ")]
+        self.assertIn("+3 / -1 (p = 0.625)", line)
+        (end,) = [x for x in table.splitlines() if x.startswith("| h2o | end | 2/6 = ")]
+        self.assertTrue(end.endswith("| - |"), end)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -88,6 +88,19 @@ class ServeTest(unittest.TestCase):
                 np.testing.assert_array_equal(row_a, row_b)
                 self.assertTrue(np.all(np.isfinite(row_b)))
 
+    def test_paired_counts_the_requests_only_one_side_answered(self):
+        # Five requests at one share: a alone answers 0 and 1, b alone answers 2, both answer
+        # 3; request 4 did not finish under b, so it is not paired.
+        rows = []
+        for strategy, correct, done in (("a", [1, 1, 0, 1, 1], [9] * 5),
+                                        ("b", [0, 0, 1, 1, 1], [9, 9, 9, 9, None])):
+            rows += [{"strategy": strategy, "pool_share": 0.5, "request": i,
+                      "correct": c, "done": d} for i, (c, d) in enumerate(zip(correct, done))]
+        (row,) = serve.paired(rows, "a", "b")
+        self.assertEqual((row["requests"], row["a_correct"], row["b_correct"]), (4, 3, 2))
+        self.assertEqual((row["a_only"], row["b_only"]), (2, 1))
+        self.assertEqual(row["p"], 1.0)  # 2 against 1 discordant: exact McNemar p = 1
+
     def test_poison_in_a_frame_a_sequence_keeps_is_seen(self):
         # The control: poisoning frames the sequences still name reaches the logits, so the
         # unchanged logits above mean the reclaimed frames were not read.
