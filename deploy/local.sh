@@ -76,7 +76,7 @@ case "$mode" in
     # -O1 -g1: the sanitizers' advice (-O1 keeps reports exact), line tables for their stack
     # traces, and less compile time on CI's 2 cores.
     # clang: its -Wthread-safety (the project's warnings under clang) checks the lock
-    # annotations in the same compile, and it builds this 27% faster than g++ (docs/testing.md).
+    # annotations in the same compile, and it builds this faster than g++ (docs/testing.md).
     cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DENTROKV_CUDA=OFF \
       -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g1 -DNDEBUG" \
       -DENTROKV_SANITIZE=address,undefined -DENTROKV_WERROR=ON ${ENTROKV_CMAKE_ARGS:-} >/dev/null

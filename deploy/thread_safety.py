@@ -65,7 +65,7 @@ def main(argv):
         print(f"thread-safety: no project sources in {build_dir}/compile_commands.json",
               file=sys.stderr)
         return 2
-    unchecked = [(name, missing_flags(entry)) for name, entry in units if missing_flags(entry)]
+    unchecked = [(name, flags) for name, entry in units if (flags := missing_flags(entry))]
     for name, flags in unchecked:
         print(f"thread-safety: {name} is compiled without {' '.join(flags)}", file=sys.stderr)
     if unchecked:
